@@ -1,0 +1,1 @@
+"""The catalog: backends, runtimes, markers, cases, fixes, gate policies and waivers."""

@@ -1,0 +1,305 @@
+"""Read catalog TOML files into validated specs.
+
+Every problem names the file and the entry (and, for TOML syntax, the line) and says what to change.
+Nothing here touches the database: `sync` applies a fully validated `CatalogSpec` in one transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from matrix.catalog.spec import (
+    CHANNELS,
+    MARKER_KINDS,
+    PROVIDER_KINDS,
+    BackendSpec,
+    CaseSpec,
+    CatalogSpec,
+    FixSpec,
+    GateSpec,
+    MarkerSpec,
+    RuntimeSpec,
+    WaiverSpec,
+)
+from matrix.errors import ConfigError
+from matrix.resources import resource_dir
+from matrix.versions import parse_specifier, parse_version, tag_for
+
+T = TypeVar("T")
+
+# TOML table name -> (CatalogSpec attribute, parser)
+_SECTIONS = ("backend", "runtime", "marker", "fix", "case", "gate", "waiver")
+
+
+def default_catalog_files() -> list[Path]:
+    """The seed catalog shipped with matrix."""
+    return sorted(resource_dir("data").glob("*.toml"))
+
+
+class _Entry:
+    """One `[[kind]]` table with helpers that produce precise error messages."""
+
+    def __init__(self, path: Path, kind: str, index: int, raw: object) -> None:
+        self.path, self.kind, self.index = path, kind, index
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: [[{kind}]] entry {index + 1} must be a table")
+        self.raw: dict[str, Any] = raw
+        self.used: set[str] = set()
+
+    @property
+    def where(self) -> str:
+        name = self.raw.get("name") or self.raw.get("key") or self.raw.get("version") or self.raw.get("case")
+        label = f" {name!r}" if isinstance(name, str) else f" #{self.index + 1}"
+        return f"{self.path.name}: [[{self.kind}]]{label}"
+
+    def fail(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {message}")
+
+    def get(self, key: str, typ: type[T] | tuple[type, ...], default: T | None = None, *, required: bool = False) -> T:
+        self.used.add(key)
+        if key not in self.raw:
+            if required:
+                raise self.fail(f"missing required key {key!r}")
+            return default  # type: ignore[return-value]
+        value = self.raw[key]
+        # bool is an int in Python; a TOML `true` where a number is expected is a mistake.
+        wrong_bool = isinstance(value, bool) and typ in (int, float, (int, float))
+        if wrong_bool or not isinstance(value, typ):
+            expected = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+            raise self.fail(f"{key!r} must be a {expected}, got {value!r}")
+        return value  # type: ignore[return-value]
+
+    def str_list(self, key: str) -> list[str]:
+        values = self.get(key, list, [])
+        if not all(isinstance(v, str) for v in values):
+            raise self.fail(f"{key!r} must be a list of strings, got {values!r}")
+        return list(values)
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.raw) - self.used)
+        if unknown:
+            raise self.fail(f"unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(self.used))}")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read catalog file {path}: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message already carries "(at line L, column C)".
+        raise ConfigError(f"malformed TOML in {path}: {exc}") from None
+
+
+def _backend(e: _Entry) -> BackendSpec:
+    return BackendSpec(name=_name(e), description=e.get("description", str, ""))
+
+
+def _name(e: _Entry, key: str = "name") -> str:
+    name = e.get(key, str, required=True).strip()
+    if not name:
+        raise e.fail(f"{key!r} must not be empty")
+    return name
+
+
+def _runtime(e: _Entry) -> RuntimeSpec:
+    backend = _name(e, "backend")
+    raw_version = e.get("version", str, required=True)
+    try:
+        version = parse_version(raw_version)
+    except ConfigError as exc:
+        raise e.fail(str(exc)) from None
+    channel = e.get("channel", str, _default_channel(version.is_prerelease, version.is_devrelease))
+    if channel not in CHANNELS:
+        raise e.fail(f"channel {channel!r} is not one of {', '.join(CHANNELS)}")
+    provider = e.get("provider", dict, {"kind": "host"})
+    if provider.get("kind") not in PROVIDER_KINDS:
+        raise e.fail(f"provider.kind {provider.get('kind')!r} is not one of {', '.join(PROVIDER_KINDS)}")
+    components: dict[str, str] = {}
+    for name, value in e.get("components", dict, {}).items():
+        if not isinstance(value, str):
+            raise e.fail(f"component {name!r} must have a version string, got {value!r}")
+        try:
+            components[name] = str(parse_version(value))
+        except ConfigError as exc:
+            raise e.fail(f"component {name!r}: {exc}") from None
+    return RuntimeSpec(
+        backend=backend,
+        version=str(version),
+        tag=e.get("tag", str, tag_for(version)),
+        channel=channel,
+        provider=dict(provider),
+        components=components,
+        enabled=e.get("enabled", bool, True),
+        notes=e.get("notes", str, ""),
+    )
+
+
+def _default_channel(pre: bool, dev: bool) -> str:
+    if dev:
+        return "dev"
+    return "rc" if pre else "release"
+
+
+def _marker(e: _Entry) -> MarkerSpec:
+    name = _name(e)
+    if not name.isidentifier():
+        raise e.fail(f"marker name {name!r} must be an identifier (letters, digits, underscores)")
+    kind = e.get("kind", str, "other")
+    if kind not in MARKER_KINDS:
+        raise e.fail(f"kind {kind!r} is not one of {', '.join(MARKER_KINDS)}")
+    return MarkerSpec(
+        name=name,
+        kind=kind,
+        description=e.get("description", str, ""),
+        parametrised=e.get("parametrised", bool, False),
+    )
+
+
+def _fix(e: _Entry) -> FixSpec:
+    fixed_in = e.str_list("fixed_in")
+    if not fixed_in:
+        raise e.fail("'fixed_in' must list at least one version")
+    try:
+        fixed_in = [str(parse_version(v)) for v in fixed_in]
+    except ConfigError as exc:
+        raise e.fail(str(exc)) from None
+    return FixSpec(
+        key=_name(e, "key"),
+        component=_name(e, "component"),
+        fixed_in=fixed_in,
+        link=e.get("link", str, ""),
+        description=e.get("description", str, ""),
+    )
+
+
+def _case(e: _Entry) -> CaseSpec:
+    constraint = e.get("version_constraint", str, "")
+    if constraint:
+        try:
+            parse_specifier(constraint)
+        except ConfigError as exc:
+            raise e.fail(str(exc)) from None
+    source_dir = e.get("source_dir", str, "")
+    # Launch scripts of a case resolve against the directory it declares, itself relative to its file.
+    resolved_dir = (e.path.parent / source_dir).resolve() if source_dir else e.path.parent.resolve()
+    kv_bound = e.get("kv_bound", dict, {})
+    if set(kv_bound) - {"bytes", "tokens"} or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in kv_bound.values()
+    ):
+        raise e.fail(f"kv_bound must be {{bytes = N}} and/or {{tokens = N}} with N > 0, got {kv_bound!r}")
+    startup = float(e.get("startup_timeout_s", (int, float), 300.0))
+    request = float(e.get("request_timeout_s", (int, float), 60.0))
+    if startup <= 0 or request <= 0:
+        raise e.fail("timeouts must be positive")
+    return CaseSpec(
+        name=_name(e),
+        backend=_name(e, "backend"),
+        arm=_name(e, "arm"),
+        model=_name(e, "model"),
+        markers=e.str_list("markers"),
+        description=e.get("description", str, ""),
+        payload=dict(e.get("payload", dict, {})),
+        kv_bound=dict(kv_bound),
+        startup_timeout_s=startup,
+        request_timeout_s=request,
+        launch=dict(e.get("launch", dict, {})),
+        source_dir=str(resolved_dir),
+        version_constraint=constraint,
+        requires_fixes=e.str_list("requires_fixes"),
+        weights_gib=float(e.get("weights_gib", (int, float), 0.0)),
+        enabled=e.get("enabled", bool, True),
+    )
+
+
+def _gate(e: _Entry) -> GateSpec:
+    return GateSpec(
+        name=_name(e),
+        expression=e.get("expression", str, required=True),
+        description=e.get("description", str, ""),
+        rules=dict(e.get("rules", dict, {})),
+    )
+
+
+def _waiver(e: _Entry) -> WaiverSpec:
+    expires = e.get("expires", (dt.date, str), None)
+    if isinstance(expires, str):
+        try:
+            expires = dt.date.fromisoformat(expires)
+        except ValueError:
+            raise e.fail(f"expires {expires!r} must be a date such as 2026-12-31") from None
+    if isinstance(expires, dt.datetime):
+        expires = expires.date()
+    spec = e.get("runtime_spec", str, "")
+    if spec:
+        try:
+            parse_specifier(spec)
+        except ConfigError as exc:
+            raise e.fail(str(exc)) from None
+    return WaiverSpec(
+        case=_name(e, "case"),
+        reason=_name(e, "reason"),
+        runtime_spec=spec,
+        link=e.get("link", str, ""),
+        expires=expires,
+    )
+
+
+_PARSERS: dict[str, tuple[str, Callable[[_Entry], Any]]] = {
+    "backend": ("backends", _backend),
+    "runtime": ("runtimes", _runtime),
+    "marker": ("markers", _marker),
+    "fix": ("fixes", _fix),
+    "case": ("cases", _case),
+    "gate": ("gates", _gate),
+    "waiver": ("waivers", _waiver),
+}
+
+
+def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
+    """Parse and validate `paths` (each entry alone; cross-references are checked by `sync`)."""
+    spec = CatalogSpec()
+    if not paths:
+        raise ConfigError("no catalog files given")
+    for path in paths:
+        doc = _read_toml(path)
+        unknown = sorted(set(doc) - set(_SECTIONS))
+        if unknown:
+            raise ConfigError(
+                f"{path.name}: unknown section(s) {', '.join(map(repr, unknown))}; "
+                f"use [[{']], [['.join(_SECTIONS)}]]"
+            )
+        for kind, items in doc.items():
+            if not isinstance(items, list):
+                raise ConfigError(f"{path.name}: {kind!r} must be an array of tables: write [[{kind}]]")
+            attr, parser = _PARSERS[kind]
+            spec.kinds.add(kind)
+            for index, raw in enumerate(items):
+                entry = _Entry(path, kind, index, raw)
+                getattr(spec, attr).append(parser(entry))
+                entry.finish()
+    _reject_duplicates(spec)
+    return spec
+
+
+def _reject_duplicates(spec: CatalogSpec) -> None:
+    checks: Iterable[tuple[str, Iterable[object]]] = (
+        ("backend", (b.name for b in spec.backends)),
+        ("runtime", (f"{r.backend} {r.version}" for r in spec.runtimes)),
+        ("marker", (m.name for m in spec.markers)),
+        ("fix", (f.key for f in spec.fixes)),
+        ("case", (c.name for c in spec.cases)),
+        ("gate", (g.name for g in spec.gates)),
+    )
+    for kind, names in checks:
+        seen: set[object] = set()
+        for name in names:
+            if name in seen:
+                raise ConfigError(f"duplicate {kind} {name!s}: each {kind} may be defined once across the catalog files")
+            seen.add(name)

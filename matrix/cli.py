@@ -1,0 +1,395 @@
+"""The `matrix` command line. Thin: parse options, call one function, print the result."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from matrix import __version__
+from matrix.errors import MatrixError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class App:
+    """Per-invocation state: the database is opened lazily so `--help` never touches it."""
+
+    db_url: str | None
+    _engine: Engine | None = None
+
+    def engine(self, *, check_schema: bool = True) -> Engine:
+        from matrix.db.engine import create_db_engine, resolve_url
+        from matrix.db.migrate import ensure_schema
+
+        if self._engine is None:
+            self._engine = create_db_engine(resolve_url(self.db_url))
+        if check_schema:
+            ensure_schema(self._engine)
+        return self._engine
+
+    def sessions(self) -> sessionmaker[Session]:
+        from matrix.db.engine import session_factory
+
+        return session_factory(self.engine())
+
+
+class MatrixGroup(click.Group):
+    """Turns a `MatrixError` into its message on stderr and exit code 2, without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MatrixError as exc:
+            click.secho(f"error: {exc}", err=True, fg="red")
+            ctx.exit(exc.exit_code)
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+@click.group(cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--db",
+    "db_url",
+    envvar="MATRIX_DB",
+    metavar="URL",
+    help="Database: a SQLAlchemy URL or a SQLite file path. Default: $MATRIX_DB, else matrix.db in the "
+    "data directory (`matrix db path`).",
+)
+@click.version_option(__version__, prog_name="matrix")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """Test-matrix runner for disaggregated LLM serving.
+
+    \b
+    Typical use:
+      matrix catalog sync                 load the seed catalog (data/*.toml)
+      matrix plan -m "pre_merge and sidecar and gpu_1"
+      matrix run --backend reference      launch real pairs, validate, record
+      matrix show CELL                    one outcome with its logs
+    """
+    ctx.obj = App(db_url)
+
+
+def main() -> None:
+    cli(prog_name="matrix")
+
+
+# --- selection options shared by plan and run ---------------------------------------------------------
+
+
+def selection_options(func: F) -> F:
+    options = [
+        click.option("-m", "marker_expression", metavar="EXPR", help='Marker expression, e.g. "pre_merge and gpu_1".'),
+        click.option("--since", multiple=True, metavar="V|BACKEND=V", help="Oldest version (inclusive); repeatable."),
+        click.option("--until", multiple=True, metavar="V|BACKEND=V", help="Newest version (inclusive); repeatable."),
+        click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only these backends."),
+        click.option("--case", "cases", multiple=True, metavar="NAME", help="Only these cases."),
+        click.option("--runtime", "runtimes", multiple=True, metavar="BACKEND=V", help="Only these runtimes."),
+        click.option(
+            "--strict-markers/--no-strict-markers", default=True, show_default=True,
+            help="Unknown marker names in -m are an error.",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_selection(**kw: Any) -> Any:
+    from matrix.plan import Selection
+
+    return Selection(
+        marker_expression=kw["marker_expression"],
+        since=tuple(kw["since"]),
+        until=tuple(kw["until"]),
+        backends=tuple(kw["backends"]),
+        cases=tuple(kw["cases"]),
+        runtimes=tuple(kw["runtimes"]),
+        strict_markers=kw["strict_markers"],
+    )
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(func)
+
+
+def with_session(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run the command body in one transaction: everything is written, or nothing."""
+
+    @functools.wraps(func)
+    def wrapper(app: App, *args: Any, **kwargs: Any) -> Any:
+        from matrix.db.engine import transaction
+
+        with transaction(app.sessions()) as session:
+            return func(session, *args, **kwargs)
+
+    return pass_app(wrapper)
+
+
+# --- db ----------------------------------------------------------------------------------------------------
+
+
+@cli.group(cls=MatrixGroup)
+def db() -> None:
+    """Create, upgrade and locate the database."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@pass_app
+def db_upgrade(app: App, revision: str) -> None:
+    """Apply migrations up to REVISION (creates the database if needed)."""
+    from matrix.db.engine import display_url
+    from matrix.db.migrate import upgrade
+
+    engine = app.engine(check_schema=False)
+    before, after = upgrade(engine, revision)
+    url = display_url(str(engine.url.render_as_string(hide_password=False)))
+    if before == after:
+        click.echo(f"{url}: already at {after}")
+    else:
+        click.echo(f"{url}: upgraded {before or 'empty'} -> {after}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@pass_app
+def db_downgrade(app: App, revision: str) -> None:
+    """Revert migrations down to REVISION ("base" removes every table)."""
+    from matrix.db.migrate import downgrade
+
+    before, after = downgrade(app.engine(check_schema=False), revision)
+    click.echo(f"downgraded {before} -> {after or 'base'}")
+
+
+@db.command("current")
+@pass_app
+def db_current(app: App) -> None:
+    """Print the schema revision of the database and the one this matrix needs."""
+    from matrix.db.migrate import current_revision, head_revision
+
+    engine = app.engine(check_schema=False)
+    click.echo(f"database: {current_revision(engine) or 'empty'}\nmatrix needs: {head_revision(engine)}")
+
+
+@db.command("path")
+@pass_app
+def db_path(app: App) -> None:
+    """Print the database URL in use (password hidden)."""
+    from matrix.db.engine import display_url, resolve_url
+
+    click.echo(display_url(resolve_url(app.db_url)))
+
+
+# --- catalog -----------------------------------------------------------------------------------------------
+
+
+@cli.group(cls=MatrixGroup)
+def catalog() -> None:
+    """Load the catalog from TOML files."""
+
+
+@catalog.command("sync")
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@pass_app
+def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
+    """Load FILES (default: the seed catalog) into the database, idempotently.
+
+    Entries are added or updated; rows of a kind the files define but no longer list are retired
+    (hidden), never deleted, so results keep their meaning. Prints every change.
+    """
+    from matrix.catalog.load import default_catalog_files, load_catalog
+    from matrix.catalog.sync import sync_catalog
+
+    spec = load_catalog(list(files) or default_catalog_files())
+    factory = app.sessions()
+    with factory() as session, session.begin():
+        report = sync_catalog(session, spec)
+        if dry_run:
+            session.rollback()
+    for change in report.changes:
+        detail = f" ({change.detail})" if change.detail else ""
+        click.echo(f"{change.action:>8}  {change.kind:<8} {change.name}{detail}")
+    click.echo(("dry run: " if dry_run else "") + report.summary())
+
+
+# --- lists -------------------------------------------------------------------------------------------------
+
+
+def _list_command(group: click.Group, kind: str) -> None:
+    @group.command("list")
+    @click.option("--all", "include_retired", is_flag=True, help="Include retired rows.")
+    @json_option
+    @with_session
+    def list_cmd(session: Session, include_retired: bool, as_json: bool) -> None:
+        from matrix.catalog import queries
+        from matrix.output import print_json, print_table
+
+        columns, rows = queries.LISTINGS[kind](session, include_retired=include_retired)
+        if as_json:
+            print_json([dict(zip(columns, row, strict=True)) for row in rows])
+        else:
+            print_table(columns, rows)
+
+    list_cmd.__doc__ = f"List {kind}."
+
+
+for _kind in ("backends", "runtimes", "markers", "cases", "fixes", "gates"):
+    _group = MatrixGroup(_kind, help=f"Show {_kind} of the catalog.")
+    cli.add_command(_group)
+    _list_command(_group, _kind)
+
+
+@cli.group(cls=MatrixGroup)
+def runtime() -> None:
+    """Add, enable or disable a runtime version by hand."""
+
+
+@runtime.command("add")
+@click.argument("backend")
+@click.argument("version")
+@click.option("--tag", help="Release tag (default: v + VERSION).")
+@click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
+@click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
+@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin"]))
+@click.option("--notes", default="")
+@with_session
+def runtime_add(session: Session, **kw: Any) -> None:
+    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`."""
+    from matrix.catalog.edit import add_runtime
+
+    row = add_runtime(session, **kw)
+    click.echo(f"added runtime {row.backend.name} {row.version} ({row.tag}, {row.channel})")
+
+
+def _set_enabled(enabled: bool) -> Callable[..., None]:
+    @click.argument("backend")
+    @click.argument("version")
+    @with_session
+    def command(session: Session, backend: str, version: str) -> None:
+        from matrix.catalog.edit import set_runtime_enabled
+
+        row = set_runtime_enabled(session, backend, version, enabled)
+        click.echo(f"{'enabled' if enabled else 'disabled'} runtime {row.backend.name} {row.version}")
+
+    return command
+
+
+runtime.command("disable", help="Disable a runtime: plans exclude it (with the reason).")(_set_enabled(False))
+runtime.command("enable", help="Enable a disabled runtime again.")(_set_enabled(True))
+
+
+@cli.group(cls=MatrixGroup)
+def marker() -> None:
+    """Add a marker by hand."""
+
+
+@marker.command("add")
+@click.argument("name")
+@click.option("--kind", default="other", show_default=True,
+              type=click.Choice(["lifecycle", "hardware", "framework", "kind", "other", "resource"]))
+@click.option("--description", default="")
+@click.option("--parametrised", is_flag=True, help="The marker takes a value, e.g. name(2048).")
+@with_session
+def marker_add(session: Session, name: str, kind: str, description: str, parametrised: bool) -> None:
+    """Add marker NAME."""
+    from matrix.catalog.edit import add_marker
+
+    add_marker(session, name, kind, description, parametrised)
+    click.echo(f"added marker {name} ({kind})")
+
+
+# --- plan, run, show ---------------------------------------------------------------------------------------
+
+
+@cli.command("plan")
+@selection_options
+@click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
+@json_option
+@with_session
+def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
+    """Expand cases x runtimes into cells and print them.
+
+    `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
+    Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
+    """
+    from matrix.output import print_json, print_table
+    from matrix.plan import plan_from_db
+
+    plan = plan_from_db(session, make_selection(**kw))
+    if as_json:
+        data: dict[str, Any] = {
+            "cells": [
+                {
+                    "cell": c.key, "case": c.case.name, "backend": c.runtime.backend, "version": c.runtime.version,
+                    "tag": c.runtime.tag, "arm": c.case.arm, "gpus": c.case.gpus_needed,
+                    "markers": list(c.case.marker_texts), "missing_fixes": list(c.missing_fixes),
+                    "note": c.expected_failure,
+                }
+                for c in plan.cells
+            ]
+        }  # fmt: skip
+        if explain:
+            data["excluded"] = [{"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded]
+        print_json(data)
+        return
+    rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
+            for c in plan.cells]  # fmt: skip
+    print_table(("case", "backend", "version", "arm", "gpus", "note"), rows)
+    click.echo(f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded")
+    if explain and plan.excluded:
+        print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
+
+
+@cli.command("run")
+@selection_options
+@click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
+@click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@pass_app
+def run_cmd(app: App, logs_dir: Path | None, quiet: bool, **kw: Any) -> None:
+    """Run the planned cells: launch each pair, send the request, validate, record.
+
+    Exit code: 0 when every cell passed (skips allowed), 1 when any failed, 2 on bad input,
+    3 when interrupted.
+    """
+    from matrix.campaign import RunOptions, run_campaign
+
+    options = RunOptions(selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet)
+    exit_code = run_campaign(app.sessions(), options, echo=click.echo)
+    raise SystemExit(exit_code)
+
+
+@cli.command("show")
+@click.argument("cell")
+@json_option
+@with_session
+def show_cmd(session: Session, cell: str, as_json: bool) -> None:
+    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    from matrix.results import describe_cell, find_cell
+
+    row = find_cell(session, cell)
+    details = describe_cell(row)
+    if as_json:
+        from matrix.output import print_json
+
+        print_json(details)
+        return
+    for key, value in details.items():
+        if key == "checks":
+            for check in value:
+                click.echo(f"  check failed: {check['name']}: {check['message']}")
+        elif key == "logs":
+            for role, path in value.items():
+                click.echo(f"  log {role}: {path}")
+        elif value not in (None, "", {}, []):
+            click.echo(f"{key}: {value}")

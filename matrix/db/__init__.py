@@ -1,0 +1,1 @@
+"""The config and results database: models, engine, migrations."""

@@ -1,0 +1,112 @@
+"""Open the database: resolve the URL, apply SQLite pragmas, and check the schema version.
+
+A brand-new database (no tables at all) is created and upgraded on first use. A database whose schema
+is behind (or ahead of) this matrix stops every command except `matrix db upgrade` with a message that
+says what to run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from matrix.errors import DatabaseError
+from matrix.paths import default_db_path
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def resolve_url(url: str | None) -> str:
+    """`--db` wins, then `$MATRIX_DB`, then the default SQLite file in the data directory.
+
+    A plain filesystem path is accepted as a SQLite database.
+    """
+    raw = url or os.environ.get("MATRIX_DB")
+    if not raw:
+        path = default_db_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+    if "://" not in raw:
+        return f"sqlite:///{Path(raw).expanduser().resolve()}"
+    return raw
+
+
+def display_url(url: str) -> str:
+    """The URL with any password hidden, safe for logs and reports."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<invalid database URL>"
+
+
+def _parse(url: str) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError as exc:
+        raise DatabaseError(
+            f"invalid database URL {url!r}: {exc}. Use a SQLAlchemy URL such as "
+            "sqlite:////path/to/matrix.db or postgresql+psycopg://user@host/db"
+        ) from None
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers (reports) run while a campaign writes; the busy timeout makes concurrent runners
+    # wait for each other's short transactions instead of failing with "database is locked".
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def create_db_engine(url: str) -> Engine:
+    """Create an engine and prove it can connect; errors become a `DatabaseError` naming the URL."""
+    parsed = _parse(url)
+    shown = display_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        parent = Path(parsed.database).expanduser().parent
+        if not parent.is_dir():
+            raise DatabaseError(
+                f"cannot open database {shown}: directory {parent} does not exist. "
+                "Create it, or pass another --db / MATRIX_DB"
+            )
+    try:
+        engine = create_engine(parsed, future=True)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise DatabaseError(
+            f"cannot open database {shown}: the driver is not installed ({exc}). "
+            "Install it (e.g. pip install psycopg) or use a SQLite URL"
+        ) from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _set_sqlite_pragmas)
+    try:
+        with engine.connect() as conn:
+            inspect(conn).get_table_names()
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        reason = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
+        raise DatabaseError(
+            f"cannot open database {shown}: {reason.splitlines()[0]}. "
+            "Check the URL, permissions and that the server is running"
+        ) from None
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit if the block succeeds, roll back everything if it raises."""
+    with factory() as session, session.begin():
+        yield session

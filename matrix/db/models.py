@@ -1,0 +1,279 @@
+"""SQLAlchemy 2.0 typed models: the catalog (what to test) and the execution record (what happened).
+
+Catalog rows that have results are retired, never deleted, so old results keep their meaning.
+Worker ids are unsigned 64-bit integers; they are stored as decimal strings because no portable SQL
+integer type holds values above 2**63 - 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# A naming convention makes constraint names deterministic, which Alembic's batch mode on SQLite needs to
+# drop or alter constraints in later migrations.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Backend(Base):
+    __tablename__ = "backend"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    runtimes: Mapped[list[Runtime]] = relationship(back_populates="backend")
+
+
+class Runtime(Base):
+    __tablename__ = "runtime"
+    __table_args__ = (UniqueConstraint("backend_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backend.id"), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    tag: Mapped[str] = mapped_column(String(64))
+    channel: Mapped[str] = mapped_column(String(32), default="release")
+    provider: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    # "catalog" rows are owned by `matrix catalog sync`; "cli" rows were added by hand and sync leaves them.
+    source: Mapped[str] = mapped_column(String(16), default="catalog")
+
+    backend: Mapped[Backend] = relationship(back_populates="runtimes")
+    components: Mapped[list[RuntimeComponent]] = relationship(
+        back_populates="runtime", cascade="all, delete-orphan", order_by="RuntimeComponent.name"
+    )
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend.name}-{self.version}"
+
+
+class RuntimeComponent(Base):
+    __tablename__ = "runtime_component"
+    __table_args__ = (UniqueConstraint("runtime_id", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    runtime_id: Mapped[int] = mapped_column(ForeignKey("runtime.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(64))
+
+    runtime: Mapped[Runtime] = relationship(back_populates="components")
+
+
+class Marker(Base):
+    __tablename__ = "marker"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(32), default="other")
+    description: Mapped[str] = mapped_column(Text, default="")
+    parametrised: Mapped[bool] = mapped_column(Boolean, default=False)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    source: Mapped[str] = mapped_column(String(16), default="catalog")
+
+
+class Fix(Base):
+    __tablename__ = "fix"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), unique=True)
+    component: Mapped[str] = mapped_column(String(64))
+    # First version containing the fix on each release line, e.g. ["0.29.1rc0", "0.30.0"].
+    fixed_in: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    link: Mapped[str] = mapped_column(Text, default="")
+    description: Mapped[str] = mapped_column(Text, default="")
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Case(Base):
+    __tablename__ = "case"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backend.id"), index=True)
+    arm: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(256))
+    description: Mapped[str] = mapped_column(Text, default="")
+    # Request payload overrides: prompt, max_tokens.
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Absolute KV bound, e.g. {"bytes": 1119388000} or {"tokens": 2048}.
+    kv_bound: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    startup_timeout_s: Mapped[float] = mapped_column(Float, default=300.0)
+    request_timeout_s: Mapped[float] = mapped_column(Float, default=60.0)
+    # Arm-specific launch options (engine, script, environment, faults...).
+    launch: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Directory that relative launch scripts of this case are resolved against.
+    source_dir: Mapped[str] = mapped_column(Text, default="")
+    version_constraint: Mapped[str] = mapped_column(String(128), default="")
+    weights_gib: Mapped[float] = mapped_column(Float, default=0.0)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    backend: Mapped[Backend] = relationship()
+    markers: Mapped[list[CaseMarker]] = relationship(
+        back_populates="case", cascade="all, delete-orphan", order_by="CaseMarker.id"
+    )
+    fixes: Mapped[list[CaseFix]] = relationship(back_populates="case", cascade="all, delete-orphan")
+
+
+class CaseMarker(Base):
+    __tablename__ = "case_marker"
+    __table_args__ = (UniqueConstraint("case_id", "marker_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"), index=True)
+    marker_id: Mapped[int] = mapped_column(ForeignKey("marker.id"), index=True)
+    # The marker as written in the catalog, e.g. "requested_vllm_kv_cache_bytes(1119388000)".
+    text: Mapped[str] = mapped_column(String(256))
+
+    case: Mapped[Case] = relationship(back_populates="markers")
+    marker: Mapped[Marker] = relationship()
+
+
+class CaseFix(Base):
+    __tablename__ = "case_fix"
+    __table_args__ = (UniqueConstraint("case_id", "fix_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id", ondelete="CASCADE"), index=True)
+    fix_id: Mapped[int] = mapped_column(ForeignKey("fix.id"), index=True)
+
+    case: Mapped[Case] = relationship(back_populates="fixes")
+    fix: Mapped[Fix] = relationship()
+
+
+class GatePolicy(Base):
+    __tablename__ = "gate_policy"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    expression: Mapped[str] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(Text, default="")
+    # e.g. {"flaky_blocks": false, "regressions_block": true}
+    rules: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Waiver(Base):
+    __tablename__ = "waiver"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id"), index=True)
+    # A PEP 440 specifier on the case's backend version, e.g. "==0.29.0" or "<0.30".
+    runtime_spec: Mapped[str] = mapped_column(String(128), default="")
+    reason: Mapped[str] = mapped_column(Text)
+    link: Mapped[str] = mapped_column(Text, default="")
+    expires: Mapped[dt.date | None] = mapped_column(Date, nullable=True)
+    retired: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    case: Mapped[Case] = relationship()
+
+
+class Campaign(Base):
+    __tablename__ = "campaign"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # running | finished | interrupted
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    selection: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    host: Mapped[str] = mapped_column(String(256), default="")
+    executor: Mapped[str] = mapped_column(String(32), default="local")
+    git_sha: Mapped[str] = mapped_column(String(64), default="")
+    matrix_version: Mapped[str] = mapped_column(String(32), default="")
+    owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    cells: Mapped[list[CellRun]] = relationship(back_populates="campaign", order_by="CellRun.id")
+
+
+class CellRun(Base):
+    """One attempt of one case on one runtime."""
+
+    __tablename__ = "cell_run"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # The MATRIX_CELL_ID every process of this attempt carries.
+    uid: Mapped[str] = mapped_column(String(64), unique=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id"), index=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id"), index=True)
+    runtime_id: Mapped[int] = mapped_column(ForeignKey("runtime.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # pending | running | passed | failed | error | timeout | skipped | interrupted | not-run
+    status: Mapped[str] = mapped_column(String(32), default="pending", index=True)
+    # config | startup | health | request | validation | teardown | infra
+    failure_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    checks: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # "lacks vllm#54814" when a failure is expected because a required fix is missing.
+    expected_failure: Mapped[str] = mapped_column(Text, default="")
+    unexpected_pass: Mapped[bool] = mapped_column(Boolean, default=False)
+    flaky: Mapped[bool] = mapped_column(Boolean, default=False)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    owner_host: Mapped[str] = mapped_column(String(256), default="")
+    owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ready_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    request_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    teardown_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    total_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    prefill_worker_id: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    decode_worker_id: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    completion_excerpt: Mapped[str] = mapped_column(Text, default="")
+    ports: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    exit_codes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    log_dir: Mapped[str] = mapped_column(Text, default="")
+    gpu: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    peaks: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    components: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    campaign: Mapped[Campaign] = relationship(back_populates="cells")
+    case: Mapped[Case] = relationship()
+    runtime: Mapped[Runtime] = relationship()
+
+    @property
+    def cell_key(self) -> str:
+        return f"{self.case.name}@{self.runtime.label}"
+
+
+FINISHED_STATUSES = frozenset({"passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"})
+FAILED_STATUSES = frozenset({"failed", "error", "timeout", "interrupted"})

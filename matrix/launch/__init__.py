@@ -1,0 +1,1 @@
+"""Launching disaggregated pairs: launch plans, arms, the supervisor."""

@@ -1,0 +1,72 @@
+"""The arm protocol: how one kind of deployment turns a cell into a `LaunchPlan`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from matrix.hardware.ports import PortRequest
+from matrix.launch.plan import LaunchPlan, RequestSpec
+from matrix.plan import CaseInfo, RuntimeInfo
+
+DEFAULT_PROMPT = (
+    "Disaggregated serving splits inference into two phases. The prefill worker reads this whole prompt, "
+    "builds the key-value cache for every token and hands that cache to the decode worker, which then "
+    "generates the answer one token at a time. Explain, in a few sentences, why separating these two "
+    "phases lets an operator size each pool of workers for its own bottleneck: prefill is bound by "
+    "compute over long prompts, while decode is bound by memory bandwidth over many short steps."
+)
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What an arm needs to plan one attempt of one cell."""
+
+    cell_id: str
+    case: CaseInfo
+    runtime: RuntimeInfo
+    ports: Mapping[str, int]
+    work_dir: Path
+    python: str = sys.executable
+    gpu_ids: tuple[str, ...] = ()
+    # Extra environment from the runtime's provider (PATH, PYTHONPATH...).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class Arm(Protocol):
+    name: str
+
+    def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        """Every port the plan will need, with its upper bound."""
+        ...
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool:
+        """Whether this case can run on a host without GPUs."""
+        ...
+
+    def plan(self, ctx: LaunchContext) -> LaunchPlan:
+        """Pure: build the plan, start nothing."""
+        ...
+
+
+def loopback_url(port: int, path: str = "") -> str:
+    return f"http://127.0.0.1:{port}{path}"
+
+
+def chat_request(ctx: LaunchContext, frontend_port: int) -> RequestSpec:
+    payload = ctx.case.payload
+    return RequestSpec(
+        url=loopback_url(frontend_port, "/v1/chat/completions"),
+        model=str(payload.get("model", ctx.case.model)),
+        prompt=str(payload.get("prompt", DEFAULT_PROMPT)),
+        max_tokens=int(payload.get("max_tokens", 64)),
+        timeout_s=ctx.case.request_timeout_s,
+    )
+
+
+def gpu_env(ctx: LaunchContext) -> dict[str, str]:
+    """Pin every process of the pair to the cell's GPUs; hide all GPUs from CPU cells."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)} if ctx.gpu_ids else {}

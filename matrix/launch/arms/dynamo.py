@@ -1,0 +1,150 @@
+"""Dynamo: a frontend plus a prefill and a decode worker, discovered through files, talking over TCP.
+
+Engines: `mocker` runs the workers as `python -m dynamo.mocker` (CPU only, DOMAIN.md section 6); the GPU
+engines (vllm, sglang, trtllm) run the case's upstream launch script, which reads its ports and GPU from
+the environment (DOMAIN.md section 5). The script path resolves against the case's declared directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matrix.errors import ConfigError
+from matrix.hardware.ports import PortRequest
+from matrix.launch.arms.base import LaunchContext, chat_request, gpu_env, loopback_url
+from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.plan import CaseInfo
+
+# Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
+SYSTEM_PORT_MAX = 32767
+
+# Engine ports per backend, as the upstream sidecar launch scripts read them (DOMAIN.md section 5).
+ENGINE_PORTS: dict[str, tuple[str, ...]] = {
+    "mocker": (),
+    "vllm": (
+        "VLLM_PREFILL_HTTP_PORT", "VLLM_PREFILL_GRPC_PORT", "VLLM_DECODE_HTTP_PORT", "VLLM_DECODE_GRPC_PORT",
+        "VLLM_PREFILL_NIXL_SIDE_CHANNEL_PORT", "VLLM_DECODE_NIXL_SIDE_CHANNEL_PORT", "VLLM_PREFILL_KV_EVENT_PORT",
+    ),
+    "sglang": (
+        "SGLANG_PREFILL_HTTP_PORT", "SGLANG_PREFILL_GRPC_PORT", "SGLANG_DECODE_HTTP_PORT",
+        "SGLANG_DECODE_GRPC_PORT", "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT",
+    ),
+    "trtllm": ("TRTLLM_PREFILL_GRPC_PORT", "TRTLLM_DECODE_GRPC_PORT"),
+}  # fmt: skip
+
+
+def _engine(case: CaseInfo) -> str:
+    engine = str(case.launch.get("engine", "mocker"))
+    if engine not in ENGINE_PORTS:
+        # Explicit dispatch: an unknown engine fails before anything starts (upstream once hit
+        # KeyError: 'trtllm' from a name-suffix rule).
+        raise ConfigError(
+            f"case {case.name!r}: unknown dynamo engine {engine!r}; known engines: {', '.join(ENGINE_PORTS)}"
+        )
+    return engine
+
+
+class DynamoArm:
+    name = "dynamo"
+
+    def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        engine = _engine(case)
+        return (
+            PortRequest("frontend"),
+            PortRequest("prefill_system", max_port=SYSTEM_PORT_MAX),
+            PortRequest("decode_system", max_port=SYSTEM_PORT_MAX),
+            *(PortRequest(name) for name in ENGINE_PORTS[engine]),
+        )
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool:
+        return _engine(case) == "mocker"
+
+    def plan(self, ctx: LaunchContext) -> LaunchPlan:
+        engine = _engine(ctx.case)
+        ports = ctx.ports
+        env = {
+            **ctx.env,
+            **gpu_env(ctx),
+            "PYTHONUNBUFFERED": "1",
+            "DYN_NAMESPACE": f"matrix-{ctx.cell_id}",
+            "DYN_DISCOVERY_BACKEND": "file",
+            "DYN_FILE_KV": str(ctx.work_dir / "discovery"),
+            "DYN_REQUEST_PLANE": "tcp",
+            "DYN_EVENT_PLANE": "zmq",
+            "DYN_TCP_RPC_HOST": "127.0.0.1",
+            "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+            "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+            "DYN_SYSTEM_HOST": "127.0.0.1",
+        }
+        frontend_port = ports["frontend"]
+        frontend = ProcessSpec(
+            role="frontend",
+            argv=(ctx.python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(frontend_port)),
+            env=env,
+        )
+        if engine == "mocker":
+            workers = tuple(self._mocker(ctx, role, env) for role in ("prefill", "decode"))
+        else:
+            workers = (self._script(ctx, engine, env),)
+        return LaunchPlan(
+            cell_id=ctx.cell_id,
+            processes=(*workers, frontend),
+            ready_probes=(
+                HealthProbe(loopback_url(frontend_port, "/v1/models"), require_models=True),
+                HealthProbe(loopback_url(frontend_port, "/health")),
+            ),
+            request=chat_request(ctx, frontend_port),
+            ports=dict(ports),
+            startup_timeout_s=ctx.case.startup_timeout_s,
+            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 10.0)),
+            gpu_ids=ctx.gpu_ids,
+        )
+
+    def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
+        system_port = ctx.ports[f"{role}_system"]
+        model_dir = str(ctx.case.launch.get("model_path", ctx.work_dir / "model"))
+        argv = (
+            ctx.python, "-m", "dynamo.mocker",
+            "--model-path", model_dir,
+            "--model-name", ctx.case.model,
+            "--disaggregation-mode", role,
+            "--speedup-ratio", str(ctx.case.launch.get("speedup_ratio", 10)),
+        )  # fmt: skip
+        role_env = {
+            **env,
+            "DYN_SYSTEM_PORT": str(system_port),
+            "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
+        }
+        health = (HealthProbe(loopback_url(system_port, "/health")),)
+        return ProcessSpec(role=role, argv=argv, env=role_env, health=health)
+
+    def _script(self, ctx: LaunchContext, engine: str, env: dict[str, str]) -> ProcessSpec:
+        script_text = ctx.case.launch.get("script")
+        if not script_text:
+            raise ConfigError(
+                f"case {ctx.case.name!r}: dynamo engine {engine!r} needs launch.script "
+                f"(e.g. lib/sidecar/{engine}/launch/disagg.sh of a Dynamo checkout)"
+            )
+        script = Path(ctx.case.source_dir, str(script_text)).resolve()
+        # The script sources its helpers relative to its own directory (SCRIPT_DIR), so it runs from there.
+        script_env = {
+            **env,
+            **{name: str(ctx.ports[name]) for name in ENGINE_PORTS[engine]},
+            "DYN_SYSTEM_PORT1": str(ctx.ports["prefill_system"]),
+            "DYN_SYSTEM_PORT2": str(ctx.ports["decode_system"]),
+            "DYN_HTTP_PORT": str(ctx.ports["frontend"]),
+            "MODEL": ctx.case.model,
+        }
+        if engine == "trtllm" and ctx.gpu_ids:
+            script_env |= {
+                "TRTLLM_PREFILL_GPU": ctx.gpu_ids[0],
+                "TRTLLM_DECODE_GPU": ctx.gpu_ids[0],
+                "PRTE_ALLOW_RUN_AS_ROOT": "1",
+                "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            }
+        health = tuple(
+            HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health")) for role in ("prefill", "decode")
+        )
+        return ProcessSpec(
+            role="workers", argv=("bash", str(script)), env=script_env, cwd=str(script.parent), health=health
+        )

@@ -1,0 +1,56 @@
+"""Pure-data description of what a cell launches.
+
+An arm turns a cell plus allocated resources into a `LaunchPlan`; the supervisor starts it. Nothing here
+starts a process, so plans are built and inspected in unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HealthProbe:
+    """An HTTP GET that must answer 200; with `require_models`, the body must list at least one model."""
+
+    url: str
+    require_models: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a pair: its role name, argv (never a shell string), extra environment and probes."""
+
+    role: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    health: tuple[HealthProbe, ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """The chat completion sent once the pair is ready (DOMAIN.md section 2)."""
+
+    url: str
+    model: str
+    prompt: str
+    max_tokens: int = 64
+    timeout_s: float = 60.0
+    max_response_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start, probe, query and tear down one cell."""
+
+    cell_id: str
+    processes: tuple[ProcessSpec, ...]
+    # Probed after every process's own probes pass (e.g. the frontend's model list).
+    ready_probes: tuple[HealthProbe, ...]
+    request: RequestSpec
+    ports: Mapping[str, int]
+    startup_timeout_s: float = 120.0
+    teardown_grace_s: float = 5.0
+    gpu_ids: tuple[str, ...] = ()

@@ -1,0 +1,429 @@
+"""Start, watch and stop the processes of one cell, leaving nothing behind.
+
+Orphaned engines are what hurts users most: a leftover process keeps GPU memory and ports, and the next
+cell fails for a reason that has nothing to do with it. So the supervisor
+
+* starts every process in its own session (its own process group), so one signal reaches the process
+  and every child that stayed in its group;
+* tags every process with `MATRIX_CELL_ID` in its environment; children inherit it even when they leave
+  the group (MPI launchers and `setsid` do), so a sweep over all processes finds them. The same sweep
+  lets a later runner clean up after one that was killed outright;
+* verifies after teardown that no tagged process is left and that the cell's ports can be bound again.
+
+Readiness is polled with a short, gently growing interval rather than fixed sleeps, so a ready pair is
+noticed within about 50 ms and a dead one is reported at once, with the end of its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import httpx
+import psutil
+
+from matrix.errors import MatrixError
+from matrix.hardware.ports import port_is_free
+from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+
+CELL_ENV = "MATRIX_CELL_ID"
+LOG_TAIL_LINES = 40
+
+_POLL_FIRST_S = 0.005
+_POLL_MAX_S = 0.05  # bounds how late readiness (or a process's exit) is noticed
+_POLL_GROWTH = 1.5
+_PROBE_TIMEOUT_S = 1.0
+# Killed processes need a moment to vanish and their sockets to close; these bound the verification.
+_SWEEP_WAIT_S = 5.0
+_PORT_RELEASE_S = 2.0
+_REAP_S = 5.0
+_PUMP_JOIN_S = 2.0
+_MAX_LINE_BYTES = 65_536  # progress bars redraw with "\r" and may never end a line
+_TAIL_BYTES = 262_144
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """How one started process ended; `killed` means it outlived SIGTERM and the grace period."""
+
+    role: str
+    pid: int
+    returncode: int | None
+    killed: bool
+
+
+@dataclass(frozen=True)
+class ReadyResult:
+    """Outcome of `wait_ready`: `kind` is None when ready, "startup" if a process died, else "timeout"."""
+
+    ok: bool
+    kind: str | None
+    message: str
+    ready_s: float
+    log_tail: str
+
+
+@dataclass(frozen=True)
+class TeardownReport:
+    """What teardown had to do and whether it left the host clean."""
+
+    duration_s: float
+    exits: tuple[ProcessExit, ...]
+    needed_sigkill: tuple[str, ...]
+    escaped_pids: tuple[int, ...]
+    survivors: tuple[int, ...]
+    busy_ports: tuple[int, ...]
+
+    @property
+    def clean(self) -> bool:
+        """No process of the cell is alive and all its ports can be bound again."""
+        return not self.survivors and not self.busy_ports
+
+
+@dataclass
+class _Child:
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    pump: threading.Thread
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+
+class Supervisor:
+    """Owns every process of one `LaunchPlan`: start, readiness, teardown. Use it as a context manager."""
+
+    def __init__(self, plan: LaunchPlan, log_dir: Path, *, base_env: Mapping[str, str] | None = None) -> None:
+        self._plan = plan
+        self._log_dir = log_dir
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._children: list[_Child] = []
+        self._spawned_at: float | None = None
+        self._report: TeardownReport | None = None
+        self._teardown_lock = threading.Lock()
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.teardown()
+
+    def log_paths(self) -> dict[str, Path]:
+        """Log file of every role, whether or not its process was started."""
+        return {spec.role: self._log_dir / f"{spec.role}.log" for spec in self._plan.processes}
+
+    # -- start -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every process of the plan; raises `MatrixError` if one cannot be executed at all.
+
+        Processes already started stay owned by the supervisor, so teardown still stops them.
+        """
+        if self._spawned_at is not None:
+            raise RuntimeError("Supervisor.start() may only be called once")
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._spawned_at = time.monotonic()
+        paths = self.log_paths()
+        for spec in self._plan.processes:
+            log = paths[spec.role].open("wb")
+            _write_line(log, f"[matrix] starting {spec.role}: {shlex.join(spec.argv)}")
+            try:
+                popen = subprocess.Popen(
+                    spec.argv,
+                    cwd=spec.cwd,
+                    env=self._child_env(spec.env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                _write_line(log, f"[matrix] cannot start {spec.role}: {exc}")
+                log.close()
+                raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
+            _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
+            assert popen.stdout is not None  # stdout=PIPE
+            pump = threading.Thread(
+                target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True
+            )
+            pump.start()
+            self._children.append(_Child(spec, popen, paths[spec.role], pump))
+
+    def _child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        # Python children block-buffer a piped stdout: lines would be timestamped late and lost on a
+        # crash. Unbuffered is only a default; the base environment or the spec may override it.
+        env = {"PYTHONUNBUFFERED": "1", **self._base_env, **extra}
+        env[CELL_ENV] = self._plan.cell_id
+        return env
+
+    # -- readiness ---------------------------------------------------------------------------------
+
+    def wait_ready(self) -> ReadyResult:
+        """Poll until every process is alive and all probes pass, or one dies, or the startup timeout.
+
+        The timeout counts from spawning, so the whole startup fits the plan's budget.
+        """
+        if self._spawned_at is None:
+            raise RuntimeError("Supervisor.wait_ready() called before start()")
+        deadline = self._spawned_at + self._plan.startup_timeout_s
+        # Each process's own probes first (in plan order), then the plan's: once a probe has passed it
+        # is not asked again; a process dying later is still caught by the liveness check.
+        pending: list[tuple[_Child | None, HealthProbe]] = [
+            (child, probe) for child in self._children for probe in child.spec.health
+        ]
+        pending += [(None, probe) for probe in self._plan.ready_probes]
+        last_answer = "no answer yet"
+        delay = _POLL_FIRST_S
+        with httpx.Client(trust_env=False, timeout=_PROBE_TIMEOUT_S) as client:
+            while True:
+                dead = next((child for child in self._children if child.popen.poll() is not None), None)
+                if dead is not None:
+                    return self._died(dead)
+                while pending:
+                    timeout = min(_PROBE_TIMEOUT_S, max(0.01, deadline - time.monotonic()))
+                    failure = _probe(client, pending[0][1], timeout)
+                    if failure is not None:
+                        last_answer = failure
+                        break
+                    pending.pop(0)
+                if not pending:
+                    return ReadyResult(True, None, "ready", self._elapsed(), "")
+                if time.monotonic() >= deadline:
+                    return self._timed_out(*pending[0], last_answer)
+                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * _POLL_GROWTH, _POLL_MAX_S)
+
+    def _died(self, child: _Child) -> ReadyResult:
+        # The pump sees end-of-file once the process is gone (unless a child of it holds the pipe), so
+        # joining it briefly lets the log tail include the process's last words.
+        child.pump.join(timeout=1.0)
+        code = child.popen.returncode
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        message = f"{child.role} {how} before it was ready"
+        return ReadyResult(False, "startup", message, self._elapsed(), _tail(child.log_path))
+
+    def _timed_out(self, owner: _Child | None, probe: HealthProbe, last_answer: str) -> ReadyResult:
+        message = (
+            f"not ready after {self._plan.startup_timeout_s:g} s: {probe.url} "
+            f"({owner.role if owner else 'cell'} probe) last answered: {last_answer}"
+        )
+        # A plan-level probe (e.g. the frontend's model list) may wait on any process: show them all.
+        stuck = [owner] if owner is not None else self._children
+        tails = [_tail(child.log_path) for child in stuck]
+        if owner is None:
+            tails = [f"==> {child.role} <==\n{tail}" for child, tail in zip(stuck, tails, strict=True)]
+        return ReadyResult(False, "timeout", message, self._elapsed(), "\n".join(tails))
+
+    def _elapsed(self) -> float:
+        assert self._spawned_at is not None
+        return time.monotonic() - self._spawned_at
+
+    # -- teardown ----------------------------------------------------------------------------------
+
+    def teardown(self) -> TeardownReport:
+        """Stop everything the cell started and verify the host is clean. Idempotent and thread-safe."""
+        with self._teardown_lock:
+            if self._report is None:
+                self._report = self._teardown()
+            return self._report
+
+    def _teardown(self) -> TeardownReport:
+        started = time.monotonic()
+        for child in self._children:
+            _signal_group(child.popen.pid, signal.SIGTERM)
+        _wait_until(
+            lambda: not any(_group_alive(child) for child in self._children), self._plan.teardown_grace_s
+        )
+        stubborn = [child for child in self._children if _group_alive(child)]
+        for child in stubborn:
+            _signal_group(child.popen.pid, signal.SIGKILL)
+        exits = tuple(_reap(child, killed=child in stubborn) for child in self._children)
+        # Whatever left its group (setsid, MPI daemons) is found by its tag.
+        escaped = tuple(kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S))
+        # A child that could not be reaped counts even if its environment cannot be read.
+        unreaped = {exit_.pid for exit_ in exits if exit_.returncode is None}
+        survivors = tuple(sorted({proc.pid for proc in find_cell_processes(self._plan.cell_id)} | unreaped))
+        busy = _busy_ports(self._plan.ports.values(), _PORT_RELEASE_S)
+        for child in self._children:
+            child.pump.join(timeout=_PUMP_JOIN_S)
+        return TeardownReport(
+            duration_s=time.monotonic() - started,
+            exits=exits,
+            needed_sigkill=tuple(child.role for child in stubborn),
+            escaped_pids=escaped,
+            survivors=survivors,
+            busy_ports=busy,
+        )
+
+
+def find_cell_processes(cell_id: str) -> list[psutil.Process]:
+    """Every live process (zombies excluded) whose environment carries `MATRIX_CELL_ID=cell_id`.
+
+    Processes of other users cannot be inspected and are skipped; the runner never starts such.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(CELL_ENV) == cell_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_cell_processes(cell_id: str, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL every process of the cell, wait up to `timeout_s` for them to go; return their pids."""
+    killed: list[psutil.Process] = []
+    for proc in find_cell_processes(cell_id):
+        try:
+            proc.kill()  # psutil checks the pid still names the same process before signalling
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        killed.append(proc)
+    _wait_until(lambda: not any(_is_alive(proc) for proc in killed), timeout_s)
+    return [proc.pid for proc in killed]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _timestamp() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _write_line(sink: IO[bytes], text: str) -> None:
+    sink.write(f"{_timestamp()} {text}\n".encode())
+    sink.flush()
+
+
+def _pump(source: IO[bytes], sink: IO[bytes]) -> None:
+    """Copy a process's output to its log, one timestamped line at a time, until end-of-file."""
+    with source, sink:
+        for line in iter(lambda: source.readline(_MAX_LINE_BYTES), b""):
+            sink.write(_timestamp().encode() + b" " + line.rstrip(b"\n") + b"\n")
+            sink.flush()  # so a log tail read while the process runs is current
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - _TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _probe(client: httpx.Client, probe: HealthProbe, timeout: float) -> str | None:
+    """None if the probe passes, else what it got instead (for the timeout message)."""
+    try:
+        response = client.get(probe.url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if response.status_code != 200:
+        return f"HTTP {response.status_code}"
+    if probe.require_models and not _lists_models(response):
+        return "HTTP 200 without models"
+    return None
+
+
+def _lists_models(response: httpx.Response) -> bool:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("data"), list) and len(body["data"]) > 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `done` with the readiness back-off until it holds or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    delay = _POLL_FIRST_S
+    while not done():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        delay = min(delay * _POLL_GROWTH, _POLL_MAX_S)
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    # Each child leads its own session, so its pid is its process group id. A missing group is gone
+    # already; a member that changed user cannot be signalled and will be reported by the sweep.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(child: _Child) -> bool:
+    """Whether the child or any non-zombie member of its process group is still running."""
+    if child.popen.poll() is None:
+        return True
+    pgid = child.popen.pid
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Only zombies may be left: orphans wait for init to reap them, forever if this runner is init.
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+def _reap(child: _Child, *, killed: bool) -> ProcessExit:
+    try:
+        code: int | None = child.popen.wait(timeout=_REAP_S)
+    except subprocess.TimeoutExpired:
+        code = None  # stuck in the kernel (e.g. a hung GPU driver call): reported as a survivor
+    return ProcessExit(child.role, child.popen.pid, code, killed)
+
+
+def _is_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _busy_ports(ports: Iterable[int], timeout_s: float) -> tuple[int, ...]:
+    """Ports that still have a listener after `timeout_s` (closing sockets may linger a moment)."""
+    busy = sorted(set(ports))
+
+    def all_free() -> bool:
+        busy[:] = [port for port in busy if not port_is_free(port, reuse_addr=True)]
+        return not busy
+
+    _wait_until(all_free, timeout_s)
+    return tuple(busy)

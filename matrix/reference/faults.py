@@ -1,0 +1,70 @@
+"""The named faults the reference server can inject, in one place for the runner and the docs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+# Faults may also come from this environment variable (comma-separated), so one setting reaches every
+# process of a pair; they are merged with the `--fault` options of each process.
+FAULTS_ENV = "MATRIX_REFERENCE_FAULTS"
+
+FAULT_DESCRIPTIONS: dict[str, str] = {
+    "crash-at-start": "both workers print an error and exit with code 1 before listening",
+    "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
+    "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
+    "same-worker-id": "the frontend reports the prefill worker id as the decode id too (aggregated)",
+    "empty-completion": "the frontend returns an empty content string (usage etc. still present)",
+    "one-token-completion": "the decode worker generates exactly 1 token whatever max_tokens is",
+    "missing-usage": "the frontend omits the usage object",
+    "bad-finish-reason": "the frontend returns finish_reason 'abort'",
+    "non-json-body": "the frontend answers 200 with a text/plain body that is not JSON",
+    "oversized-body": "the frontend answers 200 with valid JSON padded to more than 8 MiB, streamed",
+    "kv-transfer-dropped": "the prefill side channel closes mid-transfer, so decode answers 502",
+    "ignore-sigterm": "every process ignores SIGTERM, so only SIGKILL stops it",
+    "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
+}
+
+FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
+
+# Which process acts on which fault; each process silently ignores the others, so one fault set can be
+# handed to the whole pair.
+WORKER_START_FAULTS: frozenset[str] = frozenset({"crash-at-start", "hang-at-start", "slow-start"})
+PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
+    "kv-transfer-dropped",
+    "escaped-child",
+    "ignore-sigterm",
+}
+DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"one-token-completion", "ignore-sigterm"}
+FRONTEND_FAULTS: frozenset[str] = frozenset(
+    {
+        "same-worker-id",
+        "empty-completion",
+        "missing-usage",
+        "bad-finish-reason",
+        "non-json-body",
+        "oversized-body",
+        "ignore-sigterm",
+    }
+)
+
+
+class UnknownFaultError(ValueError):
+    """A fault name that is not in `FAULTS`; the message lists the known names."""
+
+
+def known_faults_text() -> str:
+    """One line per known fault, for error messages and `--help`."""
+    return "\n".join(f"  {name:<22} {FAULT_DESCRIPTIONS[name]}" for name in sorted(FAULTS))
+
+
+def resolve_faults(cli: Iterable[str], env: Mapping[str, str]) -> frozenset[str]:
+    """Merge `--fault` values with the environment variable; raise on any unknown name."""
+    names = [n.strip() for n in cli]
+    names += [n.strip() for n in env.get(FAULTS_ENV, "").split(",")]
+    wanted = frozenset(n for n in names if n)
+    unknown = sorted(wanted - FAULTS)
+    if unknown:
+        raise UnknownFaultError(
+            f"unknown fault(s): {', '.join(unknown)}; known faults are:\n{known_faults_text()}"
+        )
+    return wanted

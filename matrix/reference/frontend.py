@@ -1,0 +1,315 @@
+"""The frontend: OpenAI-style chat completions routed through prefill then decode, in Dynamo's shape."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from matrix.reference.eventlog import EventLog
+from matrix.reference.faults import FRONTEND_FAULTS
+from matrix.reference.http import (
+    AppServer,
+    HTTPError,
+    JSONHandler,
+    Route,
+    StopSignal,
+    serve_until_stopped,
+)
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 65_536
+# oversized-body pads past this, the usual response cap of a careful client.
+OVERSIZE_BYTES = 8 * 1024 * 1024 + 4096
+_WRITE_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One worker as the frontend sees it."""
+
+    role: str
+    url: str
+    host: str
+    port: int
+
+
+def parse_upstream(role: str, url: str) -> Upstream:
+    """Validate `--prefill-url`/`--decode-url`: plain http with a host and an explicit port."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise ValueError(f"--{role}-url must look like http://127.0.0.1:PORT, got {url!r}")
+    return Upstream(role, url.rstrip("/"), parts.hostname, parts.port)
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    port: int
+    prefill: Upstream
+    decode: Upstream
+    model: str
+    faults: frozenset[str]
+    max_body_bytes: int
+    worker_timeout_s: float
+
+
+def call_worker(up: Upstream, method: str, path: str, body: Any, timeout_s: float) -> tuple[int, Any]:
+    """One JSON call to a worker; connection trouble becomes 503/504, non-JSON replies 502."""
+    conn = http.client.HTTPConnection(up.host, up.port, timeout=timeout_s)
+    try:
+        payload = None if body is None else json.dumps(body).encode("utf-8")
+        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        status = resp.status
+    except TimeoutError as exc:
+        raise HTTPError(
+            504, f"{up.role} worker at {up.url} timed out after {timeout_s:g}s", "timeout"
+        ) from exc
+    except (OSError, http.client.HTTPException) as exc:
+        raise HTTPError(
+            503, f"{up.role} worker at {up.url} unreachable: {exc}", "service_unavailable"
+        ) from exc
+    finally:
+        conn.close()
+    try:
+        return status, json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HTTPError(
+            502, f"{up.role} worker answered HTTP {status} with a non-JSON body", "bad_gateway"
+        ) from exc
+
+
+def _checked(up: Upstream, status: int, obj: Any) -> dict[str, Any]:
+    """The worker's JSON object, or its error re-raised with the worker's own status."""
+    if status >= 400:
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            raise HTTPError(
+                status, f"{up.role} worker: {err['message']}", str(err.get("type", "worker_error"))
+            )
+        raise HTTPError(status, f"{up.role} worker answered HTTP {status}: {obj!r}", "worker_error")
+    if not isinstance(obj, dict):
+        raise HTTPError(502, f"{up.role} worker answered a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def _prompt(messages: Any) -> str:
+    """The last user message's text (a string, or the text parts of a content list)."""
+    if not isinstance(messages, list) or not messages:
+        raise HTTPError(400, "messages must be a non-empty list")
+    for msg in reversed(messages):
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+                return "\n".join(t for t in texts if isinstance(t, str))
+            raise HTTPError(400, "the last user message has no text content")
+    raise HTTPError(400, "messages contain no user message")
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS_LIMIT:
+        raise HTTPError(400, f"max_tokens must be an integer from 1 to {MAX_TOKENS_LIMIT}")
+    return value
+
+
+class FrontendApp:
+    """Routes of the frontend; stateless apart from its configuration."""
+
+    def __init__(self, cfg: FrontendConfig, log: EventLog) -> None:
+        self.cfg = cfg
+        self.log = log
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {
+            ("GET", "/live"): self.live,
+            ("GET", "/health"): self.health,
+            ("GET", "/v1/models"): self.models,
+            ("POST", "/v1/chat/completions"): self.chat,
+        }
+
+    def live(self, req: JSONHandler) -> None:
+        req.send_json(200, {"status": "live"})
+
+    def models(self, req: JSONHandler) -> None:
+        req.send_json(
+            200,
+            {
+                "object": "list",
+                "data": [{"id": self.cfg.model, "object": "model", "owned_by": "matrix-reference"}],
+            },
+        )
+
+    def health(self, req: JSONHandler) -> None:
+        """Healthy only when both workers answer their own /health as the role they were given."""
+        instances: list[dict[str, Any]] = []
+        errors: list[str] = []
+        for up in (self.cfg.prefill, self.cfg.decode):
+            try:
+                status, obj = call_worker(up, "GET", "/health", None, 2.0)
+            except HTTPError as exc:
+                errors.append(exc.message)
+                continue
+            if status != 200 or not isinstance(obj, dict) or obj.get("status") != "ready":
+                errors.append(f"{up.role} worker at {up.url} is not ready (HTTP {status})")
+            elif obj.get("role") != up.role:
+                errors.append(f"worker at {up.url} has role {obj.get('role')!r}, expected {up.role!r}")
+            else:
+                instances.append({"role": up.role, "instance_id": obj.get("instance_id"), "url": up.url})
+        if errors:
+            req.send_json(503, {"status": "unhealthy", "instances": instances, "errors": errors})
+        else:
+            req.send_json(200, {"status": "healthy", "instances": instances})
+
+    def chat(self, req: JSONHandler) -> None:
+        started = time.monotonic()
+        body = req.read_json_object(self.cfg.max_body_bytes)
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise HTTPError(400, "model is required")
+        if model != self.cfg.model:
+            raise HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if body.get("n", 1) != 1:
+            raise HTTPError(400, "only n=1 is supported")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise HTTPError(400, "stream must be a boolean")
+        prompt = _prompt(body.get("messages"))
+        max_tokens = _max_tokens(body)
+        request_id = f"chatcmpl-{os.urandom(12).hex()}"
+        timeout = self.cfg.worker_timeout_s
+
+        # vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates.
+        pre = self.cfg.prefill
+        prefill = _checked(
+            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+        )
+        dec = self.cfg.decode
+        decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
+        decode = _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, timeout))
+
+        faults = self.cfg.faults
+        prefill_id = prefill.get("prefill_worker_id")
+        decode_id = prefill_id if "same-worker-id" in faults else decode.get("decode_worker_id")
+        text = "" if "empty-completion" in faults else str(decode.get("text", ""))
+        finish = "abort" if "bad-finish-reason" in faults else decode.get("finish_reason", "length")
+        prompt_tokens = int(prefill.get("prompt_tokens", 0))
+        completion_tokens = int(decode.get("completion_tokens", 0))
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        nvext = {"worker_id": {"prefill_worker_id": prefill_id, "decode_worker_id": decode_id}}
+        self.log(
+            f"chat id={request_id} prompt_tokens={prompt_tokens} completion_tokens={completion_tokens} "
+            f"stream={stream} ms={(time.monotonic() - started) * 1000:.1f}"
+        )
+
+        if "non-json-body" in faults:
+            req.send_bytes(
+                200, b"Internal Server Error: engine returned no result\n", "text/plain; charset=utf-8"
+            )
+            return
+        created = int(time.time())
+        if stream and "oversized-body" not in faults:
+            self._stream(req, request_id, created, text, finish, usage, nvext)
+            return
+        response: dict[str, Any] = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.cfg.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            ],
+            "usage": usage,
+            "nvext": nvext,
+        }
+        if "missing-usage" in faults:
+            del response["usage"]
+        if "oversized-body" in faults:
+            self._send_oversized(req, response)
+            return
+        req.send_json(200, response)
+
+    def _stream(
+        self,
+        req: JSONHandler,
+        request_id: str,
+        created: int,
+        text: str,
+        finish: Any,
+        usage: dict[str, int],
+        nvext: dict[str, Any],
+    ) -> None:
+        """SSE chunks: the role, one chunk per word, then finish_reason with usage and nvext, then [DONE]."""
+        req.send_response(200)
+        req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Cache-Control", "no-cache")
+        req.end_headers()
+
+        def chunk(delta: dict[str, Any], finish_reason: Any = None, **extra: Any) -> None:
+            obj = {
+                "id": request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.cfg.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                **extra,
+            }
+            req.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+            req.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        for i, word in enumerate(text.split(" ") if text else []):
+            chunk({"content": word if i == 0 else " " + word})
+        final: dict[str, Any] = {"nvext": nvext}
+        if "missing-usage" not in self.cfg.faults:
+            final["usage"] = usage
+        chunk({}, finish, **final)
+        req.wfile.write(b"data: [DONE]\n\n")
+        req.wfile.flush()
+
+    def _send_oversized(self, req: JSONHandler, response: dict[str, Any]) -> None:
+        """Fault oversized-body: valid JSON past 8 MiB, written in pieces with no Content-Length,
+        so a client only finds out by counting what it reads."""
+        response["padding"] = "x" * OVERSIZE_BYTES
+        body = json.dumps(response).encode("utf-8")
+        req.send_response(200)
+        req.send_header("Content-Type", "application/json")
+        req.end_headers()
+        view = memoryview(body)
+        for start in range(0, len(body), _WRITE_CHUNK):
+            req.wfile.write(view[start : start + _WRITE_CHUNK])
+        req.wfile.flush()
+
+
+def run_frontend(cfg: FrontendConfig) -> int:
+    """Start the frontend and serve until stopped; returns the exit code."""
+    log = EventLog("frontend")
+    faults = cfg.faults & FRONTEND_FAULTS
+    cfg = FrontendConfig(**{**cfg.__dict__, "faults": faults})
+    stop = StopSignal(ignore_sigterm="ignore-sigterm" in faults)
+    log(f"starting model={cfg.model} faults={','.join(sorted(faults)) or '-'}")
+    if "ignore-sigterm" in faults:
+        log("ignoring SIGTERM (fault ignore-sigterm)")
+    try:
+        server = AppServer(cfg.port, FrontendApp(cfg, log), log)
+    except OSError as exc:
+        log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
+        return 1
+    log(
+        f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url} model={cfg.model}"
+    )
+    serve_until_stopped([server], stop, log)
+    log("stopped")
+    return 0

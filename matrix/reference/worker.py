@@ -1,0 +1,253 @@
+"""The prefill and decode workers: HTTP API on one port, KV side channel on another."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from dataclasses import dataclass
+from typing import TypeGuard
+
+from matrix.reference import tokens
+from matrix.reference.eventlog import EventLog
+from matrix.reference.faults import DECODE_FAULTS, PREFILL_FAULTS
+from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
+from matrix.reference.kvpool import (
+    MAX_HANDLE_BYTES,
+    DeviceUnavailableError,
+    DuplicateHandleError,
+    KVPool,
+    KVTransferError,
+    PoolFullError,
+    SideChannelServer,
+    checksum,
+    make_storage,
+    pull_blocks,
+)
+
+MAX_TOKENS_LIMIT = 65_536
+# Keeps the escaped-child fault's Popen object alive, so nothing reaps or warns about it.
+_ESCAPED: list[object] = []
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    role: str  # "prefill" or "decode"
+    port: int
+    side_channel_port: int
+    kv_cache_bytes: int
+    block_bytes: int
+    device: str
+    faults: frozenset[str]
+    slow_start_s: float
+    kv_ttl_s: float
+
+
+class WorkerApp:
+    """Routes for one worker; the pool and instance id are fixed for the process's life."""
+
+    def __init__(self, cfg: WorkerConfig, pool: KVPool, instance_id: int, log: EventLog) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.instance_id = instance_id
+        self.log = log
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health}
+        if self.cfg.role == "prefill":
+            table["POST", "/prefill"] = self.prefill
+        else:
+            table["POST", "/decode"] = self.decode
+        return table
+
+    def health(self, req: JSONHandler) -> None:
+        req.send_json(
+            200,
+            {
+                "status": "ready",
+                "role": self.cfg.role,
+                "instance_id": self.instance_id,
+                "kv_capacity_bytes": self.pool.capacity_bytes,
+                "kv_free_bytes": self.pool.free_bytes,
+            },
+        )
+
+    def prefill(self, req: JSONHandler) -> None:
+        body = req.read_json_object()
+        request_id = body.get("request_id")
+        prompt = body.get("prompt")
+        if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_HANDLE_BYTES // 4:
+            raise HTTPError(400, "request_id must be a non-empty string of at most 256 characters")
+        if not isinstance(prompt, str):
+            raise HTTPError(400, "prompt must be a string")
+        ids = tokens.tokenize(prompt)
+        if not ids:
+            raise HTTPError(400, "prompt has no tokens")
+        bb = self.cfg.block_bytes
+        blocks = [tokens.block_content(tok, pos, bb) for pos, tok in enumerate(ids)]
+        try:
+            digest = self.pool.put(request_id, blocks)
+        except PoolFullError as exc:
+            self.log(f"prefill request_id={request_id} rejected: {exc}")
+            raise HTTPError(400, str(exc)) from exc
+        except DuplicateHandleError as exc:
+            raise HTTPError(409, str(exc)) from exc
+        first_token = tokens.generate(blocks[-1], 1)[0]
+        self.log(f"prefill request_id={request_id} prompt_tokens={len(ids)} blocks={len(blocks)}")
+        req.send_json(
+            200,
+            {
+                "request_id": request_id,
+                "prompt_tokens": len(ids),
+                "first_token": first_token,
+                "kv": {
+                    "host": "127.0.0.1",
+                    "port": self.cfg.side_channel_port,
+                    "handle": request_id,
+                    "num_blocks": len(blocks),
+                    "checksum": digest,
+                },
+                "prefill_worker_id": self.instance_id,
+            },
+        )
+
+    def decode(self, req: JSONHandler) -> None:
+        body = req.read_json_object()
+        kv = body.get("kv")
+        max_tokens = body.get("max_tokens")
+        if not isinstance(kv, dict):
+            raise HTTPError(400, "kv must be the object returned by /prefill")
+        host, port, handle = kv.get("host"), kv.get("port"), kv.get("handle")
+        num_blocks, expected = kv.get("num_blocks"), kv.get("checksum")
+        if not (
+            isinstance(host, str)
+            and _is_int(port)
+            and isinstance(handle, str)
+            and _is_int(num_blocks)
+            and isinstance(expected, str)
+        ):
+            raise HTTPError(
+                400, "kv needs host (str), port (int), handle (str), num_blocks (int), checksum (str)"
+            )
+        if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+            raise HTTPError(400, f"max_tokens must be an integer from 1 to {MAX_TOKENS_LIMIT}")
+        needed = num_blocks * self.cfg.block_bytes
+        if needed > self.pool.free_bytes:
+            # Checked before pulling, so a full decode cache leaves the blocks on prefill (TTL frees them).
+            raise HTTPError(400, str(PoolFullError(needed, self.pool.free_bytes, self.pool.capacity_bytes)))
+        data = self._pull(host, port, handle, num_blocks, expected)
+        local = f"decode:{handle}"
+        bb = self.cfg.block_bytes
+        try:
+            self.pool.put(local, [data[i : i + bb] for i in range(0, len(data), bb)])
+        except (PoolFullError, DuplicateHandleError) as exc:
+            raise HTTPError(400, str(exc)) from exc
+        try:
+            # Generation reads the cache back from the pool, so the pool's memory is really used.
+            cached = self.pool.get(local) or b""
+            count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
+            ids = tokens.generate(cached[-bb:], count)
+        finally:
+            self.pool.free(local)
+        self.log(f"decode handle={handle} blocks={num_blocks} completion_tokens={len(ids)}")
+        req.send_json(
+            200,
+            {
+                "text": tokens.detokenize(ids),
+                "completion_tokens": len(ids),
+                "finish_reason": "length",
+                "decode_worker_id": self.instance_id,
+            },
+        )
+
+    def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
+        """Pull the blocks over the side channel and verify them; any failure is a 502."""
+        try:
+            got_blocks, block_bytes, data = pull_blocks(host, port, handle)
+            if block_bytes != self.cfg.block_bytes:
+                raise KVTransferError(
+                    f"block size {block_bytes} differs from decode's {self.cfg.block_bytes}"
+                )
+            if got_blocks != num_blocks:
+                raise KVTransferError(f"expected {num_blocks} blocks, received {got_blocks}")
+            actual = checksum(data)
+            if actual != expected:
+                raise KVTransferError(f"checksum mismatch: expected {expected}, received {actual}")
+        except KVTransferError as exc:
+            self.log(f"decode handle={handle} KV transfer failed: {exc}")
+            raise HTTPError(502, f"KV transfer failed: {exc}", "kv_transfer_error") from exc
+        return data
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _spawn_escaped_child(log: EventLog) -> None:
+    """Fault escaped-child: a sleeper in its own session, as MPI launchers leave behind."""
+    import subprocess  # only this fault needs it
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(10**6)"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    _ESCAPED.append(child)
+    log(f"spawned escaped child pid={child.pid} in a new session (fault escaped-child)")
+
+
+def run_worker(cfg: WorkerConfig) -> int:
+    """Start the worker and serve until stopped; returns the exit code."""
+    log = EventLog(cfg.role)
+    faults = cfg.faults & (PREFILL_FAULTS if cfg.role == "prefill" else DECODE_FAULTS)
+    cfg = WorkerConfig(**{**cfg.__dict__, "faults": faults})
+    stop = StopSignal(ignore_sigterm="ignore-sigterm" in faults)
+    log(f"starting role={cfg.role} device={cfg.device} faults={','.join(sorted(faults)) or '-'}")
+    if "ignore-sigterm" in faults:
+        log("ignoring SIGTERM (fault ignore-sigterm)")
+    if "crash-at-start" in faults:
+        log("error: engine core failed to start: simulated crash (fault crash-at-start)")
+        return 1
+    if "hang-at-start" in faults:
+        log("hanging before listening (fault hang-at-start)")
+        stop.wait()
+        log(f"received {stop.name} while hanging, exiting")
+        return 0
+    if "slow-start" in faults:
+        log(f"waiting {cfg.slow_start_s:g}s before listening (fault slow-start)")
+        if stop.wait(cfg.slow_start_s):
+            log(f"received {stop.name} during slow start, exiting")
+            return 0
+
+    try:
+        storage = make_storage(cfg.device, cfg.kv_cache_bytes)
+    except DeviceUnavailableError as exc:
+        log(f"error: {exc}")
+        return 2
+    pool = KVPool(storage, cfg.kv_cache_bytes, cfg.block_bytes, cfg.kv_ttl_s, log)
+    instance_id = secrets.randbits(64)
+    app = WorkerApp(cfg, pool, instance_id, log)
+    try:
+        http_server = AppServer(cfg.port, app, log)
+    except OSError as exc:
+        log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
+        pool.close()
+        return 1
+    try:
+        side = SideChannelServer(cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults)
+    except OSError as exc:
+        log(f"error: cannot listen on side channel 127.0.0.1:{cfg.side_channel_port}: {exc}")
+        http_server.server_close()
+        pool.close()
+        return 1
+    if "escaped-child" in faults:
+        _spawn_escaped_child(log)
+    log(
+        f"ready role={cfg.role} http=127.0.0.1:{cfg.port} side_channel=127.0.0.1:{cfg.side_channel_port} "
+        f"instance_id={instance_id} kv_blocks={pool.num_blocks} block_bytes={cfg.block_bytes}"
+    )
+    try:
+        serve_until_stopped([http_server, side], stop, log)
+    finally:
+        pool.close()
+    log("stopped, KV pool freed")
+    return 0

@@ -1,0 +1,247 @@
+"""The supervisor against real processes: readiness, startup failures, teardown of stubborn processes."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from matrix.errors import MatrixError
+from matrix.hardware.ports import PortAllocator, PortRequest
+from matrix.launch import supervisor as supervisor_module
+from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
+from matrix.launch.supervisor import Supervisor, find_cell_processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+FAKE_ENGINE = str(Path(__file__).parent / "helpers" / "fake_engine.py")
+TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 ")
+
+
+@pytest.fixture
+def ports(tmp_path: Path) -> Iterator[list[int]]:
+    allocator = PortAllocator(tmp_path / "ports.json")
+    owner = uuid.uuid4().hex
+    chosen = allocator.allocate(owner, [PortRequest(f"p{i}") for i in range(3)])
+    yield list(chosen.values())
+    allocator.release(owner)
+
+
+def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSpec:
+    health = (HealthProbe(f"http://127.0.0.1:{port}/health"),) if probe else ()
+    return ProcessSpec(
+        role=role, argv=(sys.executable, FAKE_ENGINE, "--port", str(port), *options), health=health
+    )
+
+
+def python(role: str, code: str) -> ProcessSpec:
+    return ProcessSpec(role=role, argv=(sys.executable, "-c", code))
+
+
+def make_plan(
+    processes: tuple[ProcessSpec, ...],
+    ports: list[int],
+    *,
+    ready_probes: tuple[HealthProbe, ...] = (),
+    startup_timeout_s: float = 10.0,
+    teardown_grace_s: float = 2.0,
+) -> LaunchPlan:
+    return LaunchPlan(
+        cell_id=f"test-{uuid.uuid4().hex[:12]}",
+        processes=processes,
+        ready_probes=ready_probes,
+        request=RequestSpec(url=f"http://127.0.0.1:{ports[0]}/v1/chat/completions", model="m", prompt="hi"),
+        ports={f"p{i}": port for i, port in enumerate(ports)},
+        startup_timeout_s=startup_timeout_s,
+        teardown_grace_s=teardown_grace_s,
+    )
+
+
+def models_probe(port: int) -> HealthProbe:
+    return HealthProbe(f"http://127.0.0.1:{port}/v1/models", require_models=True)
+
+
+def test_readiness_is_noticed_within_the_poll_cap(tmp_path: Path, ports: list[int]) -> None:
+    ready_file = tmp_path / "ready"
+    # The delay lets the poll interval grow to its cap, so this measures the worst case.
+    plan = make_plan(
+        (
+            engine("prefill", ports[0], "--delay", "0.3", "--ready-file", str(ready_file)),
+            engine("decode", ports[1]),
+        ),
+        ports,
+        ready_probes=(models_probe(ports[0]),),
+    )
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        result = sup.wait_ready()
+        noticed = time.time()
+    latency = noticed - float(ready_file.read_text())
+    print(f"ready_s={result.ready_s:.3f} detection latency={latency * 1000:.1f} ms")
+    assert result.ok and result.kind is None, result.message
+    assert 0.3 <= result.ready_s < 5.0
+    assert latency < 0.2
+    report = sup.teardown()
+    print(f"teardown {report.duration_s * 1000:.1f} ms")
+    assert report.clean and not report.needed_sigkill and not report.escaped_pids
+    assert {exit_.role: exit_.returncode for exit_ in report.exits} == {"prefill": -15, "decode": -15}
+    assert not any(exit_.killed for exit_ in report.exits)
+    assert report.duration_s < 1.0
+
+
+def test_process_exiting_before_ready_is_a_startup_failure(tmp_path: Path, ports: list[int]) -> None:
+    crash = python(
+        "prefill", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(1)"
+    )
+    plan = make_plan((crash, engine("decode", ports[1])), ports, ready_probes=(models_probe(ports[1]),))
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        result = sup.wait_ready()
+    assert not result.ok
+    assert result.kind == "startup"
+    assert result.message == "prefill exited with code 1 before it was ready"
+    assert result.log_tail.splitlines()[-1].endswith("CUDA out of memory")
+    assert result.ready_s < 5.0
+    assert sup.teardown().clean
+
+
+def test_process_killed_by_a_signal_says_so(tmp_path: Path, ports: list[int]) -> None:
+    plan = make_plan((python("decode", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"),), ports)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        result = sup.wait_ready()
+    assert result.kind == "startup"
+    assert result.message == "decode was killed by SIGSEGV before it was ready"
+
+
+def test_never_healthy_times_out_within_the_budget(tmp_path: Path, ports: list[int]) -> None:
+    # Healthy, but the model list stays empty: the plan-level probe never passes.
+    plan = make_plan(
+        (engine("frontend", ports[0], "--no-models"),),
+        ports,
+        ready_probes=(models_probe(ports[0]),),
+        startup_timeout_s=0.5,
+    )
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        started = time.monotonic()
+        sup.start()
+        result = sup.wait_ready()
+        waited = time.monotonic() - started
+    assert result.kind == "timeout" and not result.ok
+    assert f"http://127.0.0.1:{ports[0]}/v1/models" in result.message
+    assert "without models" in result.message
+    assert "listening on" in result.log_tail
+    assert 0.5 <= waited < 1.5
+
+
+def test_process_that_never_listens_times_out_with_its_log(tmp_path: Path, ports: list[int]) -> None:
+    hang = ProcessSpec(
+        role="decode",
+        argv=(sys.executable, "-c", "import time; print('stuck in NCCL init'); time.sleep(60)"),
+        health=(HealthProbe(f"http://127.0.0.1:{ports[1]}/health"),),
+    )
+    plan = make_plan((hang,), ports, startup_timeout_s=0.4)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        result = sup.wait_ready()
+    assert result.kind == "timeout"
+    assert "decode probe" in result.message and "ConnectError" in result.message
+    assert "stuck in NCCL init" in result.log_tail
+    assert sup.teardown().clean
+
+
+def test_process_ignoring_sigterm_is_killed(tmp_path: Path, ports: list[int]) -> None:
+    plan = make_plan(
+        (engine("prefill", ports[0]), engine("decode", ports[1], "--ignore-term")),
+        ports,
+        teardown_grace_s=0.3,
+    )
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        assert sup.wait_ready().ok
+    report = sup.teardown()
+    print(f"teardown with SIGKILL {report.duration_s * 1000:.1f} ms")
+    assert report.needed_sigkill == ("decode",)
+    assert {exit_.role: (exit_.returncode, exit_.killed) for exit_ in report.exits} == {
+        "prefill": (-15, False),
+        "decode": (-9, True),
+    }
+    assert report.clean
+    assert find_cell_processes(plan.cell_id) == []
+    assert 0.3 <= report.duration_s < 2.0
+
+
+def test_setsid_grandchild_is_found_by_the_sweep(tmp_path: Path, ports: list[int]) -> None:
+    plan = make_plan((engine("prefill", ports[0], "--orphan"),), ports, teardown_grace_s=0.5)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        assert sup.wait_ready().ok
+    report = sup.teardown()
+    log = sup.log_paths()["prefill"].read_text()
+    orphan_pid = int(re.search(r"orphan pid (\d+)", log).group(1))  # type: ignore[union-attr]
+    print(f"teardown with sweep {report.duration_s * 1000:.1f} ms")
+    assert orphan_pid in report.escaped_pids
+    assert not report.needed_sigkill  # the engine itself stopped on SIGTERM; only its orphan escaped
+    assert report.clean
+    assert find_cell_processes(plan.cell_id) == []
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE
+    # The orphan shared the engine's stdout, so its output reached the log before teardown.
+    assert "orphan up" in log
+
+
+def test_logs_are_timestamped_and_carry_the_environment(tmp_path: Path, ports: list[int]) -> None:
+    code = "import os; print(os.environ['MATRIX_CELL_ID'], os.environ['FROM_BASE'], os.environ['FROM_SPEC'])"
+    spec = ProcessSpec(role="decode", argv=(sys.executable, "-c", code), env={"FROM_SPEC": "spec"})
+    plan = make_plan((spec,), ports)
+    with Supervisor(plan, tmp_path / "logs", base_env={"FROM_BASE": "base", "FROM_SPEC": "base"}) as sup:
+        sup.start()
+        sup.wait_ready()
+    lines = sup.log_paths()["decode"].read_text().splitlines()
+    assert lines and all(TIMESTAMPED.match(line) for line in lines), lines
+    assert any(line.endswith(f"{plan.cell_id} base spec") for line in lines)
+    assert sup.log_paths() == {"decode": tmp_path / "logs" / "decode.log"}
+
+
+def test_teardown_is_idempotent_and_runs_on_errors(tmp_path: Path, ports: list[int]) -> None:
+    plan = make_plan((engine("decode", ports[1]),), ports)
+    sup = Supervisor(plan, tmp_path / "logs")
+    with pytest.raises(RuntimeError, match="boom"), sup:
+        sup.start()
+        assert sup.wait_ready().ok
+        raise RuntimeError("boom")
+    first = sup.teardown()
+    assert sup.teardown() is first
+    assert first.clean and first.exits[0].returncode == -15
+
+
+def test_port_still_listening_is_reported(
+    tmp_path: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supervisor_module, "_PORT_RELEASE_S", 0.2)
+    plan = make_plan((python("decode", "import time; time.sleep(60)"),), ports)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", ports[2]))
+        squatter.listen()
+        with Supervisor(plan, tmp_path / "logs") as sup:
+            sup.start()
+        report = sup.teardown()
+    assert report.busy_ports == (ports[2],)
+    assert not report.clean
+
+
+def test_unstartable_process_raises_and_earlier_ones_are_stopped(tmp_path: Path, ports: list[int]) -> None:
+    missing = ProcessSpec(role="decode", argv=(str(tmp_path / "no-such-engine"),))
+    plan = make_plan((engine("prefill", ports[0], probe=False), missing), ports)
+    with pytest.raises(MatrixError, match="cannot start decode"), Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+    report = sup.teardown()
+    assert [exit_.role for exit_ in report.exits] == ["prefill"]
+    assert report.clean
+    assert "cannot start decode" in sup.log_paths()["decode"].read_text()

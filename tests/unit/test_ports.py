@@ -1,0 +1,196 @@
+"""Port allocation: distinct, bounded, shared between processes by the registry, stale entries reclaimed."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from matrix.errors import MatrixError
+from matrix.hardware.ports import PortAllocator, PortRequest, port_is_free
+
+# Holds `count` ports from `low` on for a parent test: prints them, then waits for stdin to close.
+HOLDER = """
+import sys
+from pathlib import Path
+from matrix.hardware.ports import PortAllocator, PortRequest
+allocator = PortAllocator(Path(sys.argv[1]), min_port=int(sys.argv[2]))
+count, max_port = int(sys.argv[3]), int(sys.argv[4])
+ports = allocator.allocate("holder", [PortRequest(f"p{i}", max_port) for i in range(count)])
+print(" ".join(map(str, ports.values())), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Path:
+    return tmp_path / "ports.json"
+
+
+def free_block(size: int) -> int:
+    """First port of `size` consecutive free ports below the usual ephemeral range.
+
+    The search starts at a random place so that test sessions running side by side rarely pick the same
+    block.
+    """
+    start = random.randrange(24000, 32000)
+    for low in [*range(start, 32000, size), *range(24000, start, size)]:
+        if all(port_is_free(port) for port in range(low, low + size)):
+            return low
+    raise RuntimeError("no free block of ports for the test")
+
+
+@pytest.fixture
+def holder(registry: Path) -> Iterator[tuple[subprocess.Popen[str], range]]:
+    """Another runner process holding every port of a small block."""
+    low = free_block(4)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(registry), str(low), "4", str(low + 3)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    held = sorted(map(int, proc.stdout.readline().split()))
+    assert held == list(range(low, low + 4))
+    yield proc, range(low, low + 4)
+    proc.kill()
+    proc.wait()
+
+
+def test_ports_in_one_allocation_are_distinct_and_bindable(registry: Path) -> None:
+    ports = PortAllocator(registry).allocate("cell", [PortRequest(f"p{i}") for i in range(50)])
+    assert len(set(ports.values())) == 50
+    assert all(20000 <= port <= 65535 and port_is_free(port) for port in ports.values())
+
+
+def test_upper_bound_is_respected(registry: Path) -> None:
+    ports = PortAllocator(registry).allocate(
+        "cell", [PortRequest(f"p{i}", max_port=32767) for i in range(50)]
+    )
+    assert all(20000 <= port <= 32767 for port in ports.values())
+
+
+def test_max_port_below_min_port_searches_below_max_port(registry: Path) -> None:
+    ports = PortAllocator(registry, min_port=40000).allocate("cell", [PortRequest("system", max_port=32767)])
+    assert 22767 <= ports["system"] <= 32767
+
+
+def test_duplicate_names_are_rejected(registry: Path) -> None:
+    with pytest.raises(ValueError, match="unique"):
+        PortAllocator(registry).allocate("cell", [PortRequest("a"), PortRequest("a")])
+
+
+def test_two_allocators_on_one_registry_never_share_a_port(registry: Path) -> None:
+    first, second = PortAllocator(registry), PortAllocator(registry)
+    taken: list[int] = []
+    for i in range(20):
+        for allocator in (first, second):
+            taken += allocator.allocate(f"cell{i}", [PortRequest("a", 32767), PortRequest("b")]).values()
+    assert len(taken) == len(set(taken)) == 80
+
+
+def test_another_process_holding_ports_is_respected(
+    registry: Path, holder: tuple[subprocess.Popen[str], range]
+) -> None:
+    _, block = holder
+    allocator = PortAllocator(registry, min_port=block.start)
+    with pytest.raises(MatrixError, match="no free port for 'x'"):
+        allocator.allocate("cell", [PortRequest("x", max_port=block.stop - 1)])
+    # Outside the held block the same allocator works, and never hands out a held port.
+    ports = PortAllocator(registry).allocate("cell", [PortRequest(f"p{i}") for i in range(30)])
+    assert not set(ports.values()) & set(block)
+
+
+def test_ports_of_a_dead_process_are_reclaimed(
+    registry: Path, holder: tuple[subprocess.Popen[str], range]
+) -> None:
+    proc, block = holder
+    proc.kill()
+    proc.wait()
+    allocator = PortAllocator(registry, min_port=block.start)
+    ports = allocator.allocate("cell", [PortRequest(f"p{i}", max_port=block.stop - 1) for i in range(4)])
+    assert sorted(ports.values()) == list(block)
+
+
+def test_expired_entries_are_reclaimed(registry: Path) -> None:
+    low = free_block(2)
+    short = PortAllocator(registry, ttl_s=0.05, min_port=low)
+    short.allocate("old", [PortRequest("a", low + 1), PortRequest("b", low + 1)])
+    other = PortAllocator(registry, min_port=low)
+    with pytest.raises(MatrixError):
+        other.allocate("new", [PortRequest("a", low + 1)])
+    time.sleep(0.1)
+    assert other.allocate("new", [PortRequest("a", low + 1)])["a"] in (low, low + 1)
+
+
+def test_stale_entries_are_dropped_from_the_file(registry: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = PortAllocator(registry)
+    host = live._host  # the allocator's own notion of "this host"
+    registry.write_text(
+        json.dumps(
+            {
+                "30001": {"owner": "dead", "pid": dead.pid, "host": host, "expires": time.time() + 60},
+                "30002": {"owner": "expired", "pid": os.getpid(), "host": host, "expires": time.time() - 1},
+                "30003": {"owner": "elsewhere", "pid": 1, "host": "other-host", "expires": time.time() + 60},
+                "30004": {"owner": "garbage"},
+            }
+        )
+    )
+    live.allocate("cell", [PortRequest("a")])
+    owners = {entry["owner"] for entry in json.loads(registry.read_text()).values()}
+    assert owners == {"elsewhere", "cell"}
+
+
+def test_release_frees_the_ports(registry: Path) -> None:
+    low = free_block(1)
+    first, second = PortAllocator(registry, min_port=low), PortAllocator(registry, min_port=low)
+    assert first.allocate("cell-a", [PortRequest("a", low)]) == {"a": low}
+    with pytest.raises(MatrixError):
+        second.allocate("cell-b", [PortRequest("a", low)])
+    first.release("cell-a")
+    assert second.allocate("cell-b", [PortRequest("a", low)]) == {"a": low}
+    # Releasing again, or an unknown owner, is harmless.
+    first.release("cell-a")
+    first.release("nobody")
+
+
+def test_allocator_remembers_its_ports_without_the_registry(registry: Path) -> None:
+    low = free_block(1)
+    allocator = PortAllocator(registry, min_port=low)
+    allocator.allocate("cell-a", [PortRequest("a", low)])
+    registry.unlink()  # even without the file, the allocator remembers what it handed out
+    with pytest.raises(MatrixError):
+        allocator.allocate("cell-b", [PortRequest("a", low)])
+
+
+def test_port_bound_by_someone_else_is_skipped(registry: Path) -> None:
+    low = free_block(2)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", low))
+        squatter.listen()
+        allocator = PortAllocator(registry, min_port=low)
+        assert allocator.allocate("cell", [PortRequest("a", low + 1)]) == {"a": low + 1}
+        with pytest.raises(MatrixError, match=rf"in {low}\.\.{low + 1}"):
+            allocator.allocate("cell2", [PortRequest("a", low + 1)])
+
+
+def test_unreadable_registry_is_started_over(registry: Path) -> None:
+    registry.write_text("{not json")
+    ports = PortAllocator(registry).allocate("cell", [PortRequest("a")])
+    assert json.loads(registry.read_text())[str(ports["a"])]["owner"] == "cell"
+
+
+def test_invalid_max_port_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        PortRequest("a", max_port=70000)
