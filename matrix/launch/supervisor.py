@@ -107,6 +107,9 @@ class Supervisor:
     """Owns every process of one `LaunchPlan`: start, readiness, teardown. Use it as a context manager."""
 
     def __init__(self, plan: LaunchPlan, log_dir: Path, *, base_env: Mapping[str, str] | None = None) -> None:
+        roles = [spec.role for spec in plan.processes]
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"roles must be unique, they name the log files: {roles}")
         self._plan = plan
         self._log_dir = log_dir
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -194,13 +197,7 @@ class Supervisor:
                 dead = next((child for child in self._children if child.popen.poll() is not None), None)
                 if dead is not None:
                     return self._died(dead)
-                while pending:
-                    timeout = min(_PROBE_TIMEOUT_S, max(0.01, deadline - time.monotonic()))
-                    failure = _probe(client, pending[0][1], timeout)
-                    if failure is not None:
-                        last_answer = failure
-                        break
-                    pending.pop(0)
+                last_answer = _advance(client, pending, deadline) or last_answer
                 if not pending:
                     return ReadyResult(True, None, "ready", self._elapsed(), "")
                 if time.monotonic() >= deadline:
@@ -329,6 +326,19 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _advance(
+    client: httpx.Client, pending: list[tuple[_Child | None, HealthProbe]], deadline: float
+) -> str | None:
+    """Drop passing probes from the front of `pending`; return the first failing one's answer."""
+    while pending:
+        timeout = min(_PROBE_TIMEOUT_S, max(0.01, deadline - time.monotonic()))
+        failure = _probe(client, pending[0][1], timeout)
+        if failure is not None:
+            return failure
+        pending.pop(0)
+    return None
 
 
 def _probe(client: httpx.Client, probe: HealthProbe, timeout: float) -> str | None:

@@ -113,7 +113,12 @@ def test_process_exiting_before_ready_is_a_startup_failure(tmp_path: Path, ports
 
 
 def test_process_killed_by_a_signal_says_so(tmp_path: Path, ports: list[int]) -> None:
-    plan = make_plan((python("decode", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"),), ports)
+    segfault = ProcessSpec(
+        role="decode",
+        argv=(sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"),
+        health=(HealthProbe(f"http://127.0.0.1:{ports[1]}/health"),),  # never answers
+    )
+    plan = make_plan((segfault,), ports)
     with Supervisor(plan, tmp_path / "logs") as sup:
         sup.start()
         result = sup.wait_ready()

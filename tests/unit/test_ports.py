@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -42,7 +43,7 @@ def free_block(size: int) -> int:
     block.
     """
     start = random.randrange(24000, 32000)
-    for low in [*range(start, 32000, size), *range(24000, start, size)]:
+    for low in itertools.chain(range(start, 32000, size), range(24000, start, size)):
         if all(port_is_free(port) for port in range(low, low + size)):
             return low
     raise RuntimeError("no free block of ports for the test")

@@ -157,7 +157,8 @@ def test_each_check_fails_alone(check: str, breaker: Callable[[dict[str, Any]], 
 
 
 def test_usage_object_fails_alone_and_skips_token_checks() -> None:
-    for usage in (None, [], "64"):
+    usages: list[object] = [None, [], "64"]
+    for usage in usages:
         doc = healthy()
         doc["usage"] = usage
         result = run(doc)
@@ -296,7 +297,9 @@ def test_non_200_skips_everything_and_shows_escaped_excerpt() -> None:
     assert names(result) == ["http_status"]
     assert result.skipped == CHECK_NAMES[1:]
     message = result.failures[0].message
-    assert message.startswith("HTTP status is 503; expected 200; body starts '{\"error\": \"no prefill worker\"}\\n")
+    assert message.startswith(
+        'HTTP status is 503; expected 200; body starts \'{"error": "no prefill worker"}\\n'
+    )
     assert "\\x00" in message
     assert "\n" not in message
     assert f"({len(body)} bytes in all)" in message

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -29,7 +32,7 @@ def V(text: str) -> Version:
 
 def test_domain_chain_is_strictly_ascending() -> None:
     versions = [V(text) for text in CHAIN]
-    assert all(a < b for a, b in zip(versions, versions[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(versions))
     assert sorted(reversed(versions)) == versions
 
 
@@ -42,13 +45,13 @@ def test_parse_version_accepts_tag_spellings(text: str) -> None:
 def test_parse_version_rejects_invalid(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_version(text)
-    assert str(info.value) == (
-        f"invalid version {text!r}: not a PEP 440 version (e.g. 0.30.0, v0.29.1rc0)"
-    )
+    assert str(info.value) == (f"invalid version {text!r}: not a PEP 440 version (e.g. 0.30.0, v0.29.1rc0)")
 
 
 def test_invalid_version_message_matches_contract() -> None:
-    with pytest.raises(ConfigError, match=r"^invalid version 'x\.y': not a PEP 440 version \(e\.g\. 0\.30\.0"):
+    with pytest.raises(
+        ConfigError, match=r"^invalid version 'x\.y': not a PEP 440 version \(e\.g\. 0\.30\.0"
+    ):
         parse_version("x.y")
 
 
@@ -81,7 +84,7 @@ def test_parse_bound_rejects_invalid(text: str) -> None:
         parse_bound(text)
 
 
-def window(since: list[str] = [], until: list[str] = []) -> VersionWindow:  # noqa: B006 - read only
+def window(since: Sequence[str] = (), until: Sequence[str] = ()) -> VersionWindow:
     return VersionWindow(tuple(map(parse_bound, since)), tuple(map(parse_bound, until)))
 
 
@@ -131,6 +134,9 @@ def test_window_that_admits_nothing_is_rejected() -> None:
         window(["vllm=0.30.0"], ["0.29.0"])
     # A scoped bound that rescues the backend keeps the window valid.
     window(["0.30.0", "sglang=0.5.0"], ["0.40.0", "sglang=0.6.0"])
+    # ... while a global since past a scoped until empties that backend.
+    with pytest.raises(ConfigError, match=r"backend 'sglang'"):
+        window(["0.30.0"], ["sglang=0.6.0"])
 
 
 def test_parse_specifier_and_prereleases_always_admitted() -> None:

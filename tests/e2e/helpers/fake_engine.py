@@ -12,14 +12,17 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 # The grandchild of --orphan: leaves the session (like an MPI daemon), ignores SIGTERM, lives forever.
+# It keeps the engine's stdout, as such children do, and touches argv[1] once it is up.
 ORPHAN_CODE = (
-    "import signal, time\n"
+    "import pathlib, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "print('orphan up', flush=True)\n"
+    "pathlib.Path(sys.argv[1]).touch()\n"
     "time.sleep(3600)\n"
 )
 
@@ -45,6 +48,16 @@ def make_handler(models: list[dict[str, str]]) -> type[http.server.BaseHTTPReque
     return Handler
 
 
+def spawn_orphan() -> None:
+    """Start the orphan and wait until it runs, so a test never races its start-up."""
+    with tempfile.TemporaryDirectory() as scratch:
+        marker = Path(scratch) / "up"
+        orphan = subprocess.Popen([sys.executable, "-c", ORPHAN_CODE, str(marker)], start_new_session=True)
+        while not marker.exists():
+            time.sleep(0.005)
+    print(f"orphan pid {orphan.pid}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -58,8 +71,7 @@ def main() -> None:
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.orphan:
-        orphan = subprocess.Popen([sys.executable, "-c", ORPHAN_CODE], start_new_session=True)
-        print(f"orphan pid {orphan.pid}", flush=True)
+        spawn_orphan()
     print("loading weights", flush=True)
     time.sleep(args.delay)
     models = [] if args.no_models else [{"id": "fake-model", "object": "model"}]

@@ -1,0 +1,121 @@
+"""Write cell outcomes back to the database and read them for `matrix show`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
+from matrix.errors import ConfigError
+from matrix.runner import CellOutcome
+
+
+def _u64(value: int | None) -> str | None:
+    # Worker ids are unsigned 64-bit; stored as decimal text so values above 2**63 - 1 survive any database.
+    return None if value is None else str(value)
+
+
+def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
+    row.status = outcome.status
+    row.failure_kind = outcome.failure_kind
+    row.message = outcome.message
+    row.checks = [{"name": c.name, "message": c.message} for c in outcome.checks]
+    row.ready_s = outcome.ready_s
+    row.request_s = outcome.request_s
+    row.ttft_s = outcome.ttft_s
+    row.teardown_s = outcome.teardown_s
+    row.total_s = outcome.total_s
+    row.prefill_worker_id = _u64(outcome.prefill_worker_id)
+    row.decode_worker_id = _u64(outcome.decode_worker_id)
+    row.prompt_tokens = outcome.prompt_tokens
+    row.completion_tokens = outcome.completion_tokens
+    row.finish_reason = outcome.finish_reason
+    row.completion_excerpt = outcome.completion_excerpt
+    row.ports = dict(outcome.ports)
+    row.exit_codes = dict(outcome.exit_codes)
+    row.log_dir = outcome.log_dir or row.log_dir
+    row.components = dict(outcome.components)
+    row.expected_failure = outcome.expected_failure
+    row.unexpected_pass = outcome.unexpected_pass
+    row.finished_at = utcnow()
+
+
+def find_cell(session: Session, text: str) -> CellRun:
+    """By MATRIX_CELL_ID, by row id, or `CASE@BACKEND-VERSION` (its latest attempt)."""
+    row = session.scalar(select(CellRun).where(CellRun.uid == text))
+    if row is None and text.isdigit():
+        row = session.get(CellRun, int(text))
+    if row is None and "@" in text:
+        case_name, _, label = text.partition("@")
+        candidates = session.scalars(
+            select(CellRun).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
+        )
+        row = next((r for r in candidates if r.runtime.label == label), None)
+    if row is None:
+        raise ConfigError(f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)")
+    return row
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") if value else None
+
+
+def describe_cell(row: CellRun) -> dict[str, Any]:
+    from pathlib import Path
+
+    log_dir = Path(row.log_dir) if row.log_dir else None
+    logs = {p.stem: str(p) for p in sorted(log_dir.glob("*.log"))} if log_dir and log_dir.is_dir() else {}
+    return {
+        "cell": row.cell_key,
+        "id": row.uid,
+        "campaign": row.campaign_id,
+        "attempt": row.attempt,
+        "status": row.status,
+        "failure_kind": row.failure_kind,
+        "message": row.message,
+        "expected_failure": row.expected_failure,
+        "unexpected_pass": row.unexpected_pass,
+        "checks": row.checks,
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "ready_s": row.ready_s,
+        "request_s": row.request_s,
+        "ttft_s": row.ttft_s,
+        "teardown_s": row.teardown_s,
+        "total_s": row.total_s,
+        "prefill_worker_id": row.prefill_worker_id,
+        "decode_worker_id": row.decode_worker_id,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "finish_reason": row.finish_reason,
+        "completion_excerpt": row.completion_excerpt,
+        "ports": row.ports,
+        "exit_codes": row.exit_codes,
+        "components": row.components,
+        "log_dir": row.log_dir,
+        "logs": logs,
+    }
+
+
+def new_cell_row(session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int) -> CellRun:
+    import os
+    import socket
+
+    row = CellRun(
+        uid=uid,
+        campaign=campaign,
+        case=session.get_one(Case, case_id),
+        runtime=session.get_one(Runtime, runtime_id),
+        attempt=attempt,
+        status="running",
+        started_at=utcnow(),
+        heartbeat_at=utcnow(),
+        owner_host=socket.gethostname(),
+        owner_pid=os.getpid(),
+        checks=[],
+    )
+    session.add(row)
+    return row

@@ -1,0 +1,209 @@
+"""Run one cell: arm -> launch plan -> supervisor -> request -> validation -> teardown -> outcome.
+
+Everything a cell can go through ends in a `CellOutcome`; no exception from a cell escapes except an
+interruption of the runner, and even then the supervisor tears the pair down first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from matrix.check.client import send_chat
+from matrix.check.validate import CheckFailure, validate_chat_response
+from matrix.errors import MatrixError
+from matrix.hardware.ports import PortAllocator
+from matrix.launch.arms import get_arm
+from matrix.launch.arms.base import LaunchContext
+from matrix.launch.plan import RequestSpec
+from matrix.launch.providers import Unavailable, prepare
+from matrix.interrupts import StopSignal
+from matrix.launch.supervisor import Supervisor, TeardownReport
+from matrix.plan import Cell
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What happened to one attempt; mirrors the `cell_run` row."""
+
+    status: str  # passed | failed | error | timeout | skipped | interrupted
+    failure_kind: str | None = None  # config | startup | health | request | validation | teardown | infra
+    message: str = ""
+    checks: tuple[CheckFailure, ...] = ()
+    ready_s: float | None = None
+    request_s: float | None = None
+    ttft_s: float | None = None
+    teardown_s: float | None = None
+    total_s: float | None = None
+    prefill_worker_id: int | None = None
+    decode_worker_id: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    completion_excerpt: str = ""
+    ports: Mapping[str, int] = field(default_factory=dict)
+    exit_codes: Mapping[str, Any] = field(default_factory=dict)
+    log_dir: str = ""
+    components: Mapping[str, str] = field(default_factory=dict)
+    expected_failure: str = ""
+    unexpected_pass: bool = False
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    gpu_ids: tuple[str, ...] = ()
+
+
+def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
+    checks = []
+    if report.needed_sigkill:
+        checks.append(
+            CheckFailure(
+                "graceful_exit",
+                f"{', '.join(report.needed_sigkill)} ignored SIGTERM for the grace period and had to be killed",
+            )
+        )
+    if report.escaped_pids:
+        checks.append(
+            CheckFailure(
+                "no_escaped_processes",
+                f"{len(report.escaped_pids)} process(es) left their process group (pids "
+                f"{', '.join(map(str, report.escaped_pids))}) and were found by MATRIX_CELL_ID and killed",
+            )
+        )
+    if report.survivors:
+        checks.append(CheckFailure("no_survivors", f"processes still alive after teardown: {report.survivors}"))
+    if report.busy_ports:
+        checks.append(CheckFailure("ports_released", f"ports still in use after teardown: {report.busy_ports}"))
+    return checks
+
+
+def run_cell(
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, host: HostInfo, stop: StopSignal | None = None
+) -> CellOutcome:
+    """Run one attempt. Raises `CellInterrupted` (after tearing the pair down) when `stop` fires."""
+    started = time.monotonic()
+    outcome = _run(cell, cell_id, log_dir, allocator, host, stop or StopSignal())
+    outcome = replace(outcome, total_s=time.monotonic() - started, log_dir=str(log_dir))
+    return _judge_expectation(cell, outcome)
+
+
+def _judge_expectation(cell: Cell, outcome: CellOutcome) -> CellOutcome:
+    """A runtime that lacks a required fix is expected to fail; a pass there means the catalog is wrong."""
+    if not cell.missing_fixes or outcome.status == "skipped":
+        return outcome
+    if outcome.status == "passed":
+        note = f"unexpected pass: {cell.expected_failure}; correct the fix's fixed_in or the runtime's components"
+        return replace(outcome, unexpected_pass=True, message=note)
+    return replace(outcome, expected_failure=cell.expected_failure)
+
+
+def _run(
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, host: HostInfo, stop: StopSignal
+) -> CellOutcome:
+    case = cell.case
+    try:
+        arm = get_arm(case.arm)
+        cpu_ok = arm.runs_on_cpu(case)
+    except MatrixError as exc:
+        return CellOutcome("error", "config", str(exc))
+    gpus_needed = case.gpus_needed
+    if gpus_needed > len(host.gpu_ids) and not cpu_ok:
+        return CellOutcome("skipped", message=f"needs {gpus_needed} GPU, host has {len(host.gpu_ids)}")
+    environment = prepare(cell.runtime)
+    if isinstance(environment, Unavailable):
+        return CellOutcome("skipped", message=environment.reason)
+    try:
+        ports = allocator.allocate(cell_id, arm.port_requests(case))
+    except MatrixError as exc:
+        return CellOutcome("error", "infra", f"port allocation failed: {exc}")
+    try:
+        context = LaunchContext(
+            cell_id=cell_id,
+            case=case,
+            runtime=cell.runtime,
+            ports=ports,
+            work_dir=log_dir,
+            python=environment.python,
+            gpu_ids=host.gpu_ids[:gpus_needed],
+            env=environment.env,
+        )
+        try:
+            plan = arm.plan(context)
+        except MatrixError as exc:
+            return CellOutcome("error", "config", str(exc), ports=ports)
+        outcome = _supervise(Supervisor(plan, log_dir), plan.request, stop)
+        return replace(outcome, ports=ports, components=dict(environment.components))
+    finally:
+        allocator.release(cell_id)
+
+
+def _supervise(supervisor: Supervisor, request: RequestSpec, stop: StopSignal) -> CellOutcome:
+    outcome: CellOutcome
+    try:
+        with stop.interruptible():
+            supervisor.start()
+            ready = supervisor.wait_ready()
+            if not ready.ok:
+                status = "timeout" if ready.kind == "timeout" else "failed"
+                message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
+                kind = "startup" if ready.kind == "startup" else "health"
+                outcome = CellOutcome(status, kind, message, ready_s=ready.ready_s)
+            else:
+                outcome = _request(request, ready.ready_s)
+    except MatrixError as exc:
+        outcome = CellOutcome("failed", "startup", str(exc))
+    finally:
+        # Not interruptible: a stop signal now only sets a flag, so the pair is always torn down.
+        report = supervisor.teardown()
+    exit_codes = {e.role: e.returncode for e in report.exits}
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes)
+    teardown_failures = _teardown_checks(report)
+    if teardown_failures and outcome.status == "passed":
+        names = ", ".join(c.name for c in teardown_failures)
+        return replace(outcome, status="failed", failure_kind="teardown", checks=tuple(teardown_failures),
+                       message=f"served correctly but teardown failed: {names}")  # fmt: skip
+    if teardown_failures:
+        return replace(outcome, checks=(*outcome.checks, *teardown_failures))
+    return outcome
+
+
+def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
+    response = send_chat(request)
+    if response.error is not None and response.error_kind != "oversized":
+        return CellOutcome(
+            "failed",
+            "request",
+            f"request failed ({response.error_kind}): {response.error}",
+            checks=(CheckFailure("request", response.error),),
+            ready_s=ready_s,
+            request_s=response.request_s,
+        )
+    if response.error_kind == "oversized":
+        return CellOutcome(
+            "failed",
+            "request",
+            response.error or "response too large",
+            checks=(CheckFailure("response_size", response.error or "response too large"),),
+            ready_s=ready_s,
+            request_s=response.request_s,
+        )
+    validation = validate_chat_response(response.status_code, response.body)
+    common: dict[str, Any] = {
+        "ready_s": ready_s,
+        "request_s": response.request_s,
+        "ttft_s": response.ttft_s,
+        "prefill_worker_id": validation.prefill_worker_id,
+        "decode_worker_id": validation.decode_worker_id,
+        "prompt_tokens": validation.prompt_tokens,
+        "completion_tokens": validation.completion_tokens,
+        "finish_reason": validation.finish_reason,
+        "completion_excerpt": validation.content_excerpt or "",
+    }
+    if validation.ok:
+        return CellOutcome("passed", **common)
+    names = ", ".join(f.name for f in validation.failures)
+    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=validation.failures, **common)
