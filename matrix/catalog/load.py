@@ -27,7 +27,7 @@ from matrix.catalog.spec import (
 )
 from matrix.errors import ConfigError
 from matrix.resources import resource_dir
-from matrix.versions import parse_specifier, parse_version, tag_for
+from matrix.versions import component_has_fix, parse_specifier, parse_version, tag_for
 
 T = TypeVar("T")
 
@@ -168,6 +168,7 @@ def _fix(e: _Entry) -> FixSpec:
         raise e.fail("'fixed_in' must list at least one version")
     try:
         fixed_in = [str(parse_version(v)) for v in fixed_in]
+        component_has_fix(parse_version(fixed_in[0]), fixed_in)  # rejects two entries on one release line
     except ConfigError as exc:
         raise e.fail(str(exc)) from None
     return FixSpec(

@@ -159,13 +159,14 @@ class Supervisor:
                 _write_line(log, f"[matrix] cannot start {spec.role}: {exc}")
                 log.close()
                 raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
-            _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
+            # Owned at once, so an interruption from here on still ends in this process's teardown.
             assert popen.stdout is not None  # stdout=PIPE
             pump = threading.Thread(
                 target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True
             )
-            pump.start()
             self._children.append(_Child(spec, popen, paths[spec.role], pump))
+            _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
+            pump.start()
 
     def _child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         # Python children block-buffer a piped stdout: lines would be timestamped late and lost on a

@@ -21,7 +21,7 @@ import socketserver
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,7 +112,7 @@ class DuplicateHandleError(Exception):
 
 @dataclass
 class _Entry:
-    blocks: list[int]
+    runs: list[tuple[int, int]]  # (first block, count), in the order of the request's tokens
     checksum: str
     expires_at: float
 
@@ -122,17 +122,17 @@ def checksum(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _runs(indices: list[int]) -> Iterator[tuple[int, int, int]]:
-    """(position in list, first block, count) for each run of consecutive blocks: one copy per run."""
-    start = 0
-    for i in range(1, len(indices) + 1):
-        if i == len(indices) or indices[i] != indices[i - 1] + 1:
-            yield start, indices[start], i - start
-            start = i
+# Merge adjacent free runs once this many have piled up, so fragmentation stays bounded.
+_COALESCE_AT = 1024
 
 
 class KVPool:
-    """Fixed-size blocks in one buffer, handed out per request handle and freed on pull or TTL."""
+    """Fixed-size blocks in one buffer, handed out per request handle and freed on pull or TTL.
+
+    Free space is kept as runs of consecutive blocks, not one entry per block: a realistic 1 GiB pool
+    of 64-byte blocks has 16 M blocks, far too many for a Python list, and runs also mean one copy
+    per run instead of one per block (which matters for device memory).
+    """
 
     def __init__(
         self,
@@ -147,8 +147,8 @@ class KVPool:
         self.ttl_s = ttl_s
         self._storage = storage
         self._log = log or (lambda _msg: None)
-        # Popped from the end, so fresh allocations come out ascending and contiguous.
-        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._free_runs: list[tuple[int, int]] = [(0, self.num_blocks)]
+        self._free_blocks = self.num_blocks
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
@@ -159,7 +159,7 @@ class KVPool:
     @property
     def free_bytes(self) -> int:
         with self._lock:
-            return len(self._free) * self.block_bytes
+            return self._free_blocks * self.block_bytes
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -167,30 +167,55 @@ class KVPool:
             self._release(handle)
             self._log(f"kv handle={handle} expired after {self.ttl_s:g}s")
 
+    def _allocate(self, count: int) -> list[tuple[int, int]]:
+        runs: list[tuple[int, int]] = []
+        while count:
+            first, size = self._free_runs.pop()
+            take = min(size, count)
+            runs.append((first, take))
+            if take < size:
+                self._free_runs.append((first + take, size - take))
+            count -= take
+        return runs
+
     def _release(self, handle: str) -> bool:
         entry = self._entries.pop(handle, None)
         if entry is None:
             return False
-        self._free.extend(reversed(entry.blocks))
+        self._free_runs.extend(entry.runs)
+        self._free_blocks += sum(n for _f, n in entry.runs)
+        if len(self._free_runs) >= _COALESCE_AT:
+            merged: list[tuple[int, int]] = []
+            for first, size in sorted(self._free_runs):
+                if merged and merged[-1][0] + merged[-1][1] == first:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + size)
+                else:
+                    merged.append((first, size))
+            # Highest first, so pops from the end hand out low, ascending blocks.
+            self._free_runs = merged[::-1]
         return True
 
     def put(self, handle: str, blocks: list[bytes], what: str = "prompt") -> str:
         """Store the blocks under `handle`; return their checksum. Raises PoolFullError."""
-        data = b"".join(blocks)
         if any(len(b) != self.block_bytes for b in blocks):
             raise ValueError("every block must be exactly block_bytes long")
+        data = b"".join(blocks)
         with self._lock:
             self._sweep()
             if handle in self._entries:
                 raise DuplicateHandleError(f"KV handle {handle!r} is already in the pool")
-            if len(blocks) > len(self._free):
-                raise PoolFullError(len(data), len(self._free) * self.block_bytes, self.capacity_bytes, what)
-            indices = [self._free.pop() for _ in blocks]
-            for pos, first, count in _runs(indices):
-                chunk = data[pos * self.block_bytes : (pos + count) * self.block_bytes]
-                self._storage.write(first * self.block_bytes, chunk)
+            if len(blocks) > self._free_blocks:
+                free = self._free_blocks * self.block_bytes
+                raise PoolFullError(len(data), free, self.capacity_bytes, what)
+            runs = self._allocate(len(blocks))
+            self._free_blocks -= len(blocks)
+            pos = 0
+            for first, count in runs:
+                size = count * self.block_bytes
+                self._storage.write(first * self.block_bytes, data[pos : pos + size])
+                pos += size
             digest = checksum(data)
-            self._entries[handle] = _Entry(indices, digest, time.monotonic() + self.ttl_s)
+            self._entries[handle] = _Entry(runs, digest, time.monotonic() + self.ttl_s)
             return digest
 
     def get(self, handle: str) -> bytes | None:
@@ -200,11 +225,8 @@ class KVPool:
             entry = self._entries.get(handle)
             if entry is None:
                 return None
-            parts = [
-                self._storage.read(first * self.block_bytes, count * self.block_bytes)
-                for _pos, first, count in _runs(entry.blocks)
-            ]
-            return b"".join(parts)
+            bb = self.block_bytes
+            return b"".join(self._storage.read(first * bb, count * bb) for first, count in entry.runs)
 
     def free(self, handle: str) -> bool:
         """Give the handle's blocks back; False if it was not there."""
@@ -214,7 +236,8 @@ class KVPool:
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._free = []
+            self._free_runs = []
+            self._free_blocks = 0
             self._storage.close()
 
 

@@ -34,6 +34,7 @@ from matrix.reference.faults import (
     FRONTEND_FAULTS,
     PREFILL_FAULTS,
 )
+from matrix.reference.kvpool import CpuStorage, KVPool, PoolFullError, checksum
 
 pytestmark = pytest.mark.e2e
 
@@ -260,6 +261,37 @@ def test_tokeniser_and_generation_are_deterministic() -> None:
     assert len(block) == 64 and block == tokens.block_content(ids[-1], len(ids) - 1, 64)
     assert tokens.generate(block, 5) == tokens.generate(block, 5)
     assert tokens.detokenize(tokens.generate(block, 5)).count(" ") == 4
+
+
+def test_kv_pool_reuses_freed_runs_and_keeps_data_intact() -> None:
+    def blocks(tag: int, n: int) -> list[bytes]:
+        return [bytes([tag, i]) * 32 for i in range(n)]
+
+    pool = KVPool(CpuStorage(640), 640, 64)
+    pool.put("a", blocks(1, 4))
+    pool.put("b", blocks(2, 4))
+    pool.free("a")
+    # Six blocks: the four freed by "a" plus the last two never used, in two runs.
+    digest = pool.put("c", blocks(3, 6))
+    assert pool.get("c") == b"".join(blocks(3, 6))
+    assert digest == checksum(b"".join(blocks(3, 6)))
+    assert pool.get("b") == b"".join(blocks(2, 4))
+    assert pool.free_bytes == 0
+    with pytest.raises(PoolFullError, match="prompt needs 64 bytes of KV cache, pool has 0 free of 640"):
+        pool.put("d", blocks(4, 1))
+    assert pool.free("b") and pool.free("c") and not pool.free("c")
+    assert pool.free_bytes == 640 and pool.get("b") is None
+    pool.close()
+
+
+def test_kv_pool_of_realistic_size_is_cheap() -> None:
+    # The size the upstream vLLM cases use; bookkeeping must not be per block.
+    started = time.monotonic()
+    pool = KVPool(CpuStorage(1_119_388_000), 1_119_388_000, 64)
+    pool.put("x", [b"k" * 64] * 2048)
+    assert pool.free_bytes == (1_119_388_000 // 64 - 2048) * 64
+    pool.close()
+    assert time.monotonic() - started < 1.0
 
 
 # ---------------------------------------------------------------------------------------------------

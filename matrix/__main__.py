@@ -1,0 +1,5 @@
+"""`python -m matrix` is the `matrix` command."""
+
+from matrix.cli import main
+
+main()

@@ -1,0 +1,202 @@
+"""`matrix catalog sync`, lists and hand edits, on a real SQLite database through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, Matrix
+
+
+def test_sync_is_idempotent(matrix: Matrix) -> None:
+    first = matrix("catalog", "sync")
+    assert first.exit_code == 0
+    assert "added  runtime  vllm 0.29.1rc0" in first.output
+    second = matrix("catalog", "sync")
+    assert second.exit_code == 0
+    assert second.output.strip() == "0 changes"
+
+
+def test_sync_reports_changes_and_retires_without_deleting(seeded: Matrix, tmp_path: Path) -> None:
+    cases = (DATA / "cases.toml").read_text()
+    edited = cases.replace('startup_timeout_s = 30\n', 'startup_timeout_s = 31\n', 1)
+    # Drop the mocker case entirely.
+    edited = edited[: edited.index('[[case]]\nname = "dynamo_mocker_disaggregated"')]
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    for path in DATA.glob("*.toml"):
+        (catalog / path.name).write_text(edited if path.name == "cases.toml" else path.read_text())
+    result = seeded("catalog", "sync", *sorted(map(str, catalog.glob("*.toml"))))
+    assert result.exit_code == 0, result.output
+    assert "changed  case     reference_disaggregated (startup_timeout_s" in result.output
+    assert "retired  case     dynamo_mocker_disaggregated" in result.output
+    assert seeded.sql("SELECT retired FROM \"case\" WHERE name = 'dynamo_mocker_disaggregated'") == [(1,)]
+    listed = json.loads(seeded("cases", "list", "--json").output)
+    assert "dynamo_mocker_disaggregated" not in {c["name"] for c in listed}
+    # Syncing the seed again restores it.
+    restored = seeded("catalog", "sync")
+    assert "restored  case     dynamo_mocker_disaggregated" in restored.output.replace("   restored", "restored")
+
+
+def test_lists_as_table_and_json(seeded: Matrix) -> None:
+    runtimes = json.loads(seeded("runtimes", "list", "--json").output)
+    vllm = [r["version"] for r in runtimes if r["backend"] == "vllm"]
+    assert vllm == ["0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0"]  # PEP 440 order
+    dev = next(r for r in runtimes if r["version"] == "0.29.1rc1.dev347+gdee37d891")
+    assert "vllm=0.29.0" in dev["components"] and "vllm-rs=0.29.1rc1.dev347+gdee37d891" in dev["components"]
+    for kind in ("backends", "markers", "cases", "fixes", "gates"):
+        result = seeded(kind, "list")
+        assert result.exit_code == 0 and result.output.strip()
+    fixes = json.loads(seeded("fixes", "list", "--json").output)
+    assert fixes[1]["key"] == "vllm#54814" or any(f["key"] == "vllm#54814" for f in fixes)
+
+
+def test_runtime_add_disable_enable(seeded: Matrix) -> None:
+    result = seeded("runtime", "add", "vllm", "v0.31.0", "--component", "vllm-rs=0.31.0", "--component", "vllm=0.31.0")
+    assert result.exit_code == 0, result.output
+    assert "added runtime vllm 0.31.0 (v0.31.0, release)" in result.output
+    plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
+    assert "vllm_disaggregated@vllm-0.31.0" in {c["cell"] for c in plan["cells"]}
+    # A hand-added runtime survives a catalog sync.
+    assert seeded("catalog", "sync").output.strip() == "0 changes"
+    assert seeded("runtime", "disable", "vllm", "0.31.0").exit_code == 0
+    explained = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--explain", "--json").output)
+    assert {"case": "vllm_disaggregated", "runtime": "vllm-0.31.0", "reason": "runtime is disabled"} in explained["excluded"]
+    assert seeded("runtime", "enable", "vllm", "0.31.0").exit_code == 0
+
+
+def test_marker_add(seeded: Matrix) -> None:
+    assert seeded("marker", "add", "canary", "--kind", "lifecycle", "--description", "canary runs").exit_code == 0
+    assert "canary" in seeded("markers", "list").output
+    plan = seeded("plan", "-m", "canary")
+    assert plan.exit_code == 0 and "0 cells" in plan.output
+
+
+# --- bad input: message, exit code 2, database unchanged ---------------------------------------------
+
+
+def _catalog_with(tmp_path: Path, name: str, text: str) -> list[str]:
+    """The seed catalog with one file replaced (or added)."""
+    out = tmp_path / "bad"
+    out.mkdir(exist_ok=True)
+    for path in DATA.glob("*.toml"):
+        (out / path.name).write_text(path.read_text())
+    (out / name).write_text(text)
+    return sorted(str(p) for p in out.glob("*.toml"))
+
+
+def _assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
+    before = m.dump()
+    result = m(*args)
+    assert result.exit_code == 2, result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+    assert m.dump() == before
+
+
+BAD_TOML = {
+    "malformed": ("cases.toml", '[[case]]\nname = "x\n', ["malformed TOML", "cases.toml", "line 2"]),
+    "unknown backend": (
+        "extra.toml",
+        '[[runtime]]\nbackend = "vlm"\nversion = "1.0"\n',
+        ["unknown backend 'vlm'", "known backends"],
+    ),
+    "unknown marker": (
+        "extra.toml",
+        '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodel = "m"\nmarkers = ["pre_merg"]\n',
+        ["unknown marker 'pre_merg'", "did you mean 'pre_merge'"],
+    ),
+    "unknown fix": (
+        "extra.toml",
+        '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodel = "m"\nrequires_fixes = ["vllm#1"]\n',
+        ["unknown fix 'vllm#1'"],
+    ),
+    "unknown arm": (
+        "extra.toml",
+        '[[case]]\nname = "x"\nbackend = "reference"\narm = "magic"\nmodel = "m"\n',
+        ["unknown arm 'magic'", "known arms: dynamo, reference"],
+    ),
+    "invalid version": (
+        "extra.toml",
+        '[[runtime]]\nbackend = "vllm"\nversion = "0.30-final-final"\n',
+        ["invalid version '0.30-final-final'"],
+    ),
+    "invalid component version": (
+        "extra.toml",
+        '[[runtime]]\nbackend = "vllm"\nversion = "0.40.0"\ncomponents = { vllm-rs = "latest" }\n',
+        ["component 'vllm-rs'", "invalid version 'latest'"],
+    ),
+    "duplicate case": (
+        "extra.toml",
+        '[[case]]\nname = "reference_disaggregated"\nbackend = "reference"\narm = "reference"\nmodel = "m"\n',
+        ["duplicate case reference_disaggregated"],
+    ),
+    "duplicate runtime": (
+        "extra.toml",
+        '[[runtime]]\nbackend = "vllm"\nversion = "v0.30.0"\n',
+        ["duplicate runtime vllm 0.30.0"],
+    ),
+    "unknown key": (
+        "extra.toml",
+        '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodle = "m"\n',
+        ["missing required key 'model'"],
+    ),
+    "misspelt key": (
+        "extra.toml",
+        '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodel = "m"\nmakers = []\n',
+        ["unknown key(s) 'makers'"],
+    ),
+    "invalid gate expression": (
+        "extra.toml",
+        '[[gate]]\nname = "g"\nexpression = "pre_merge and"\n',
+        ["invalid marker expression 'pre_merge and'", "column 14"],
+    ),
+    "unknown section": ("extra.toml", '[[casse]]\nname = "x"\n', ["unknown section(s) 'casse'"]),
+}
+
+
+@pytest.mark.parametrize("label", sorted(BAD_TOML))
+def test_bad_catalog_is_refused_and_changes_nothing(seeded: Matrix, tmp_path: Path, label: str) -> None:
+    name, text, needles = BAD_TOML[label]
+    _assert_refused(seeded, ["catalog", "sync", *_catalog_with(tmp_path, name, text)], *needles)
+
+
+def test_bad_catalog_on_an_empty_database_writes_no_catalog_rows(matrix: Matrix, tmp_path: Path) -> None:
+    result = matrix("catalog", "sync", *_catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'))
+    assert result.exit_code == 2
+    assert matrix.sql("SELECT count(*) FROM backend") == [(0,)]
+
+
+BAD_COMMANDS = {
+    "unknown backend": (["plan", "--backend", "vlm"], ["unknown backend 'vlm'", "did you mean 'vllm'"]),
+    "unknown case": (["plan", "--case", "vllm_disagg"], ["unknown case 'vllm_disagg'"]),
+    "unknown marker in -m": (["plan", "-m", "pre_merge and gpu1"], ["unknown marker 'gpu1'", "did you mean 'gpu_1'"]),
+    "invalid expression": (["plan", "-m", "pre_merge and (gpu_1"], ["invalid marker expression", "column 21"]),
+    "invalid version": (["plan", "--since", "zero.two"], ["invalid version 'zero.two'"]),
+    "unknown runtime": (["plan", "--runtime", "vllm=9.9.9"], ["unknown runtime vllm=9.9.9"]),
+    "runtime of unknown backend": (["runtime", "add", "vlm", "1.0"], ["unknown backend 'vlm'"]),
+    "duplicate runtime": (["runtime", "add", "vllm", "v0.30.0"], ["runtime vllm 0.30.0 already exists"]),
+    "bad component": (["runtime", "add", "vllm", "0.40.0", "--component", "vllm-rs"], ["invalid --component 'vllm-rs'"]),
+    "invalid runtime version": (["runtime", "add", "vllm", "banana"], ["invalid version 'banana'"]),
+    "duplicate marker": (["marker", "add", "gpu_1"], ["marker 'gpu_1' already exists"]),
+    "disable unknown runtime": (["runtime", "disable", "vllm", "7.0"], ["unknown runtime vllm 7.0"]),
+    "show unknown cell": (["show", "nope"], ["no cell 'nope'"]),
+    "run unknown marker": (["run", "-m", "nightlyy"], ["unknown marker 'nightlyy'"]),
+}
+
+
+@pytest.mark.parametrize("label", sorted(BAD_COMMANDS))
+def test_bad_command_input_is_refused_and_changes_nothing(seeded: Matrix, label: str) -> None:
+    args, needles = BAD_COMMANDS[label]
+    _assert_refused(seeded, args, *needles)
+
+
+def test_unopenable_database_url(matrix: Matrix, tmp_path: Path) -> None:
+    result = matrix("--db", f"sqlite:///{tmp_path}/no/such/dir/m.db", "plan")
+    assert result.exit_code == 2
+    assert "cannot open database" in result.output and "does not exist" in result.output
+    result = matrix("--db", "postgresql://matrix:hunter2@127.0.0.1:1/matrix", "plan")
+    assert result.exit_code == 2
+    assert "hunter2" not in result.output
