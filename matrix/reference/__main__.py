@@ -31,6 +31,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     epilog = f"faults (also from ${FAULTS_ENV}, comma-separated):\n{known_faults_text()}"
     parser = argparse.ArgumentParser(
@@ -68,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     front.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault")
     front.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, help="request body limit")
     front.add_argument(
-        "--worker-timeout-s", type=_non_negative_float, default=60.0, help="timeout of each call to a worker"
+        "--worker-timeout-s", type=_positive_float, default=60.0, help="timeout of each call to a worker"
     )
     return parser
 

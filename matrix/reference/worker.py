@@ -183,7 +183,11 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def _spawn_escaped_child(log: EventLog) -> None:
-    """Fault escaped-child: a sleeper in its own session, as MPI launchers leave behind."""
+    """Fault escaped-child: a sleeper in its own session, as MPI launchers leave behind.
+
+    Like a real leaked child it keeps the worker's environment (so MATRIX_CELL_ID identifies it) and
+    its stdout/stderr, so a supervisor that reads the worker's pipes until EOF would wait forever.
+    """
     import subprocess  # only this fault needs it
 
     child = subprocess.Popen(

@@ -7,6 +7,7 @@ is polled every 10 ms; no test sleeps for a fixed time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -178,7 +179,7 @@ class Launcher:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).kill()
             # Not our child, so we cannot reap it; dead (a zombie until init reaps it) is enough.
-            wait_for(lambda pid=pid: _dead(pid), f"pid {pid} to die")
+            wait_for(functools.partial(_dead, pid), f"pid {pid} to die")
 
 
 def _dead(pid: int) -> bool:

@@ -1,0 +1,206 @@
+"""`matrix run` on real reference pairs: healthy cells pass, every planted fault is caught, nothing leaks.
+
+Each fault of the reference server is a case in a small catalog; one campaign runs them all through the
+real CLI, then every row is checked for its expected status, failure kind and check name, and the host
+is checked for leftover processes and ports.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from matrix.hardware.ports import port_is_free
+from matrix.reference.faults import FAULTS
+from tests.conftest import DATA, Matrix
+
+# fault -> (status, failure kind, failed check or None)
+EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
+    "crash-at-start": ("failed", "startup", None),
+    "hang-at-start": ("timeout", "health", None),
+    "slow-start": ("timeout", "health", None),
+    "same-worker-id": ("failed", "validation", "worker_ids_distinct"),
+    "empty-completion": ("failed", "validation", "content_nonblank"),
+    "one-token-completion": ("failed", "validation", "completion_tokens"),
+    "missing-usage": ("failed", "validation", "usage_object"),
+    "bad-finish-reason": ("failed", "validation", "finish_reason"),
+    "non-json-body": ("failed", "validation", "json_body"),
+    "oversized-body": ("failed", "request", "response_size"),
+    "kv-transfer-dropped": ("failed", "validation", "http_status"),
+    "ignore-sigterm": ("failed", "teardown", "graceful_exit"),
+    "escaped-child": ("failed", "teardown", "no_escaped_processes"),
+}
+
+
+def case_name(fault: str) -> str:
+    return "fault_" + fault.replace("-", "_")
+
+
+def fault_catalog(directory: Path, *, extra: str = "") -> list[str]:
+    """The seed's backends, markers, fixes and runtimes plus one reference case per fault."""
+    lines = []
+    for fault in sorted(FAULTS):
+        startup = 1.5 if fault in ("hang-at-start", "slow-start") else 20
+        lines += [
+            "[[case]]",
+            f'name = "{case_name(fault)}"',
+            'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0", "e2e"]',
+            f"startup_timeout_s = {startup}\nrequest_timeout_s = 10",
+            f'launch = {{ faults = ["{fault}"], slow_start_s = 4, teardown_grace_s = 0.5 }}',
+            "",
+        ]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "faults.toml").write_text("\n".join(lines) + extra)
+    files = [directory / "faults.toml"]
+    for name in ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml", "cases.toml"):
+        files.append(DATA / name)
+    return [str(f) for f in files]
+
+
+def cell_processes(uid: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["environ"]):
+        try:
+            if (proc.info.get("environ") or {}).get("MATRIX_CELL_ID") == uid:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_nothing_left(m: Matrix, uid: str) -> None:
+    assert cell_processes(uid) == [], f"processes of {uid} survived"
+    (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
+    for port in json.loads(str(ports_json)).values():
+        assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
+
+
+@pytest.fixture(scope="module")
+def fault_campaign(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+    home = tmp_path_factory.mktemp("faults")
+    m = Matrix(home=home, db_path=home / "matrix.db")
+    assert m.subprocess("catalog", "sync", *fault_catalog(home / "catalog")).returncode == 0
+    result = m.subprocess("run", "--backend", "reference", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr  # some cells fail on purpose
+    return m
+
+
+def _row(m: Matrix, case: str) -> dict[str, object]:
+    columns = ("uid", "status", "failure_kind", "checks", "message", "prefill_worker_id", "decode_worker_id",
+               "completion_tokens", "ready_s", "request_s", "teardown_s", "total_s")  # fmt: skip
+    rows = m.sql(
+        f"SELECT {', '.join(columns)} FROM cell_run JOIN \"case\" ON case_id = \"case\".id WHERE name = ? "
+        "ORDER BY cell_run.id DESC",
+        case,
+    )
+    assert rows, f"no row for {case}"
+    row = dict(zip(columns, rows[0], strict=True))
+    row["checks"] = json.loads(str(row["checks"]))
+    return row
+
+
+def test_healthy_reference_pair_passes_every_check(fault_campaign: Matrix) -> None:
+    row = _row(fault_campaign, "reference_disaggregated")
+    assert row["status"] == "passed", row["message"]
+    assert row["checks"] == []
+    prefill, decode = int(str(row["prefill_worker_id"])), int(str(row["decode_worker_id"]))
+    assert prefill != decode and 0 <= prefill < 2**64 and 0 <= decode < 2**64
+    assert int(str(row["completion_tokens"])) > 1
+    for timing in ("ready_s", "request_s", "teardown_s", "total_s"):
+        assert isinstance(row[timing], float)
+    assert_nothing_left(fault_campaign, str(row["uid"]))
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_planted_fault_is_caught_and_leaves_nothing(fault_campaign: Matrix, fault: str) -> None:
+    status, kind, check = EXPECTED[fault]
+    row = _row(fault_campaign, case_name(fault))
+    assert (row["status"], row["failure_kind"]) == (status, kind), row["message"]
+    if check is not None:
+        assert check in {c["name"] for c in row["checks"]}, row["checks"]  # type: ignore[union-attr]
+    assert_nothing_left(fault_campaign, str(row["uid"]))
+
+
+def test_every_reference_fault_has_an_expectation() -> None:
+    assert set(EXPECTED) == FAULTS
+
+
+def test_crash_message_carries_the_log_tail(fault_campaign: Matrix) -> None:
+    row = _row(fault_campaign, case_name("crash-at-start"))
+    assert "exited with code 1 before it was ready" in str(row["message"])
+    assert "last log lines" in str(row["message"])
+
+
+def test_show_prints_the_outcome_and_log_paths(fault_campaign: Matrix) -> None:
+    row = _row(fault_campaign, case_name("same-worker-id"))
+    result = fault_campaign.subprocess("show", str(row["uid"]))
+    assert result.returncode == 0
+    assert "check failed: worker_ids_distinct" in result.stdout
+    assert "frontend.log" in result.stdout
+
+
+def test_second_run_makes_a_second_campaign(matrix: Matrix) -> None:
+    assert matrix("catalog", "sync").exit_code == 0
+    for _ in range(2):
+        result = matrix.subprocess("run", "--backend", "reference")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 passed" in result.stdout
+    assert matrix.sql("SELECT id, status FROM campaign ORDER BY id") == [(1, "finished"), (2, "finished")]
+    assert matrix.sql("SELECT count(*) FROM cell_run WHERE status = 'passed'") == [(2,)]
+
+
+# --- the runner itself is killed ---------------------------------------------------------------------------
+
+
+SLOW_CASE = """
+[[case]]
+name = "slow_pair"
+backend = "reference"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 120
+launch = { faults = ["slow-start"], slow_start_s = 60 }
+"""
+
+
+def _start_slow_run(m: Matrix) -> tuple[object, str]:
+    assert m.subprocess("catalog", "sync", *fault_catalog(m.home / "catalog", extra=SLOW_CASE)).returncode == 0
+    proc = m.popen("run", "--case", "slow_pair")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = m.sql("SELECT uid FROM cell_run WHERE status = 'running'") if m.db_path.exists() else []
+        if rows and len(cell_processes(str(rows[0][0]))) >= 3:
+            return proc, str(rows[0][0])
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the slow pair never started")
+
+
+def test_sigterm_to_the_runner_tears_down_and_marks_interrupted(matrix: Matrix) -> None:
+    proc, uid = _start_slow_run(matrix)
+    proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+    output, _ = proc.communicate(timeout=30)  # type: ignore[attr-defined]
+    assert proc.returncode == 3, output  # type: ignore[attr-defined]
+    assert "INTERRUPTED" in output
+    assert matrix.sql("SELECT status FROM cell_run WHERE uid = ?", uid) == [("interrupted",)]
+    assert matrix.sql("SELECT status FROM campaign") == [("interrupted",)]
+    assert_nothing_left(matrix, uid)
+
+
+def test_sigkill_of_the_runner_is_cleaned_up_by_the_next_run(matrix: Matrix) -> None:
+    proc, uid = _start_slow_run(matrix)
+    proc.kill()  # type: ignore[attr-defined]
+    proc.wait(timeout=10)  # type: ignore[attr-defined]
+    assert cell_processes(uid), "the pair should outlive a SIGKILLed runner until the next run"
+    assert matrix.sql("SELECT status FROM cell_run WHERE uid = ?", uid) == [("running",)]
+    result = matrix.subprocess("run", "--case", "reference_disaggregated")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"recovered {uid}" in result.stdout
+    assert matrix.sql("SELECT status FROM cell_run WHERE uid = ?", uid) == [("interrupted",)]
+    assert_nothing_left(matrix, uid)
