@@ -82,9 +82,8 @@ def recover_stale(factory: sessionmaker[Session], echo: Echo) -> int:
                 killed = kill_cell_processes(row.uid) if alive is False else []
                 row.status = "interrupted"
                 row.failure_kind = "infra"
-                row.message = (
-                    f"runner {row.owner_host}:{row.owner_pid} died while this cell ran"
-                    + (f"; killed {len(killed)} leftover process(es)" if killed else "")
+                row.message = f"runner {row.owner_host}:{row.owner_pid} died while this cell ran" + (
+                    f"; killed {len(killed)} leftover process(es)" if killed else ""
                 )
                 row.finished_at = now
                 recovered += 1

@@ -55,7 +55,9 @@ class MatrixGroup(click.Group):
 pass_app = click.make_pass_decorator(App)
 
 
-@click.group(cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+)
 @click.option(
     "--db",
     "db_url",
@@ -259,7 +261,9 @@ def runtime() -> None:
 @click.argument("backend")
 @click.argument("version")
 @click.option("--tag", help="Release tag (default: v + VERSION).")
-@click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
+@click.option(
+    "--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION."
+)
 @click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
 @click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin"]))
 @click.option("--notes", default="")
@@ -296,8 +300,12 @@ def marker() -> None:
 
 @marker.command("add")
 @click.argument("name")
-@click.option("--kind", default="other", show_default=True,
-              type=click.Choice(["lifecycle", "hardware", "framework", "kind", "other", "resource"]))
+@click.option(
+    "--kind",
+    default="other",
+    show_default=True,
+    type=click.Choice(["lifecycle", "hardware", "framework", "kind", "other", "resource"]),
+)
 @click.option("--description", default="")
 @click.option("--parametrised", is_flag=True, help="The marker takes a value, e.g. name(2048).")
 @with_session
@@ -340,23 +348,31 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
             ]
         }  # fmt: skip
         if explain:
-            data["excluded"] = [{"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded]
+            data["excluded"] = [
+                {"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded
+            ]
         print_json(data)
         return
     rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
             for c in plan.cells]  # fmt: skip
     print_table(("case", "backend", "version", "arm", "gpus", "note"), rows)
-    click.echo(f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded")
+    click.echo(
+        f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded"
+    )
     if explain and plan.excluded:
-        print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
+        print_table(
+            ("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded]
+        )
 
 
 @cli.command("run")
 @selection_options
-@click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
+@click.option(
+    "--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs)."
+)
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @pass_app
-def run_cmd(app: App, logs_dir: Path | None, quiet: bool, **kw: Any) -> None:
+def run_cmd(app: App, /, logs_dir: Path | None, quiet: bool, **kw: Any) -> None:
     """Run the planned cells: launch each pair, send the request, validate, record.
 
     Exit code: 0 when every cell passed (skips allowed), 1 when any failed, 2 on bad input,

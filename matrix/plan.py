@@ -162,7 +162,8 @@ def case_info(case: Case) -> CaseInfo:
         source_dir=case.source_dir,
         version_constraint=case.version_constraint,
         required_fixes=tuple(
-            RequiredFix(cf.fix.key, cf.fix.component, tuple(cf.fix.fixed_in), cf.fix.link) for cf in case.fixes
+            RequiredFix(cf.fix.key, cf.fix.component, tuple(cf.fix.fixed_in), cf.fix.link)
+            for cf in case.fixes
         ),
         weights_gib=case.weights_gib,
         enabled=case.enabled,
@@ -190,7 +191,9 @@ def missing_fixes(case: CaseInfo, runtime: RuntimeInfo) -> list[tuple[str, str]]
         if have is None:
             missing.append((fix.key, f"lacks {fix.key}: runtime lists no {fix.component} component"))
         elif not component_has_fix(parse_version(have), list(fix.fixed_in)):
-            missing.append((fix.key, f"lacks {fix.key}: {fix.component} {have} predates the fix; expected to fail"))
+            missing.append(
+                (fix.key, f"lacks {fix.key}: {fix.component} {have} predates the fix; expected to fail")
+            )
     return missing
 
 
@@ -262,7 +265,8 @@ def make_plan(
     _check_names("backend", list(selection.backends), known_backends)
     _check_names("case", list(selection.cases), {c.name for c in cases})
     window = VersionWindow(
-        since=tuple(parse_bound(s) for s in selection.since), until=tuple(parse_bound(u) for u in selection.until)
+        since=tuple(parse_bound(s) for s in selection.since),
+        until=tuple(parse_bound(u) for u in selection.until),
     )
     for bound in (*window.since, *window.until):
         if bound.backend is not None:
@@ -286,9 +290,7 @@ def make_plan(
                 excluded.append(Exclusion(case.name, runtime.label, reason))
                 continue
             missing = missing_fixes(case, runtime)
-            cells.append(
-                Cell(case, runtime, tuple(k for k, _ in missing), tuple(why for _, why in missing))
-            )
+            cells.append(Cell(case, runtime, tuple(k for k, _ in missing), tuple(why for _, why in missing)))
         if not by_backend.get(case.backend):
             excluded.append(Exclusion(case.name, "-", f"backend {case.backend} has no runtimes"))
     return Plan(tuple(cells), tuple(excluded), selection)

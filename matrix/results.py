@@ -55,7 +55,9 @@ def find_cell(session: Session, text: str) -> CellRun:
         )
         row = next((r for r in candidates if r.runtime.label == label), None)
     if row is None:
-        raise ConfigError(f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)")
+        raise ConfigError(
+            f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)"
+        )
     return row
 
 
@@ -100,7 +102,9 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
     }
 
 
-def new_cell_row(session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int) -> CellRun:
+def new_cell_row(
+    session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int
+) -> CellRun:
     import os
     import socket
 

@@ -16,11 +16,11 @@ from matrix.check.client import send_chat
 from matrix.check.validate import CheckFailure, validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
+from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.plan import RequestSpec
 from matrix.launch.providers import Unavailable, prepare
-from matrix.interrupts import StopSignal
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.plan import Cell
 
@@ -75,14 +75,23 @@ def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
             )
         )
     if report.survivors:
-        checks.append(CheckFailure("no_survivors", f"processes still alive after teardown: {report.survivors}"))
+        checks.append(
+            CheckFailure("no_survivors", f"processes still alive after teardown: {report.survivors}")
+        )
     if report.busy_ports:
-        checks.append(CheckFailure("ports_released", f"ports still in use after teardown: {report.busy_ports}"))
+        checks.append(
+            CheckFailure("ports_released", f"ports still in use after teardown: {report.busy_ports}")
+        )
     return checks
 
 
 def run_cell(
-    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, host: HostInfo, stop: StopSignal | None = None
+    cell: Cell,
+    cell_id: str,
+    log_dir: Path,
+    allocator: PortAllocator,
+    host: HostInfo,
+    stop: StopSignal | None = None,
 ) -> CellOutcome:
     """Run one attempt. Raises `CellInterrupted` (after tearing the pair down) when `stop` fires."""
     started = time.monotonic()
@@ -149,7 +158,9 @@ def _supervise(supervisor: Supervisor, request: RequestSpec, stop: StopSignal) -
             ready = supervisor.wait_ready()
             if not ready.ok:
                 status = "timeout" if ready.kind == "timeout" else "failed"
-                message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
+                message = ready.message + (
+                    f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else ""
+                )
                 kind = "startup" if ready.kind == "startup" else "health"
                 outcome = CellOutcome(status, kind, message, ready_s=ready.ready_s)
             else:
@@ -206,4 +217,6 @@ def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
     if validation.ok:
         return CellOutcome("passed", **common)
     names = ", ".join(f.name for f in validation.failures)
-    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=validation.failures, **common)
+    return CellOutcome(
+        "failed", "validation", f"failed checks: {names}", checks=validation.failures, **common
+    )

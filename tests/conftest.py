@@ -39,13 +39,21 @@ class Matrix:
         """A real `matrix` process, for commands that launch pairs or get signals."""
         return subprocess.run(
             [sys.executable, "-m", "matrix", *args],
-            env=self.env, capture_output=True, text=True, timeout=timeout, check=False, **kw,  # type: ignore[arg-type]
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **kw,  # type: ignore[arg-type]
         )
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "matrix", *args],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def dump(self) -> str:

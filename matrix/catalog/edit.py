@@ -23,7 +23,12 @@ def _backend(session: Session, name: str) -> Backend:
 def find_runtime(session: Session, backend: str, version: str) -> Runtime:
     wanted = parse_version(version)
     row = next(
-        (r for r in _backend(session, backend).runtimes if parse_version(r.version) == wanted and not r.retired), None
+        (
+            r
+            for r in _backend(session, backend).runtimes
+            if parse_version(r.version) == wanted and not r.retired
+        ),
+        None,
     )
     if row is None:
         raise ConfigError(f"unknown runtime {backend} {version}; see `matrix runtimes list`")
@@ -80,7 +85,9 @@ def add_marker(session: Session, name: str, kind: str, description: str, paramet
         raise ConfigError(f"invalid marker name {name!r}: use letters, digits and underscores")
     if session.scalar(select(Marker).where(Marker.name == name)) is not None:
         raise ConfigError(f"marker {name!r} already exists; see `matrix markers list`")
-    row = Marker(name=name, kind=kind, description=description, parametrised=parametrised, source="cli", retired=False)
+    row = Marker(
+        name=name, kind=kind, description=description, parametrised=parametrised, source="cli", retired=False
+    )
     session.add(row)
     session.flush()
     return row

@@ -59,7 +59,9 @@ class _Entry:
     def fail(self, message: str) -> ConfigError:
         return ConfigError(f"{self.where}: {message}")
 
-    def get(self, key: str, typ: type[T] | tuple[type, ...], default: T | None = None, *, required: bool = False) -> T:
+    def get(
+        self, key: str, typ: type[T] | tuple[type, ...], default: T | None = None, *, required: bool = False
+    ) -> T:
         self.used.add(key)
         if key not in self.raw:
             if required:
@@ -82,7 +84,9 @@ class _Entry:
     def finish(self) -> None:
         unknown = sorted(set(self.raw) - self.used)
         if unknown:
-            raise self.fail(f"unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(self.used))}")
+            raise self.fail(
+                f"unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(self.used))}"
+            )
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -229,7 +233,7 @@ def _gate(e: _Entry) -> GateSpec:
 
 
 def _waiver(e: _Entry) -> WaiverSpec:
-    expires = e.get("expires", (dt.date, str), None)
+    expires: dt.date | str | None = e.get("expires", (dt.date, str), None)
     if isinstance(expires, str):
         try:
             expires = dt.date.fromisoformat(expires)
@@ -302,5 +306,7 @@ def _reject_duplicates(spec: CatalogSpec) -> None:
         seen: set[object] = set()
         for name in names:
             if name in seen:
-                raise ConfigError(f"duplicate {kind} {name!s}: each {kind} may be defined once across the catalog files")
+                raise ConfigError(
+                    f"duplicate {kind} {name!s}: each {kind} may be defined once across the catalog files"
+                )
             seen.add(name)

@@ -18,7 +18,10 @@ def list_backends(session: Session, *, include_retired: bool = False) -> Listing
     stmt = select(Backend).order_by(Backend.name)
     if not include_retired:
         stmt = stmt.where(Backend.retired.is_(False))
-    rows = [(b.name, len([r for r in b.runtimes if not r.retired]), b.description, b.retired) for b in session.scalars(stmt)]
+    rows = [
+        (b.name, len([r for r in b.runtimes if not r.retired]), b.description, b.retired)
+        for b in session.scalars(stmt)
+    ]
     return ("name", "runtimes", "description", "retired"), rows
 
 
@@ -34,7 +37,17 @@ def list_runtimes(session: Session, *, include_retired: bool = False) -> Listing
         )
         for r in runtimes
     ]  # fmt: skip
-    return ("backend", "version", "tag", "channel", "provider", "components", "enabled", "source", "retired"), rows
+    return (
+        "backend",
+        "version",
+        "tag",
+        "channel",
+        "provider",
+        "components",
+        "enabled",
+        "source",
+        "retired",
+    ), rows
 
 
 def list_markers(session: Session, *, include_retired: bool = False) -> Listing:
@@ -64,14 +77,27 @@ def list_cases(session: Session, *, include_retired: bool = False) -> Listing:
         )
         for c in session.scalars(stmt)
     ]  # fmt: skip
-    return ("name", "backend", "arm", "model", "markers", "constraint", "requires", "enabled", "retired"), rows
+    return (
+        "name",
+        "backend",
+        "arm",
+        "model",
+        "markers",
+        "constraint",
+        "requires",
+        "enabled",
+        "retired",
+    ), rows
 
 
 def list_fixes(session: Session, *, include_retired: bool = False) -> Listing:
     stmt = select(Fix).order_by(Fix.key)
     if not include_retired:
         stmt = stmt.where(Fix.retired.is_(False))
-    rows = [(f.key, f.component, ", ".join(f.fixed_in), f.link, f.description, f.retired) for f in session.scalars(stmt)]
+    rows = [
+        (f.key, f.component, ", ".join(f.fixed_in), f.link, f.description, f.retired)
+        for f in session.scalars(stmt)
+    ]
     return ("key", "component", "fixed_in", "link", "description", "retired"), rows
 
 

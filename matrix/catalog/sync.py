@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
-from matrix.catalog.spec import CatalogSpec, CaseSpec, RuntimeSpec
+from matrix.catalog.spec import CaseSpec, CatalogSpec, RuntimeSpec
 from matrix.db.models import (
     Backend,
     Case,
@@ -89,7 +89,9 @@ class _Syncer:
             self.record("changed", kind, name, ", ".join(changed))
         return existing
 
-    def retire_missing(self, kind: str, rows: Iterable[Any], keep: set[Any], key: Callable[[Any], Any]) -> None:
+    def retire_missing(
+        self, kind: str, rows: Iterable[Any], keep: set[Any], key: Callable[[Any], Any]
+    ) -> None:
         if kind not in self.spec.kinds:
             return
         for row in rows:
@@ -102,22 +104,40 @@ class _Syncer:
     def backends(self) -> dict[str, Backend]:
         rows = {b.name: b for b in self.session.scalars(select(Backend))}
         for b in self.spec.backends:
-            rows[b.name] = self.upsert("backend", b.name, rows.get(b.name), Backend, {"name": b.name, "description": b.description})
-        self.retire_missing("backend", list(rows.values()), {b.name for b in self.spec.backends}, lambda r: r.name)
+            rows[b.name] = self.upsert(
+                "backend", b.name, rows.get(b.name), Backend, {"name": b.name, "description": b.description}
+            )
+        self.retire_missing(
+            "backend", list(rows.values()), {b.name for b in self.spec.backends}, lambda r: r.name
+        )
         return {name: row for name, row in rows.items() if not row.retired}
 
     def markers(self) -> dict[str, Marker]:
         rows = {m.name: m for m in self.session.scalars(select(Marker))}
         for m in self.spec.markers:
-            values = {"name": m.name, "kind": m.kind, "description": m.description, "parametrised": m.parametrised, "source": "catalog"}
+            values = {
+                "name": m.name,
+                "kind": m.kind,
+                "description": m.description,
+                "parametrised": m.parametrised,
+                "source": "catalog",
+            }
             rows[m.name] = self.upsert("marker", m.name, rows.get(m.name), Marker, values)
-        self.retire_missing("marker", list(rows.values()), {m.name for m in self.spec.markers}, lambda r: r.name)
+        self.retire_missing(
+            "marker", list(rows.values()), {m.name for m in self.spec.markers}, lambda r: r.name
+        )
         return {name: row for name, row in rows.items() if not row.retired}
 
     def fixes(self) -> dict[str, Fix]:
         rows = {f.key: f for f in self.session.scalars(select(Fix))}
         for f in self.spec.fixes:
-            values = {"key": f.key, "component": f.component, "fixed_in": f.fixed_in, "link": f.link, "description": f.description}
+            values = {
+                "key": f.key,
+                "component": f.component,
+                "fixed_in": f.fixed_in,
+                "link": f.link,
+                "description": f.description,
+            }
             rows[f.key] = self.upsert("fix", f.key, rows.get(f.key), Fix, values)
         self.retire_missing("fix", list(rows.values()), {f.key for f in self.spec.fixes}, lambda r: r.key)
         return {key: row for key, row in rows.items() if not row.retired}
@@ -137,7 +157,9 @@ class _Syncer:
         keep = {r.key for r in self.spec.runtimes}
         self.retire_missing("runtime", list(rows.values()), keep, lambda r: (r.backend.name, r.version))
 
-    def cases(self, backends: Mapping[str, Backend], markers: Mapping[str, Marker], fixes: Mapping[str, Fix]) -> None:
+    def cases(
+        self, backends: Mapping[str, Backend], markers: Mapping[str, Marker], fixes: Mapping[str, Fix]
+    ) -> None:
         rows = {c.name: c for c in self.session.scalars(select(Case))}
         arms = known_arms()
         for c in self.spec.cases:
@@ -161,7 +183,12 @@ class _Syncer:
         for g in self.spec.gates:
             expression = Expression.compile(g.expression)
             check_known(expression, markers)
-            values = {"name": g.name, "expression": g.expression, "description": g.description, "rules": g.rules}
+            values = {
+                "name": g.name,
+                "expression": g.expression,
+                "description": g.description,
+                "rules": g.rules,
+            }
             rows[g.name] = self.upsert("gate", g.name, rows.get(g.name), GatePolicy, values)
         self.retire_missing("gate", list(rows.values()), {g.name for g in self.spec.gates}, lambda r: r.name)
 
@@ -171,8 +198,20 @@ class _Syncer:
         by_key = {(w.case.name, w.runtime_spec): w for w in rows}
         for w in self.spec.waivers:
             case = _lookup(cases, w.case, "case", "waiver")
-            values = {"case": case, "runtime_spec": w.runtime_spec, "reason": w.reason, "link": w.link, "expires": w.expires}
-            self.upsert("waiver", f"{w.case} {w.runtime_spec}".strip(), by_key.get((w.case, w.runtime_spec)), Waiver, values)
+            values = {
+                "case": case,
+                "runtime_spec": w.runtime_spec,
+                "reason": w.reason,
+                "link": w.link,
+                "expires": w.expires,
+            }
+            self.upsert(
+                "waiver",
+                f"{w.case} {w.runtime_spec}".strip(),
+                by_key.get((w.case, w.runtime_spec)),
+                Waiver,
+                values,
+            )
         keep = {(w.case, w.runtime_spec) for w in self.spec.waivers}
         self.retire_missing("waiver", rows, keep, lambda r: (r.case.name, r.runtime_spec))
 
@@ -245,7 +284,7 @@ def _sync_case_markers(row: Case, c: CaseSpec, markers: Mapping[str, Marker], wh
     if current == [(m.name, t) for m, t in wanted]:
         return False
     row.markers.clear()
-    self_flush(row)
+    _flush(row)
     row.markers.extend(CaseMarker(marker=m, text=t) for m, t in wanted)
     return True
 
@@ -255,15 +294,13 @@ def _sync_case_fixes(row: Case, c: CaseSpec, fixes: Mapping[str, Fix], where: st
     if sorted(cf.fix.key for cf in row.fixes) == sorted(f.key for f in wanted):
         return False
     row.fixes.clear()
-    self_flush(row)
+    _flush(row)
     row.fixes.extend(CaseFix(fix=f) for f in wanted)
     return True
 
 
-def self_flush(row: object) -> None:
+def _flush(row: object) -> None:
     """Flush pending deletes so re-adding a child with the same unique key does not collide."""
-    from sqlalchemy.orm import object_session
-
     session = object_session(row)
     if session is not None:
         session.flush()

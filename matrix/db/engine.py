@@ -93,7 +93,8 @@ def create_db_engine(url: str) -> Engine:
             inspect(conn).get_table_names()
     except SQLAlchemyError as exc:
         engine.dispose()
-        reason = str(exc.orig) if getattr(exc, "orig", None) is not None else str(exc)
+        orig = getattr(exc, "orig", None)
+        reason = str(orig) if orig is not None else str(exc)
         raise DatabaseError(
             f"cannot open database {shown}: {reason.splitlines()[0]}. "
             "Check the URL, permissions and that the server is running"

@@ -94,7 +94,7 @@ def _row(m: Matrix, case: str) -> dict[str, object]:
     columns = ("uid", "status", "failure_kind", "checks", "message", "prefill_worker_id", "decode_worker_id",
                "completion_tokens", "ready_s", "request_s", "teardown_s", "total_s")  # fmt: skip
     rows = m.sql(
-        f"SELECT {', '.join(columns)} FROM cell_run JOIN \"case\" ON case_id = \"case\".id WHERE name = ? "
+        f'SELECT {", ".join(columns)} FROM cell_run JOIN "case" ON case_id = "case".id WHERE name = ? '
         "ORDER BY cell_run.id DESC",
         case,
     )
@@ -170,7 +170,9 @@ launch = { faults = ["slow-start"], slow_start_s = 60 }
 
 
 def _start_slow_run(m: Matrix) -> tuple[object, str]:
-    assert m.subprocess("catalog", "sync", *fault_catalog(m.home / "catalog", extra=SLOW_CASE)).returncode == 0
+    assert (
+        m.subprocess("catalog", "sync", *fault_catalog(m.home / "catalog", extra=SLOW_CASE)).returncode == 0
+    )
     proc = m.popen("run", "--case", "slow_pair")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ def test_sync_is_idempotent(matrix: Matrix) -> None:
 
 def test_sync_reports_changes_and_retires_without_deleting(seeded: Matrix, tmp_path: Path) -> None:
     cases = (DATA / "cases.toml").read_text()
-    edited = cases.replace('startup_timeout_s = 30\n', 'startup_timeout_s = 31\n', 1)
+    edited = cases.replace("startup_timeout_s = 30\n", "startup_timeout_s = 31\n", 1)
     # Drop the mocker case entirely.
     edited = edited[: edited.index('[[case]]\nname = "dynamo_mocker_disaggregated"')]
     catalog = tmp_path / "catalog"
@@ -37,7 +37,9 @@ def test_sync_reports_changes_and_retires_without_deleting(seeded: Matrix, tmp_p
     assert "dynamo_mocker_disaggregated" not in {c["name"] for c in listed}
     # Syncing the seed again restores it.
     restored = seeded("catalog", "sync")
-    assert "restored  case     dynamo_mocker_disaggregated" in restored.output.replace("   restored", "restored")
+    assert "restored  case     dynamo_mocker_disaggregated" in restored.output.replace(
+        "   restored", "restored"
+    )
 
 
 def test_lists_as_table_and_json(seeded: Matrix) -> None:
@@ -54,7 +56,9 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
 
 
 def test_runtime_add_disable_enable(seeded: Matrix) -> None:
-    result = seeded("runtime", "add", "vllm", "v0.31.0", "--component", "vllm-rs=0.31.0", "--component", "vllm=0.31.0")
+    result = seeded(
+        "runtime", "add", "vllm", "v0.31.0", "--component", "vllm-rs=0.31.0", "--component", "vllm=0.31.0"
+    )
     assert result.exit_code == 0, result.output
     assert "added runtime vllm 0.31.0 (v0.31.0, release)" in result.output
     plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
@@ -63,12 +67,19 @@ def test_runtime_add_disable_enable(seeded: Matrix) -> None:
     assert seeded("catalog", "sync").output.strip() == "0 changes"
     assert seeded("runtime", "disable", "vllm", "0.31.0").exit_code == 0
     explained = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--explain", "--json").output)
-    assert {"case": "vllm_disaggregated", "runtime": "vllm-0.31.0", "reason": "runtime is disabled"} in explained["excluded"]
+    assert {
+        "case": "vllm_disaggregated",
+        "runtime": "vllm-0.31.0",
+        "reason": "runtime is disabled",
+    } in explained["excluded"]
     assert seeded("runtime", "enable", "vllm", "0.31.0").exit_code == 0
 
 
 def test_marker_add(seeded: Matrix) -> None:
-    assert seeded("marker", "add", "canary", "--kind", "lifecycle", "--description", "canary runs").exit_code == 0
+    assert (
+        seeded("marker", "add", "canary", "--kind", "lifecycle", "--description", "canary runs").exit_code
+        == 0
+    )
     assert "canary" in seeded("markers", "list").output
     plan = seeded("plan", "-m", "canary")
     assert plan.exit_code == 0 and "0 cells" in plan.output
@@ -164,7 +175,11 @@ def test_bad_catalog_is_refused_and_changes_nothing(seeded: Matrix, tmp_path: Pa
 
 
 def test_bad_catalog_on_an_empty_database_writes_no_catalog_rows(matrix: Matrix, tmp_path: Path) -> None:
-    result = matrix("catalog", "sync", *_catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'))
+    result = matrix(
+        "catalog",
+        "sync",
+        *_catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'),
+    )
     assert result.exit_code == 2
     assert matrix.sql("SELECT count(*) FROM backend") == [(0,)]
 
@@ -172,13 +187,22 @@ def test_bad_catalog_on_an_empty_database_writes_no_catalog_rows(matrix: Matrix,
 BAD_COMMANDS = {
     "unknown backend": (["plan", "--backend", "vlm"], ["unknown backend 'vlm'", "did you mean 'vllm'"]),
     "unknown case": (["plan", "--case", "vllm_disagg"], ["unknown case 'vllm_disagg'"]),
-    "unknown marker in -m": (["plan", "-m", "pre_merge and gpu1"], ["unknown marker 'gpu1'", "did you mean 'gpu_1'"]),
-    "invalid expression": (["plan", "-m", "pre_merge and (gpu_1"], ["invalid marker expression", "column 21"]),
+    "unknown marker in -m": (
+        ["plan", "-m", "pre_merge and gpu1"],
+        ["unknown marker 'gpu1'", "did you mean 'gpu_1'"],
+    ),
+    "invalid expression": (
+        ["plan", "-m", "pre_merge and (gpu_1"],
+        ["invalid marker expression", "column 21"],
+    ),
     "invalid version": (["plan", "--since", "zero.two"], ["invalid version 'zero.two'"]),
     "unknown runtime": (["plan", "--runtime", "vllm=9.9.9"], ["unknown runtime vllm=9.9.9"]),
     "runtime of unknown backend": (["runtime", "add", "vlm", "1.0"], ["unknown backend 'vlm'"]),
     "duplicate runtime": (["runtime", "add", "vllm", "v0.30.0"], ["runtime vllm 0.30.0 already exists"]),
-    "bad component": (["runtime", "add", "vllm", "0.40.0", "--component", "vllm-rs"], ["invalid --component 'vllm-rs'"]),
+    "bad component": (
+        ["runtime", "add", "vllm", "0.40.0", "--component", "vllm-rs"],
+        ["invalid --component 'vllm-rs'"],
+    ),
     "invalid runtime version": (["runtime", "add", "vllm", "banana"], ["invalid version 'banana'"]),
     "duplicate marker": (["marker", "add", "gpu_1"], ["marker 'gpu_1' already exists"]),
     "disable unknown runtime": (["runtime", "disable", "vllm", "7.0"], ["unknown runtime vllm 7.0"]),

@@ -10,7 +10,14 @@ from alembic import command
 from alembic.util.exc import CommandError
 
 from matrix.db.engine import create_db_engine, display_url
-from matrix.db.migrate import alembic_config, current_revision, downgrade, ensure_schema, head_revision, upgrade
+from matrix.db.migrate import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    ensure_schema,
+    head_revision,
+    upgrade,
+)
 from matrix.errors import DatabaseError
 
 
@@ -57,14 +64,17 @@ def test_out_of_date_schema_stops_commands(matrix) -> None:  # type: ignore[no-u
     assert "this matrix does not know" in result.output or "run `matrix db upgrade`" in result.output
 
 
-def test_behind_schema_message_names_the_upgrade_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_behind_schema_message_names_the_upgrade_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'old.db'}")
     upgrade(engine)
     current = current_revision(engine)
     # Pretend this matrix ships a newer migration than the database has.
     monkeypatch.setattr("matrix.db.migrate.head_revision", lambda _engine: "9999")
     with pytest.raises(
-        DatabaseError, match=rf"database schema is at {current}, this matrix needs 9999: run `matrix db upgrade`"
+        DatabaseError,
+        match=rf"database schema is at {current}, this matrix needs 9999: run `matrix db upgrade`",
     ):
         ensure_schema(engine)
 
@@ -79,11 +89,11 @@ def test_foreign_database_is_refused(tmp_path: Path) -> None:
 
 
 def test_unopenable_urls_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(DatabaseError, match="directory .* does not exist"):
+    with pytest.raises(DatabaseError, match=r"directory .* does not exist"):
         create_db_engine(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
     with pytest.raises(DatabaseError, match="invalid database URL"):
         create_db_engine("not a url://")
-    with pytest.raises(DatabaseError, match="driver is not installed|cannot open database"):
+    with pytest.raises(DatabaseError, match=r"driver is not installed|cannot open database"):
         create_db_engine("nosuchdialect://u@h/db")
 
 

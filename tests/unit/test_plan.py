@@ -40,7 +40,11 @@ def test_table_output_says_expected_to_fail(seeded: Matrix) -> None:
 
 def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> None:
     cells = _cells(seeded, "-m", "pre_merge and sidecar and gpu_1")
-    assert {c["case"] for c in cells.values()} == {"vllm_disaggregated", "sglang_disaggregated", "trtllm_disaggregated"}
+    assert {c["case"] for c in cells.values()} == {
+        "vllm_disaggregated",
+        "sglang_disaggregated",
+        "trtllm_disaggregated",
+    }
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
     assert {c["case"] for c in cells.values()} == {"vllm_disaggregated"}
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
@@ -57,7 +61,9 @@ def test_explain_lists_every_exclusion_with_its_reason(seeded: Matrix) -> None:
     data = json.loads(result.output)
     reasons = {(e["case"], e["runtime"]): e["reason"] for e in data["excluded"]}
     assert reasons[("vllm_disaggregated", "vllm-0.28.0")] == "0.28.0 is before --since 0.29.0"
-    assert reasons[("trtllm_disaggregated", "trtllm-1.3.0rc26")].startswith("version 1.3.0rc26 outside the case's constraint")
+    assert reasons[("trtllm_disaggregated", "trtllm-1.3.0rc26")].startswith(
+        "version 1.3.0rc26 outside the case's constraint"
+    )
     assert "not selected by -m 'gpu_1'" in reasons[("reference_disaggregated", "reference-0.1.0")]
     assert len(data["cells"]) + len(data["excluded"]) == 13  # every same-backend combination is accounted for
 
@@ -94,7 +100,9 @@ def test_empty_expression_selects_nothing(seeded: Matrix) -> None:
 
 def _case(name: str, markers: list[str], **kw: object) -> CaseInfo:
     uses = tuple(parse_marker_use(m) for m in markers)
-    return CaseInfo(name=name, backend="vllm", arm="dynamo", model="m", markers=uses, marker_texts=tuple(markers), **kw)  # type: ignore[arg-type]
+    return CaseInfo(
+        name=name, backend="vllm", arm="dynamo", model="m", markers=uses, marker_texts=tuple(markers), **kw
+    )  # type: ignore[arg-type]
 
 
 def test_missing_component_counts_as_missing_fix() -> None:
@@ -105,6 +113,8 @@ def test_missing_component_counts_as_missing_fix() -> None:
     assert "runtime lists no vllm-rs component" in plan.cells[0].expected_failure
 
 
-@pytest.mark.parametrize(("markers", "gpus"), [(["gpu_0"], 0), (["gpu_1", "e2e"], 1), (["gpu_8"], 8), ([], 0)])
+@pytest.mark.parametrize(
+    ("markers", "gpus"), [(["gpu_0"], 0), (["gpu_1", "e2e"], 1), (["gpu_8"], 8), ([], 0)]
+)
 def test_gpus_needed_from_marker(markers: list[str], gpus: int) -> None:
     assert _case("c", markers).gpus_needed == gpus

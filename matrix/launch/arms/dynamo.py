@@ -79,7 +79,15 @@ class DynamoArm:
         frontend_port = ports["frontend"]
         frontend = ProcessSpec(
             role="frontend",
-            argv=(ctx.python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(frontend_port)),
+            argv=(
+                ctx.python,
+                "-m",
+                "dynamo.frontend",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(frontend_port),
+            ),
             env=env,
         )
         if engine == "mocker":
@@ -143,7 +151,8 @@ class DynamoArm:
                 "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             }
         health = tuple(
-            HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health")) for role in ("prefill", "decode")
+            HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health"))
+            for role in ("prefill", "decode")
         )
         return ProcessSpec(
             role="workers", argv=("bash", str(script)), env=script_env, cwd=str(script.parent), health=health

@@ -18,7 +18,7 @@ class ReferenceArm:
         return tuple(PortRequest(name) for name in PORTS)
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return case.launch.get("device", "cpu") == "cpu"
+        return str(case.launch.get("device", "cpu")) == "cpu"
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
@@ -46,12 +46,17 @@ class ReferenceArm:
         frontend = ProcessSpec(
             role="frontend",
             argv=(
-                *base, "frontend",
-                "--port", str(frontend_port),
-                "--prefill-url", loopback_url(ctx.ports["prefill_http"]),
-                "--decode-url", loopback_url(ctx.ports["decode_http"]),
-                "--model", ctx.case.model,
-            ),  # fmt: skip
+                *base,
+                "frontend",
+                "--port",
+                str(frontend_port),
+                "--prefill-url",
+                loopback_url(ctx.ports["prefill_http"]),
+                "--decode-url",
+                loopback_url(ctx.ports["decode_http"]),
+                "--model",
+                ctx.case.model,
+            ),
             env=env,
             health=(HealthProbe(loopback_url(frontend_port, "/live")),),
         )
