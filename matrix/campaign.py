@@ -8,12 +8,11 @@ its owner and heartbeat (`recover_stale`).
 from __future__ import annotations
 
 import os
-import re
 import socket
+import statistics
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +24,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from matrix import __version__
 from matrix.db.engine import transaction
 from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
+from matrix.errors import ConfigError
 from matrix.hardware.gpus import inventory
 from matrix.hardware.ports import PortAllocator
-from matrix.interrupts import CellInterrupted, StopSignal
+from matrix.interrupts import StopSignal
+from matrix.launch.arms import get_arm
 from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db
-from matrix.results import new_cell_row, record_outcome
-from matrix.runner import CellOutcome, HostInfo, run_cell
+from matrix.progress import Event, make_reporter
+from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
+from matrix.schedule.slots import SlotPool, demand_for
 
 HEARTBEAT_S = 5.0
 # A running row whose heartbeat is older than this belongs to a runner that is gone.
@@ -48,6 +50,14 @@ class RunOptions:
     selection: Selection
     logs_dir: Path | None = None
     quiet: bool = False
+    json_events: bool = False
+    jobs: int | None = None
+    max_attempts: int = 1
+    fail_fast: bool = False
+    pack: bool = False
+    gpus: tuple[str, ...] | None = None
+    resume: int | None = None
+    rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
 
 
 def _git_sha() -> str:
@@ -118,114 +128,142 @@ class _Heartbeat(threading.Thread):
         self.join(timeout=HEARTBEAT_S)
 
 
-def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@+-]", "_", text)
+def _expected_durations(session: Session) -> dict[int, float]:
+    """Median total time of each case over earlier finished attempts."""
+    samples: dict[int, list[float]] = {}
+    rows = session.execute(
+        select(CellRun.case_id, CellRun.total_s).where(
+            CellRun.total_s.is_not(None), CellRun.status.in_(("passed", "failed", "timeout"))
+        )
+    )
+    for case_id, total in rows:
+        if total is not None:
+            samples.setdefault(case_id, []).append(float(total))
+    return {case_id: statistics.median(values) for case_id, values in samples.items()}
 
 
-def _summary_line(cell: Cell, row_uid: str, outcome: CellOutcome) -> str:
-    label = outcome.status.upper()
-    parts = [f"{label:<11} {cell.key} [{row_uid}]"]
-    if outcome.status == "passed" and outcome.ready_s is not None and outcome.request_s is not None:
-        parts.append(f"ready {outcome.ready_s:.2f}s, request {outcome.request_s * 1000:.0f} ms")
-    if outcome.failure_kind:
-        parts.append(f"{outcome.failure_kind}: {outcome.message.splitlines()[0] if outcome.message else ''}")
-    elif outcome.message:
-        parts.append(outcome.message.splitlines()[0])
-    if outcome.expected_failure:
-        parts.append(f"(expected: {outcome.expected_failure})")
-    return " - ".join(parts)
+def _attempt_state(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:
+    """(case id, runtime id) -> (latest attempt, its status) within a campaign."""
+    state: dict[tuple[int, int], tuple[int, str]] = {}
+    rows = session.execute(
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
+        .where(CellRun.campaign_id == campaign_id)
+        .order_by(CellRun.attempt)
+    )
+    for case_id, runtime_id, attempt, status in rows:
+        state[(case_id, runtime_id)] = (attempt, status)
+    return state
+
+
+def _latest_campaign(session: Session) -> Campaign:
+    campaign = session.scalar(select(Campaign).order_by(Campaign.id.desc()))
+    if campaign is None:
+        raise ConfigError("there is no campaign yet: run `matrix run` first")
+    return campaign
+
+
+def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[int, list[tuple[Cell, int, bool]]]:
+    """The campaign to write into and its (cell, attempt, failed before) list; creates a campaign if new."""
+    if options.resume is not None or options.rerun_failed is not None:
+        wanted = options.resume if options.resume is not None else options.rerun_failed
+        campaign = session.get(Campaign, wanted) if wanted else _latest_campaign(session)
+        if campaign is None:
+            raise ConfigError(f"no campaign {wanted}; see `matrix campaigns list`")
+        stored = campaign.selection
+        selection = Selection(
+            marker_expression=stored.get("marker_expression"),
+            since=tuple(stored.get("since", ())),
+            until=tuple(stored.get("until", ())),
+            backends=tuple(stored.get("backends", ())),
+            cases=tuple(stored.get("cases", ())),
+            runtimes=tuple(stored.get("runtimes", ())),
+            strict_markers=False,
+        )
+        keys = set(stored.get("cells", ()))
+        cells = [c for c in plan_from_db(session, selection).cells if c.key in keys]
+        state = _attempt_state(session, campaign.id)
+        chosen = []
+        for cell in cells:
+            assert cell.case.id is not None and cell.runtime.id is not None
+            attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
+            if options.resume is not None and status in ("", "interrupted", "not-run"):
+                chosen.append((cell, attempt + 1, False))
+            elif options.rerun_failed is not None and status in FAILED_STATUSES:
+                chosen.append((cell, attempt + 1, True))
+        campaign.status = "running"
+        campaign.finished_at = None
+        what = "resuming" if options.resume is not None else "rerunning failed cells of"
+        echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
+        return campaign.id, chosen
+    plan = plan_from_db(session, options.selection)
+    campaign = Campaign(
+        status="running",
+        selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
+        host=socket.gethostname(),
+        executor="local",
+        git_sha=_git_sha(),
+        matrix_version=__version__,
+        owner_pid=os.getpid(),
+    )
+    session.add(campaign)
+    session.flush()
+    return campaign.id, [(cell, 1, False) for cell in plan.cells]
 
 
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
+    if options.max_attempts < 1:
+        raise ConfigError("--max-attempts must be at least 1")
+    if options.jobs is not None and options.jobs < 1:
+        raise ConfigError("--jobs must be at least 1")
+    gpus = inventory(restrict=options.gpus)
     recover_stale(factory, echo)
     with transaction(factory) as session:
-        plan = plan_from_db(session, options.selection)
-        if not plan.cells:
+        campaign_id, selected = _selected_cells(session, options, echo)
+        if not selected and options.resume is None and options.rerun_failed is None:
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
+            session.rollback()
             return EXIT_OK
-        campaign = Campaign(
-            status="running",
-            selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
-            host=socket.gethostname(),
-            executor="local",
-            git_sha=_git_sha(),
-            matrix_version=__version__,
-            owner_pid=os.getpid(),
-        )
-        session.add(campaign)
-        session.flush()
-        campaign_id = campaign.id
+        durations = _expected_durations(session)
+    cpu_slots = options.jobs or max(1, os.cpu_count() or 1)
+    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots)
+    jobs_limit = options.jobs or pool.slots
+    jobs = []
+    for cell, attempt, failed_before in selected:
+        cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
+        expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
+        jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
-    echo(f"campaign {campaign_id}: {len(plan.cells)} cells, logs in {logs_root}")
-
-    allocator = PortAllocator(port_registry_path())
-    host = HostInfo(gpu_ids=tuple(str(gpu.index) for gpu in inventory()))
+    reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)
+    reporter.emit(
+        Event("campaign-start", detail=f"campaign {campaign_id}: {len(jobs)} cells, {jobs_limit} at once, "
+              f"{len(gpus)} GPU(s), logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
+    )  # fmt: skip
     stop = StopSignal()
     stop.install()
     heartbeat = _Heartbeat(factory)
     heartbeat.start()
-    counts: dict[str, int] = {}
-    interrupted = False
     started = time.monotonic()
+    scheduler = Scheduler(
+        factory, campaign_id, pool, PortAllocator(port_registry_path()), reporter, stop,
+        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        logs_root, gpus,
+    )  # fmt: skip
     try:
-        for cell in plan.cells:
-            if stop.requested:
-                interrupted = True
-                break
-            outcome = _run_one(factory, campaign_id, cell, logs_root, allocator, host, stop, echo)
-            if outcome is None:
-                interrupted = True
-                break
-            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+        tally = scheduler.run(jobs)
     finally:
         heartbeat.stop()
         stop.restore()
         with transaction(factory) as session:
             row = session.get_one(Campaign, campaign_id)
-            row.status = "interrupted" if interrupted else "finished"
+            row.status = "interrupted" if stop.requested else "finished"
             row.finished_at = utcnow()
-    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no cells finished"
-    echo(f"campaign {campaign_id} {'interrupted' if interrupted else 'finished'} in "
-         f"{time.monotonic() - started:.1f}s: {summary}")  # fmt: skip
-    if interrupted:
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
+    state = "interrupted" if stop.requested else "finished"
+    reporter.emit(
+        Event("campaign-end", status=state, detail=f"campaign {campaign_id} {state} in "
+              f"{time.monotonic() - started:.1f}s: {summary}", data={"campaign": campaign_id, "counts": tally.counts})
+    )  # fmt: skip
+    reporter.close()
+    if stop.requested:
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if any(counts.get(s) for s in FAILED_STATUSES) else EXIT_OK
-
-
-def _run_one(
-    factory: sessionmaker[Session],
-    campaign_id: int,
-    cell: Cell,
-    logs_root: Path,
-    allocator: PortAllocator,
-    host: HostInfo,
-    stop: StopSignal,
-    echo: Echo,
-) -> CellOutcome | None:
-    """Run and record one cell; None when the runner was interrupted (the row says `interrupted`)."""
-    if cell.case.id is None or cell.runtime.id is None:
-        raise RuntimeError(f"cell {cell.key} was not planned from the database")
-    uid = f"c{uuid.uuid4().hex[:12]}"
-    log_dir = logs_root / f"{_safe_name(cell.key)}-{uid}"
-    with transaction(factory) as session:
-        campaign = session.get_one(Campaign, campaign_id)
-        row = new_cell_row(session, campaign, cell.case.id, cell.runtime.id, uid, attempt=1)
-        row.log_dir = str(log_dir)
-        session.flush()
-        row_id = row.id
-    echo(f"{'START':<11} {cell.key} [{uid}]")
-    try:
-        outcome = run_cell(cell, uid, log_dir, allocator, host, stop)
-    except CellInterrupted as exc:
-        with transaction(factory) as session:
-            row = session.get_one(CellRun, row_id)
-            row.status = "interrupted"
-            row.failure_kind = "infra"
-            row.message = f"runner received {exc}; the pair was torn down"
-            row.finished_at = utcnow()
-        echo(f"{'INTERRUPTED':<11} {cell.key} [{uid}] - runner received {exc}; pair torn down")
-        return None
-    with transaction(factory) as session:
-        record_outcome(session.get_one(CellRun, row_id), outcome)
-    echo(_summary_line(cell, uid, outcome))
-    return outcome
+    return EXIT_FAILED if tally.any_failed else EXIT_OK

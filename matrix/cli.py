@@ -55,9 +55,7 @@ class MatrixGroup(click.Group):
 pass_app = click.make_pass_decorator(App)
 
 
-@click.group(
-    cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
-)
+@click.group(cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option(
     "--db",
     "db_url",
@@ -261,9 +259,7 @@ def runtime() -> None:
 @click.argument("backend")
 @click.argument("version")
 @click.option("--tag", help="Release tag (default: v + VERSION).")
-@click.option(
-    "--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION."
-)
+@click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
 @click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
 @click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin"]))
 @click.option("--notes", default="")
@@ -348,9 +344,7 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
             ]
         }  # fmt: skip
         if explain:
-            data["excluded"] = [
-                {"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded
-            ]
+            data["excluded"] = [{"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded]
         print_json(data)
         return
     rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
@@ -360,29 +354,73 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
         f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded"
     )
     if explain and plan.excluded:
-        print_table(
-            ("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded]
-        )
+        print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
 
 
 @cli.command("run")
 @selection_options
+@click.option("-j", "--jobs", type=int, help="Cells at once (default: the number of slots).")
+@click.option("--gpus", "gpus", metavar="LIST", help="Only these GPUs: NVML indices or UUIDs, e.g. 0,2.")
+@click.option("--pack", is_flag=True, help="Share a GPU between cells while their memory budgets fit.")
 @click.option(
-    "--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs)."
+    "--max-attempts",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Retry startup/health/infra failures (never validation failures) up to N attempts.",
 )
+@click.option("-x", "--fail-fast", is_flag=True, help="Start no new cell after the first failure.")
+@click.option("--resume", type=int, metavar="CAMPAIGN", help="Run the cells of CAMPAIGN that have no finished attempt.")
+@click.option(
+    "--rerun-failed",
+    type=int,
+    metavar="CAMPAIGN",
+    is_flag=False,
+    flag_value=0,
+    help="Rerun the cells whose latest attempt failed, as new attempts (default: the latest campaign).",
+)
+@click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
+@click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @pass_app
-def run_cmd(app: App, /, logs_dir: Path | None, quiet: bool, **kw: Any) -> None:
+def run_cmd(
+    app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
+    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, json_events: bool, quiet: bool, **kw: Any,
+) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
-    Exit code: 0 when every cell passed (skips allowed), 1 when any failed, 2 on bad input,
-    3 when interrupted.
+    Cells run concurrently on slots (one cell per GPU, or packed with --pack; CPU cells on CPU slots),
+    longest expected first. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
+    2 on bad input, 3 when interrupted.
     """
     from matrix.campaign import RunOptions, run_campaign
+    from matrix.hardware.gpus import parse_gpu_list
 
-    options = RunOptions(selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet)
-    exit_code = run_campaign(app.sessions(), options, echo=click.echo)
-    raise SystemExit(exit_code)
+    if resume is not None and rerun_failed is not None:
+        raise click.UsageError("use --resume or --rerun-failed, not both")
+    options = RunOptions(
+        selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
+        max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
+        gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
+    )  # fmt: skip
+    raise SystemExit(run_campaign(app.sessions(), options, echo=click.echo))
+
+
+@cli.command("gpus")
+@json_option
+def gpus_cmd(as_json: bool) -> None:
+    """Show the GPUs NVML sees (index, UUID, name, memory). A host without GPUs is fine."""
+    from matrix.hardware.gpus import format_inventory, inventory
+    from matrix.output import print_json, print_table
+
+    gpus = inventory()
+    if as_json:
+        print_json([vars(g) if hasattr(g, "__dict__") else g.__dict__ for g in gpus])
+        return
+    if not gpus:
+        click.echo("no GPUs (NVML not available or no devices): GPU cells will be skipped, CPU cells run")
+        return
+    print_table(("index", "uuid", "name", "total GiB", "used GiB", "free GiB"), format_inventory(gpus))
 
 
 @cli.command("show")

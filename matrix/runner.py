@@ -6,8 +6,10 @@ interruption of the runner, and even then the supervisor tears the pair down fir
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,13 @@ from matrix.check.client import send_chat
 from matrix.check.validate import CheckFailure, validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
-from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.plan import RequestSpec
 from matrix.launch.providers import Unavailable, prepare
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.plan import Cell
+from matrix.telemetry import PeakSampler
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,49 @@ class CellOutcome:
     exit_codes: Mapping[str, Any] = field(default_factory=dict)
     log_dir: str = ""
     components: Mapping[str, str] = field(default_factory=dict)
+    gpu: Mapping[str, Any] = field(default_factory=dict)
+    peaks: Mapping[str, Any] = field(default_factory=dict)
     expected_failure: str = ""
     unexpected_pass: bool = False
 
 
 @dataclass(frozen=True)
-class HostInfo:
+class Resources:
+    """What the scheduler granted one attempt."""
+
+    # CUDA_VISIBLE_DEVICES entries (NVML indices) and the same GPUs as NVML indices for telemetry.
     gpu_ids: tuple[str, ...] = ()
+    host_gpus: int = 0
+    # Held while the pair starts, so start-ups on one GPU never overlap (DOMAIN.md section 7.5).
+    startup_gate: AbstractContextManager[object] = field(default_factory=nullcontext)
+
+
+class LiveCells:
+    """The supervisors of running cells, so the driver can cancel them all from another thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, Supervisor] = {}
+        self.cancelled = False
+
+    def add(self, cell_id: str, supervisor: Supervisor) -> None:
+        with self._lock:
+            self._running[cell_id] = supervisor
+            cancelled = self.cancelled
+        if cancelled:
+            supervisor.teardown()
+
+    def remove(self, cell_id: str) -> None:
+        with self._lock:
+            self._running.pop(cell_id, None)
+
+    def cancel_all(self) -> None:
+        """Tear down every running pair (teardown is idempotent and thread-safe)."""
+        with self._lock:
+            self.cancelled = True
+            supervisors = list(self._running.values())
+        for supervisor in supervisors:
+            supervisor.teardown()
 
 
 def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
@@ -90,12 +128,12 @@ def run_cell(
     cell_id: str,
     log_dir: Path,
     allocator: PortAllocator,
-    host: HostInfo,
-    stop: StopSignal | None = None,
+    resources: Resources | None = None,
+    live: LiveCells | None = None,
 ) -> CellOutcome:
-    """Run one attempt. Raises `CellInterrupted` (after tearing the pair down) when `stop` fires."""
+    """Run one attempt to its outcome. Cancellation through `live` tears the pair down early."""
     started = time.monotonic()
-    outcome = _run(cell, cell_id, log_dir, allocator, host, stop or StopSignal())
+    outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started, log_dir=str(log_dir))
     return _judge_expectation(cell, outcome)
 
@@ -111,7 +149,7 @@ def _judge_expectation(cell: Cell, outcome: CellOutcome) -> CellOutcome:
 
 
 def _run(
-    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, host: HostInfo, stop: StopSignal
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells
 ) -> CellOutcome:
     case = cell.case
     try:
@@ -120,8 +158,8 @@ def _run(
     except MatrixError as exc:
         return CellOutcome("error", "config", str(exc))
     gpus_needed = case.gpus_needed
-    if gpus_needed > len(host.gpu_ids) and not cpu_ok:
-        return CellOutcome("skipped", message=f"needs {gpus_needed} GPU, host has {len(host.gpu_ids)}")
+    if gpus_needed > len(resources.gpu_ids) and not cpu_ok:
+        return CellOutcome("skipped", message=f"needs {gpus_needed} GPU, host has {resources.host_gpus}")
     environment = prepare(cell.runtime)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
@@ -137,49 +175,61 @@ def _run(
             ports=ports,
             work_dir=log_dir,
             python=environment.python,
-            gpu_ids=host.gpu_ids[:gpus_needed],
+            gpu_ids=resources.gpu_ids[:gpus_needed],
             env=environment.env,
         )
         try:
             plan = arm.plan(context)
         except MatrixError as exc:
             return CellOutcome("error", "config", str(exc), ports=ports)
-        outcome = _supervise(Supervisor(plan, log_dir), plan.request, stop)
-        return replace(outcome, ports=ports, components=dict(environment.components))
+        supervisor = Supervisor(plan, log_dir)
+        live.add(cell_id, supervisor)
+        try:
+            outcome = _supervise(supervisor, plan.request, resources)
+        finally:
+            live.remove(cell_id)
+        gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
+        return replace(outcome, ports=ports, components=dict(environment.components), gpu=gpu)
     finally:
         allocator.release(cell_id)
 
 
-def _supervise(supervisor: Supervisor, request: RequestSpec, stop: StopSignal) -> CellOutcome:
-    outcome: CellOutcome
+def _supervise(supervisor: Supervisor, request: RequestSpec, resources: Resources) -> CellOutcome:
+    sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()])
     try:
-        with stop.interruptible():
-            supervisor.start()
-            ready = supervisor.wait_ready()
-            if not ready.ok:
-                status = "timeout" if ready.kind == "timeout" else "failed"
-                message = ready.message + (
-                    f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else ""
-                )
-                kind = "startup" if ready.kind == "startup" else "health"
-                outcome = CellOutcome(status, kind, message, ready_s=ready.ready_s)
-            else:
-                outcome = _request(request, ready.ready_s)
-    except MatrixError as exc:
-        outcome = CellOutcome("failed", "startup", str(exc))
+        outcome = _start_and_query(supervisor, sampler, request, resources)
     finally:
-        # Not interruptible: a stop signal now only sets a flag, so the pair is always torn down.
         report = supervisor.teardown()
+        peaks = sampler.stop() if sampler.is_alive() else {}
     exit_codes = {e.role: e.returncode for e in report.exits}
-    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes)
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks)
     teardown_failures = _teardown_checks(report)
     if teardown_failures and outcome.status == "passed":
         names = ", ".join(c.name for c in teardown_failures)
-        return replace(outcome, status="failed", failure_kind="teardown", checks=tuple(teardown_failures),
-                       message=f"served correctly but teardown failed: {names}")  # fmt: skip
+        message = f"served correctly but teardown failed: {names}"
+        checks = tuple(teardown_failures)
+        return replace(outcome, status="failed", failure_kind="teardown", checks=checks, message=message)
     if teardown_failures:
         return replace(outcome, checks=(*outcome.checks, *teardown_failures))
     return outcome
+
+
+def _start_and_query(
+    supervisor: Supervisor, sampler: PeakSampler, request: RequestSpec, resources: Resources
+) -> CellOutcome:
+    try:
+        with resources.startup_gate:
+            supervisor.start()
+            sampler.start()
+            ready = supervisor.wait_ready()
+    except MatrixError as exc:
+        return CellOutcome("failed", "startup", str(exc))
+    if not ready.ok:
+        status = "timeout" if ready.kind == "timeout" else "failed"
+        kind = "startup" if ready.kind == "startup" else "health"
+        message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
+        return CellOutcome(status, kind, message, ready_s=ready.ready_s)
+    return _request(request, ready.ready_s)
 
 
 def _request(request: RequestSpec, ready_s: float) -> CellOutcome:

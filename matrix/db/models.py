@@ -225,6 +225,8 @@ class CellRun(Base):
     """One attempt of one case on one runtime."""
 
     __tablename__ = "cell_run"
+    # One row per attempt: two runners racing for the same attempt of a cell cannot both insert it.
+    __table_args__ = (UniqueConstraint("campaign_id", "case_id", "runtime_id", "attempt"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # The MATRIX_CELL_ID every process of this attempt carries.

@@ -143,30 +143,42 @@ class Supervisor:
         self._spawned_at = time.monotonic()
         paths = self.log_paths()
         for spec in self._plan.processes:
-            log = paths[spec.role].open("wb")
-            _write_line(log, f"[matrix] starting {spec.role}: {shlex.join(spec.argv)}")
-            try:
-                popen = subprocess.Popen(
-                    spec.argv,
-                    cwd=spec.cwd,
-                    env=self._child_env(spec.env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                _write_line(log, f"[matrix] cannot start {spec.role}: {exc}")
-                log.close()
-                raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
-            # Owned at once, so an interruption from here on still ends in this process's teardown.
-            assert popen.stdout is not None  # stdout=PIPE
-            pump = threading.Thread(
-                target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True
+            # Spawning holds the teardown lock, so a teardown from another thread (cancellation) either
+            # sees this child or stops the start before it is spawned: nothing starts unowned.
+            with self._teardown_lock:
+                if self._report is not None:
+                    raise MatrixError("cell cancelled before all its processes started")
+                self._spawn(spec, paths[spec.role])
+
+    def _spawn(self, spec: ProcessSpec, log_path: Path) -> None:
+        log = log_path.open("wb")
+        _write_line(log, f"[matrix] starting {spec.role}: {shlex.join(spec.argv)}")
+        try:
+            popen = subprocess.Popen(
+                spec.argv,
+                cwd=spec.cwd,
+                env=self._child_env(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-            self._children.append(_Child(spec, popen, paths[spec.role], pump))
-            _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
-            pump.start()
+        except OSError as exc:
+            _write_line(log, f"[matrix] cannot start {spec.role}: {exc}")
+            log.close()
+            raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
+        # Owned at once, so an interruption from here on still ends in this process's teardown.
+        assert popen.stdout is not None  # stdout=PIPE
+        pump = threading.Thread(
+            target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True
+        )
+        self._children.append(_Child(spec, popen, log_path, pump))
+        _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
+        pump.start()
+
+    def pids(self) -> dict[str, int]:
+        """The pid of every started process, by role (for telemetry)."""
+        return {child.role: child.popen.pid for child in self._children}
 
     def _child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         # Python children block-buffer a piped stdout: lines would be timestamped late and lost on a

@@ -128,9 +128,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("case_id", sa.Integer(), nullable=False),
         sa.Column("fix_id", sa.Integer(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["case_id"], ["case.id"], name=op.f("fk_case_fix_case_id_case"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["case_id"], ["case.id"], name=op.f("fk_case_fix_case_id_case"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["fix_id"], ["fix.id"], name=op.f("fk_case_fix_fix_id_fix")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_case_fix")),
         sa.UniqueConstraint("case_id", "fix_id", name=op.f("uq_case_fix_case_id_fix_id")),
@@ -145,9 +143,7 @@ def upgrade() -> None:
         sa.Column("case_id", sa.Integer(), nullable=False),
         sa.Column("marker_id", sa.Integer(), nullable=False),
         sa.Column("text", sa.String(length=256), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["case_id"], ["case.id"], name=op.f("fk_case_marker_case_id_case"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["case_id"], ["case.id"], name=op.f("fk_case_marker_case_id_case"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["marker_id"], ["marker.id"], name=op.f("fk_case_marker_marker_id_marker")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_case_marker")),
         sa.UniqueConstraint("case_id", "marker_id", name=op.f("uq_case_marker_case_id_marker_id")),
@@ -193,9 +189,7 @@ def upgrade() -> None:
         sa.Column("gpu", sa.JSON(), nullable=False),
         sa.Column("peaks", sa.JSON(), nullable=False),
         sa.Column("components", sa.JSON(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["campaign_id"], ["campaign.id"], name=op.f("fk_cell_run_campaign_id_campaign")
-        ),
+        sa.ForeignKeyConstraint(["campaign_id"], ["campaign.id"], name=op.f("fk_cell_run_campaign_id_campaign")),
         sa.ForeignKeyConstraint(["case_id"], ["case.id"], name=op.f("fk_cell_run_case_id_case")),
         sa.ForeignKeyConstraint(["runtime_id"], ["runtime.id"], name=op.f("fk_cell_run_runtime_id_runtime")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cell_run")),

@@ -64,7 +64,7 @@ def main() -> None:
     from matrix.hardware.ports import PortAllocator
     from matrix.paths import port_registry_path
     from matrix.plan import Selection, plan_from_db
-    from matrix.runner import HostInfo, run_cell
+    from matrix.runner import run_cell
 
     engine = create_db_engine(f"sqlite:///{home / 'bench.db'}")
     ensure_schema(engine)
@@ -76,7 +76,7 @@ def main() -> None:
 
     rows = []
     for i in range(args.cells):
-        outcome = run_cell(cell, f"bench{i}", home / f"cell{i}", allocator, HostInfo())
+        outcome = run_cell(cell, f"bench{i}", home / f"cell{i}", allocator)
         if outcome.status != "passed":
             raise SystemExit(f"cell {i} {outcome.status}: {outcome.message}")
         ready, shutdown = server_times(home / f"cell{i}")

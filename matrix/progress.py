@@ -1,0 +1,137 @@
+"""What a running campaign shows: a live view on a terminal, lines in logs, JSON events for machines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened: `kind` is campaign-start, cell-start, cell-end, message or campaign-end."""
+
+    kind: str
+    cell: str = ""
+    cell_id: str = ""
+    attempt: int = 0
+    status: str = ""
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _line(event: Event) -> str:
+    if event.kind == "cell-start":
+        return f"{'START':<11} {event.cell} [{event.cell_id}] attempt {event.attempt}"
+    if event.kind == "cell-end":
+        return f"{event.status.upper():<11} {event.cell} [{event.cell_id}]" + (
+            f" - {event.detail}" if event.detail else ""
+        )
+    return event.detail
+
+
+class LineReporter:
+    """One line per event (not a terminal, or --quiet for only the summary)."""
+
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False) -> None:
+        self._stream = stream or sys.stdout
+        self._quiet = quiet
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        if self._quiet and event.kind not in ("campaign-end", "message"):
+            return
+        with self._lock:
+            print(_line(event), file=self._stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonReporter:
+    """`--json-events`: one JSON object per line on stdout."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stdout
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        record = {"ts": round(time.time(), 3), "event": event.kind, **{
+            k: v for k, v in (("cell", event.cell), ("cell_id", event.cell_id), ("attempt", event.attempt),
+                              ("status", event.status), ("detail", event.detail)) if v
+        }, **event.data}  # fmt: skip
+        with self._lock:
+            print(json.dumps(record, default=str), file=self._stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class LiveReporter:
+    """A live panel on a terminal: counts, ETA, one line per running cell; finished cells scroll above."""
+
+    def __init__(self, total: int, console: Console | None = None) -> None:
+        self._console = console or Console()
+        self._total = total
+        self._started = time.monotonic()
+        self._running: dict[str, tuple[str, float]] = {}
+        self._counts: dict[str, int] = {}
+        self._done = 0
+        self._lock = threading.Lock()
+        self._live = Live(self._render(), console=self._console, refresh_per_second=4, transient=True)
+        self._live.start()
+
+    def emit(self, event: Event) -> None:
+        with self._lock:
+            if event.kind == "cell-start":
+                self._running[event.cell_id] = (event.cell, time.monotonic())
+            elif event.kind == "cell-end":
+                self._running.pop(event.cell_id, None)
+                if not event.data.get("will_retry"):
+                    self._done += 1
+                    self._counts[event.status] = self._counts.get(event.status, 0) + 1
+                style = {"passed": "green", "skipped": "yellow"}.get(event.status, "red")
+                self._live.console.print(Text(_line(event), style=style))
+            elif event.kind in ("message", "campaign-end", "campaign-start"):
+                self._live.console.print(_line(event))
+            self._live.update(self._render())
+
+    def _render(self) -> Group:
+        elapsed = time.monotonic() - self._started
+        eta = ""
+        if self._done:
+            remaining = (self._total - self._done) * elapsed / self._done
+            eta = f", ETA {remaining:.0f}s"
+        counts = " ".join(f"{n} {s}" for s, n in sorted(self._counts.items()))
+        header = Text(f"{self._done}/{self._total} done, {len(self._running)} running ({counts}){eta}", style="bold")
+        table = Table.grid(padding=(0, 2))
+        now = time.monotonic()
+        for cell_id, (cell, since) in sorted(self._running.items(), key=lambda kv: kv[1][1]):
+            table.add_row(f"{now - since:6.1f}s", cell, cell_id)
+        return Group(header, table)
+
+    def close(self) -> None:
+        self._live.stop()
+
+
+def make_reporter(*, total: int, json_events: bool, quiet: bool) -> Reporter:
+    if json_events:
+        return JsonReporter()
+    console = Console()
+    if console.is_terminal and not quiet:
+        return LiveReporter(total, console)
+    return LineReporter(quiet=quiet)

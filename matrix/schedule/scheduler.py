@@ -1,0 +1,303 @@
+"""Run jobs (attempts of cells) concurrently on slots, longest expected first, and record each outcome.
+
+Worker threads only run cells (processes, HTTP, waiting); the driver thread alone claims rows and writes
+outcomes, so every database write happens in one place and in short transactions. A claim is an insert
+of the attempt's row: the unique (campaign, case, runtime, attempt) key makes two runners racing for
+the same attempt fail on the database, never run it twice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from matrix.db.engine import transaction
+from matrix.db.models import Campaign, CellRun
+from matrix.hardware.gpus import Gpu, memory_used
+from matrix.hardware.ports import PortAllocator
+from matrix.interrupts import StopSignal
+from matrix.plan import Cell
+from matrix.progress import Event, Reporter
+from matrix.results import new_cell_row, record_outcome
+from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.schedule.slots import Demand, Lease, SlotPool
+
+RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
+FAILING = frozenset({"failed", "error", "timeout"})
+# After a GPU cell, how long to wait for NVML to show the GPU back near its baseline, and how near.
+GPU_SETTLE_S = 30.0
+GPU_SETTLE_TOLERANCE_BYTES = 256 * 2**20
+_POLL_S = 0.1
+
+
+@dataclass
+class Job:
+    cell: Cell
+    attempt: int
+    expected_s: float
+    demand: Demand
+    failed_before: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    jobs: int
+    max_attempts: int = 1
+    fail_fast: bool = False
+
+
+@dataclass
+class Tally:
+    counts: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+    failed_fast: bool = False
+
+    def add(self, status: str) -> None:
+        self.counts[status] = self.counts.get(status, 0) + 1
+
+    @property
+    def any_failed(self) -> bool:
+        return any(self.counts.get(s) for s in (*FAILING, "interrupted"))
+
+
+@dataclass
+class _Running:
+    job: Job
+    uid: str
+    row_id: int
+    lease: Lease
+
+
+def _safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.@+-" else "_" for c in text)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        campaign_id: int,
+        pool: SlotPool,
+        allocator: PortAllocator,
+        reporter: Reporter,
+        stop: StopSignal,
+        options: SchedulerOptions,
+        logs_root: Path,
+        gpus: tuple[Gpu, ...] = (),
+    ) -> None:
+        self._factory = factory
+        self._campaign_id = campaign_id
+        self._pool = pool
+        self._allocator = allocator
+        self._reporter = reporter
+        self._stop = stop
+        self._options = options
+        self._logs_root = logs_root
+        self._gpus = {gpu.index: gpu for gpu in gpus}
+        self._baseline = {gpu.index: gpu.memory_used for gpu in gpus}
+        self._live = LiveCells()
+        self.tally = Tally()
+
+    # --- the driver loop ---------------------------------------------------------------------------
+
+    def run(self, jobs: list[Job]) -> Tally:
+        pending = sorted(jobs, key=lambda job: -job.expected_s)
+        running: dict[Future[CellOutcome], _Running] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self._options.jobs), thread_name_prefix="cell") as executor:
+            while pending or running:
+                if self._stop.requested and not self._live.cancelled:
+                    self._live.cancel_all()
+                    self.tally.interrupted = True
+                if not self._stop.requested and not self.tally.failed_fast:
+                    pending = self._start_what_fits(pending, running, executor)
+                elif not running:
+                    break
+                if not running:
+                    if pending:  # nothing runs and nothing fits: skip what can never fit now
+                        pending = self._skip_impossible(pending)
+                    continue
+                done, _ = wait(running, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    retry = self._finish(running.pop(future), future)
+                    if retry is not None:
+                        pending.insert(0, retry)
+        if self.tally.failed_fast:
+            for job in pending:
+                self._record_not_run(job)
+        return self.tally
+
+    def _start_what_fits(
+        self, pending: list[Job], running: dict[Future[CellOutcome], _Running], executor: ThreadPoolExecutor
+    ) -> list[Job]:
+        left = []
+        for job in pending:
+            if len(running) >= self._options.jobs:
+                left.append(job)
+                continue
+            lease = self._pool.try_acquire(job.demand)
+            if lease is None:
+                left.append(job)  # a later, smaller job may still fit (backfill)
+                continue
+            claimed = self._claim(job)
+            if claimed is None:  # another runner has this attempt
+                self._pool.release(lease)
+                continue
+            uid, row_id = claimed
+            entry = _Running(job, uid, row_id, lease)
+            self._reporter.emit(Event("cell-start", job.cell.key, uid, job.attempt))
+            running[executor.submit(self._work, entry)] = entry
+        return left
+
+    def _skip_impossible(self, pending: list[Job]) -> list[Job]:
+        left = []
+        for job in pending:
+            reason = self._pool.can_ever_fit(job.demand)
+            if reason is None:
+                left.append(job)
+                continue
+            claimed = self._claim(job)
+            if claimed is not None:
+                outcome = CellOutcome("skipped", message=reason)
+                self._write(claimed[1], outcome)
+                self.tally.add("skipped")
+                self._reporter.emit(Event("cell-end", job.cell.key, claimed[0], job.attempt, "skipped", reason))
+        if left == pending:
+            time.sleep(_POLL_S)  # something else holds the slots (another runner's reservation): wait
+        return left
+
+    # --- worker side ---------------------------------------------------------------------------------
+
+    def _work(self, entry: _Running) -> CellOutcome:
+        job, lease = entry.job, entry.lease
+        log_dir = self._logs_root / f"{_safe_name(job.cell.key)}-{entry.uid}"
+        resources = Resources(
+            gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=self._pool.startup_gate(lease)
+        )
+        outcome = run_cell(job.cell, entry.uid, log_dir, self._allocator, resources, self._live)
+        if lease.gpu_indices:
+            outcome = replace(outcome, gpu={**outcome.gpu, **self._settle(lease)})
+        return outcome
+
+    def _settle(self, lease: Lease) -> dict[str, object]:
+        """Wait until the lease's GPUs are back near baseline; quarantine a GPU that does not clear."""
+        info: dict[str, object] = {
+            "indices": list(lease.gpu_indices),
+            "uuids": [self._gpus[i].uuid for i in lease.gpu_indices if i in self._gpus],
+            "names": [self._gpus[i].name for i in lease.gpu_indices if i in self._gpus],
+        }
+        after: dict[str, int | None] = {}
+        for index in lease.gpu_indices:
+            if any(index in other.gpu_indices for other in self._pool.active_leases if other != lease):
+                continue  # still shared with a running cell: the last one out checks the baseline
+            deadline = time.monotonic() + GPU_SETTLE_S
+            used = memory_used(index)
+            while used is not None and used > self._baseline[index] + GPU_SETTLE_TOLERANCE_BYTES:
+                if time.monotonic() > deadline:
+                    baseline = self._baseline[index] / 2**30
+                    self._pool.quarantine(
+                        index, f"memory stayed at {used / 2**30:.2f} GiB, baseline {baseline:.2f} GiB"
+                    )
+                    break
+                time.sleep(_POLL_S)
+                used = memory_used(index)
+            after[str(index)] = used
+        info["memory_used_after"] = after
+        info["baseline"] = {str(i): self._baseline.get(i) for i in lease.gpu_indices}
+        return info
+
+    # --- driver-side bookkeeping --------------------------------------------------------------------
+
+    def _finish(self, entry: _Running, future: Future[CellOutcome]) -> Job | None:
+        self._pool.release(entry.lease)
+        job = entry.job
+        try:
+            outcome = future.result()
+        except Exception as exc:  # a bug in our own code path: record it, keep the campaign going
+            outcome = CellOutcome("error", "infra", f"internal error: {exc!r}")
+        if self._live.cancelled and outcome.status != "passed":
+            outcome = replace(
+                outcome, status="interrupted", failure_kind="infra",
+                message=f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down",
+            )  # fmt: skip
+        retry = (
+            outcome.status in FAILING
+            and outcome.failure_kind in RETRYABLE_KINDS
+            and job.attempt < self._options.max_attempts
+            and not self._stop.requested
+        )
+        flaky = outcome.status == "passed" and job.failed_before
+        self._write(entry.row_id, outcome, flaky=flaky)
+        detail = _detail(outcome) + (" (flaky: passed after a failed attempt)" if flaky else "")
+        if retry:
+            detail += f"; retrying (attempt {job.attempt + 1} of {self._options.max_attempts})"
+        else:
+            self.tally.add(outcome.status)
+        self._reporter.emit(
+            Event("cell-end", job.cell.key, entry.uid, job.attempt, outcome.status, detail, {"will_retry": retry})
+        )
+        if outcome.status in FAILING and not retry and self._options.fail_fast and not self.tally.failed_fast:
+            self.tally.failed_fast = True
+            self._reporter.emit(Event("message", detail="fail-fast: no new cells will start; running cells finish"))
+        if retry:
+            return Job(job.cell, job.attempt + 1, job.expected_s, job.demand, failed_before=True)
+        return None
+
+    def _claim(self, job: Job) -> tuple[str, int] | None:
+        """Insert the attempt's row as `running`; None when another runner already has it or finished it."""
+        if job.cell.case.id is None or job.cell.runtime.id is None:
+            raise RuntimeError(f"cell {job.cell.key} was not planned from the database")
+        uid = f"c{uuid.uuid4().hex[:12]}"
+        try:
+            with transaction(self._factory) as session:
+                taken = session.scalar(
+                    select(CellRun.id).where(
+                        CellRun.campaign_id == self._campaign_id,
+                        CellRun.case_id == job.cell.case.id,
+                        CellRun.runtime_id == job.cell.runtime.id,
+                        CellRun.attempt >= job.attempt,
+                    )
+                )
+                if taken is not None:
+                    return None
+                campaign = session.get_one(Campaign, self._campaign_id)
+                row = new_cell_row(session, campaign, job.cell.case.id, job.cell.runtime.id, uid, job.attempt)
+                row.log_dir = str(self._logs_root / f"{_safe_name(job.cell.key)}-{uid}")
+                session.flush()
+                return uid, row.id
+        except IntegrityError:
+            return None
+
+    def _write(self, row_id: int, outcome: CellOutcome, *, flaky: bool = False) -> None:
+        with transaction(self._factory) as session:
+            row = session.get_one(CellRun, row_id)
+            record_outcome(row, outcome)
+            row.flaky = flaky
+
+    def _record_not_run(self, job: Job) -> None:
+        claimed = self._claim(job)
+        if claimed is None:
+            return
+        self._write(claimed[1], CellOutcome("not-run", message="not started: fail-fast stopped the campaign"))
+        self.tally.add("not-run")
+        self._reporter.emit(Event("cell-end", job.cell.key, claimed[0], job.attempt, "not-run", "fail-fast"))
+
+
+def _detail(outcome: CellOutcome) -> str:
+    parts = []
+    if outcome.status == "passed" and outcome.ready_s is not None and outcome.request_s is not None:
+        parts.append(f"ready {outcome.ready_s:.2f}s, request {outcome.request_s * 1000:.0f} ms")
+    if outcome.failure_kind:
+        first = outcome.message.splitlines()[0] if outcome.message else ""
+        parts.append(f"{outcome.failure_kind}: {first}")
+    elif outcome.message:
+        parts.append(outcome.message.splitlines()[0])
+    if outcome.expected_failure:
+        parts.append(f"(expected: {outcome.expected_failure})")
+    return " - ".join(parts)

@@ -1,0 +1,346 @@
+"""Which cells may run at the same time, and on which GPUs.
+
+Pure bookkeeping: no processes, no NVML. A `SlotPool` is built from an inventory taken once at start and
+hands out `Lease`s; the runner decides when to ask and what to do with a lease.
+
+Two engines on one GPU are only reliable with absolute memory caps (KV bytes or tokens): memory
+*fractions* race, and engines that start at the same time each count the other's memory as free. Hence:
+
+* without ``pack`` a GPU holds one cell, which is always safe;
+* with ``pack`` a GPU holds several cells while the sum of their estimated demands plus a fixed headroom
+  fits in the memory that was free on it at start; a cell without a KV bound sizes its cache from
+  whatever it finds free, so it gets its GPU to itself (``Demand.exclusive``);
+* `SlotPool.startup_gate` serialises engine start-ups per GPU, so one start-up never measures free memory
+  while another is still allocating. (The two instances of one pair sharing a GPU must likewise be
+  started one after the other; that is the launcher's job.)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from itertools import count
+from typing import TYPE_CHECKING
+
+from matrix.hardware.gpus import GIB, Gpu
+
+if TYPE_CHECKING:  # only for annotations: keeps this module free of the database layer plan.py pulls in
+    from matrix.plan import Cell
+
+# KV cache per token when a case bounds its cache in tokens rather than bytes. Sized for the ~0.6B
+# models the matrix uses by default (Qwen3-0.6B: 28 layers x 8 KV heads x 128 head dim x 2 for K and V
+# x 2 bytes of bf16 = 112 KiB), rounded up. Bigger models need more per token; their catalog entries
+# should give `kv_bound.bytes`, which is exact, or the estimate under-reserves when packing.
+KV_BYTES_PER_TOKEN_ESTIMATE = 128 * 1024
+
+# A pair is a prefill and a decode instance; each loads the weights and holds its own KV cache.
+INSTANCES_PER_PAIR = 2
+
+# With --pack the number of cells per GPU is limited by memory, not by a count; this only bounds the
+# default worker count so a pack run on a big host does not start hundreds of threads.
+PACK_SLOTS_PER_GPU = 16
+
+DEFAULT_HEADROOM_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one cell needs to run.
+
+    `gpus` = 0 is a CPU cell. `memory_bytes` is needed on *each* of the `gpus` GPUs. `cpu_ok` says the
+    cell may run on the CPU instead when the host has no GPU. `exclusive` says the cell must not share
+    its GPUs even when packing (its engines size their memory from what they find free).
+    """
+
+    cell_key: str
+    gpus: int
+    memory_bytes: int
+    cpu_ok: bool
+    exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Resources granted to one cell; give it back with `SlotPool.release`.
+
+    `gpu_indices` are NVML indices in ascending order, empty for a CPU slot. `memory_bytes` is what was
+    reserved on each of them. `serial` tells apart two leases for the same cell key.
+    """
+
+    cell_key: str
+    gpu_indices: tuple[int, ...]
+    memory_bytes: int
+    exclusive: bool
+    serial: int
+
+    @property
+    def cpu(self) -> bool:
+        """Whether this lease is a CPU slot (no GPU)."""
+        return not self.gpu_indices
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        """The GPUs as strings, ready for ``CUDA_VISIBLE_DEVICES`` (children use PCI bus order)."""
+        return tuple(str(index) for index in self.gpu_indices)
+
+
+def kv_bytes(kv_bound: Mapping[str, int] | None) -> int | None:
+    """KV cache bytes for one instance from a case's `kv_bound`, or None when the case has no bound.
+
+    With both bounds given, the larger wins: which one an engine honours depends on its backend, and
+    over-reserving only costs parallelism whereas under-reserving costs an out-of-memory failure.
+    """
+    if not kv_bound:
+        return None
+    candidates = []
+    if "bytes" in kv_bound:
+        candidates.append(int(kv_bound["bytes"]))
+    if "tokens" in kv_bound:
+        candidates.append(int(kv_bound["tokens"]) * KV_BYTES_PER_TOKEN_ESTIMATE)
+    return max(candidates) if candidates else None
+
+
+def demand_for(cell: Cell, *, cpu_ok: bool) -> Demand:
+    """The demand of `cell`: per instance KV bound + weights, for both instances of the pair.
+
+    A multi-GPU case spreads its pair over its GPUs (prefill and decode apart, or tensor-parallel
+    shards), so each GPU is asked for an even share, rounded up. A GPU case without a KV bound is
+    `exclusive`: its memory use is whatever the engine decides, so nothing else can be packed next to it.
+    """
+    case = cell.case
+    gpus = case.gpus_needed
+    if gpus == 0:
+        return Demand(cell_key=cell.key, gpus=0, memory_bytes=0, cpu_ok=True)
+    kv = kv_bytes(case.kv_bound)
+    per_instance = (kv or 0) + math.ceil(case.weights_gib * GIB)
+    total = INSTANCES_PER_PAIR * per_instance
+    return Demand(
+        cell_key=cell.key,
+        gpus=gpus,
+        memory_bytes=-(-total // gpus),  # integer ceiling: exact for any size
+        cpu_ok=cpu_ok,
+        exclusive=kv is None,
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+class _Gate(AbstractContextManager[None]):
+    """Holds several locks, taken in the given order and released in reverse; reusable, not reentrant.
+
+    A class rather than a generator so that the same gate object can be entered again later (e.g. for a
+    restart of the pair) instead of failing as a spent generator would.
+    """
+
+    def __init__(self, locks: Sequence[threading.Lock]) -> None:
+        self._locks = tuple(locks)
+
+    def __enter__(self) -> None:
+        taken: list[threading.Lock] = []
+        try:
+            for lock in self._locks:
+                lock.acquire()
+                taken.append(lock)
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: give back what we hold
+            for lock in reversed(taken):
+                lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+
+
+class SlotPool:
+    """Thread-safe bookkeeping of GPU and CPU slots for a run.
+
+    `gpus` is the inventory taken at start (their `memory_used` then counts as taken for the whole run,
+    since it belongs to someone else). `cpu_slots` is how many CPU cells may run at once. `headroom_bytes`
+    is kept free on every GPU on top of the estimates, for CUDA contexts, activations and graphs that the
+    estimates leave out.
+
+    Choices are deterministic: the GPUs with the most unreserved memory win, the lowest index among equals.
+    """
+
+    def __init__(
+        self, gpus: Sequence[Gpu], *, pack: bool, cpu_slots: int, headroom_bytes: int = DEFAULT_HEADROOM_BYTES
+    ) -> None:
+        if cpu_slots < 0:
+            raise ValueError(f"cpu_slots must be >= 0, got {cpu_slots}")
+        if headroom_bytes < 0:
+            raise ValueError(f"headroom_bytes must be >= 0, got {headroom_bytes}")
+        indices = [gpu.index for gpu in gpus]
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"duplicate GPU indices in {indices}")
+        self._gpus = {gpu.index: gpu for gpu in sorted(gpus, key=lambda gpu: gpu.index)}
+        self._pack = pack
+        self._cpu_slots = cpu_slots
+        self._headroom = headroom_bytes
+        # Bytes each GPU can give to cells in total: free at start minus headroom.
+        self._capacity = {index: gpu.memory_free - headroom_bytes for index, gpu in self._gpus.items()}
+        self._lock = threading.Lock()
+        self._reserved = dict.fromkeys(self._gpus, 0)
+        self._cells = dict.fromkeys(self._gpus, 0)
+        self._exclusive: set[int] = set()
+        self._quarantined: dict[int, str] = {}
+        self._cpu_used = 0
+        self._active: dict[int, Lease] = {}
+        self._serials = count(1)
+        # Separate from `_lock`: a start-up holds its gate for minutes, bookkeeping must not wait on it.
+        self._startup_locks = {index: threading.Lock() for index in self._gpus}
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        """Every GPU of the pool, quarantined or not, by index."""
+        return tuple(self._gpus.values())
+
+    @property
+    def pack(self) -> bool:
+        return self._pack
+
+    @property
+    def quarantined(self) -> dict[int, str]:
+        """GPU index -> why it gets no new cells."""
+        with self._lock:
+            return dict(self._quarantined)
+
+    @property
+    def active_leases(self) -> tuple[Lease, ...]:
+        """Leases handed out and not yet released, oldest first."""
+        with self._lock:
+            return tuple(self._active.values())
+
+    @property
+    def slots(self) -> int:
+        """How many cells can run at once in the best case: the natural default for the worker count.
+
+        Without pack, one per usable GPU plus the CPU slots; with pack, memory is the real limit, so
+        `PACK_SLOTS_PER_GPU` per GPU stands in. Can be 0 (no usable GPU, no CPU slot).
+        """
+        with self._lock:
+            usable = len(self._gpus) - len(self._quarantined)
+        per_gpu = PACK_SLOTS_PER_GPU if self._pack else 1
+        return usable * per_gpu + self._cpu_slots
+
+    def _runs_on_cpu(self, demand: Demand) -> bool:
+        # A GPU cell falls back to the CPU only on a host with no GPU at all, not when its GPUs are busy
+        # or quarantined: running it on the CPU there would silently test something else.
+        return demand.gpus == 0 or (not self._gpus and demand.cpu_ok)
+
+    def _fits(self, index: int, demand: Demand) -> bool:
+        if index in self._quarantined:
+            return False
+        if not self._pack:
+            return self._cells[index] == 0 and demand.memory_bytes <= self._capacity[index]
+        if index in self._exclusive or (demand.exclusive and self._cells[index] > 0):
+            return False
+        return self._reserved[index] + demand.memory_bytes <= self._capacity[index]
+
+    def try_acquire(self, demand: Demand) -> Lease | None:
+        """A lease for `demand` if it can start now, else None (never blocks).
+
+        None means "not now" or "never"; `can_ever_fit` tells which.
+        """
+        with self._lock:
+            if self._runs_on_cpu(demand):
+                if self._cpu_used >= self._cpu_slots:
+                    return None
+                self._cpu_used += 1
+                lease = Lease(demand.cell_key, (), 0, False, next(self._serials))
+                self._active[lease.serial] = lease
+                return lease
+            if demand.gpus <= 0:
+                return None
+            candidates = [index for index in self._gpus if self._fits(index, demand)]
+            if len(candidates) < demand.gpus:
+                return None
+            # Most unreserved memory first spreads cells over GPUs, which also keeps start-ups on
+            # different GPUs from queueing at the same gate; ties go to the lowest index.
+            candidates.sort(key=lambda index: (self._reserved[index] - self._capacity[index], index))
+            chosen = tuple(sorted(candidates[: demand.gpus]))
+            for index in chosen:
+                self._reserved[index] += demand.memory_bytes
+                self._cells[index] += 1
+                if demand.exclusive:
+                    self._exclusive.add(index)
+            lease = Lease(demand.cell_key, chosen, demand.memory_bytes, demand.exclusive, next(self._serials))
+            self._active[lease.serial] = lease
+            return lease
+
+    def release(self, lease: Lease) -> None:
+        """Give a lease back. Releasing one twice is a bug and raises ValueError."""
+        with self._lock:
+            if self._active.pop(lease.serial, None) != lease:
+                raise ValueError(f"lease {lease.serial} for {lease.cell_key} is not held by this pool")
+            if lease.cpu:
+                self._cpu_used -= 1
+                return
+            for index in lease.gpu_indices:
+                self._reserved[index] -= lease.memory_bytes
+                self._cells[index] -= 1
+                if lease.exclusive:
+                    self._exclusive.discard(index)
+
+    def quarantine(self, gpu_index: int, reason: str) -> None:
+        """Give GPU `gpu_index` no new cells (e.g. memory it should have freed is still taken).
+
+        Cells already on it keep their lease and release it normally. The first reason is kept, since it
+        is usually the cause and later ones its consequences.
+        """
+        with self._lock:
+            if gpu_index not in self._gpus:
+                raise ValueError(f"GPU {gpu_index} is not in this pool (GPUs {sorted(self._gpus)})")
+            self._quarantined.setdefault(gpu_index, reason)
+
+    def can_ever_fit(self, demand: Demand) -> str | None:
+        """None if `demand` could run on this pool once it is idle, else why not, for the report.
+
+        Quarantined GPUs do not count, so a cell waiting for a GPU that was just quarantined can be
+        skipped instead of waiting forever.
+        """
+        with self._lock:
+            quarantined = dict(self._quarantined)
+        if self._runs_on_cpu(demand):
+            if self._cpu_slots > 0:
+                return None
+            if demand.gpus == 0:
+                return "needs a CPU slot, the run allows 0 CPU cells at once"
+            return f"needs {demand.gpus} GPU{_s(demand.gpus)}, host has 0 (and no CPU slot to fall back to)"
+        usable = [index for index in self._gpus if index not in quarantined]
+        if len(usable) < demand.gpus:
+            reason = f"needs {demand.gpus} GPU{_s(demand.gpus)}, host has {len(usable)}"
+            if quarantined:
+                why = "; ".join(f"GPU {index}: {text}" for index, text in sorted(quarantined.items()))
+                reason += f" usable ({len(quarantined)} quarantined: {why})"
+            return reason
+        headroom = f" + {_gib(self._headroom)} GiB headroom" if self._headroom else ""
+        free = sorted((self._gpus[index].memory_free for index in usable), reverse=True)
+        fitting = sum(1 for index in usable if demand.memory_bytes <= self._capacity[index])
+        if fitting >= demand.gpus:
+            return None
+        if demand.gpus == 1:
+            need = f"{_gib(demand.memory_bytes)} GiB{headroom}"
+            return f"needs {need} on one GPU, largest has {_gib(free[0])} GiB free"
+        return (
+            f"needs {_gib(demand.memory_bytes)} GiB{headroom} on each of {demand.gpus} GPUs, "
+            f"{fitting} of {len(usable)} have that much free (largest {_gib(free[0])} GiB)"
+        )
+
+    def startup_gate(self, lease: Lease) -> AbstractContextManager[None]:
+        """Hold this while the lease's engines start up; one start-up per GPU at a time.
+
+        Locks are taken in index order so two multi-GPU start-ups cannot deadlock. A CPU lease gets a
+        no-op gate.
+        """
+        if lease.cpu:
+            return nullcontext()
+        return _Gate([self._startup_locks[index] for index in sorted(set(lease.gpu_indices))])
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
