@@ -95,7 +95,7 @@ def main() -> None:
         f"| readiness detected after the servers were ready | {med[2]:.1f} |\n"
         f"| request (client-measured) | {med[3]:.1f} |\n"
         f"| servers' own shutdown (SIGTERM → stopped) | {med[4]:.1f} |\n"
-        f"| **runner overhead** (total − ready − request − shutdown) | **{med[5]:.1f}** (p90 {p90:.1f}) |\n\n"
+        f"| **runner overhead** (total - ready - request - shutdown) | **{med[5]:.1f}** (p90 {p90:.1f}) |\n\n"
         f"Target: under 200 ms. {'Met' if med[5] < 200 else 'NOT met'}.\n"
     )
     print(report)

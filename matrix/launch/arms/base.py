@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from matrix.hardware.gpus import CHILD_ENV
 from matrix.hardware.ports import PortRequest
 from matrix.launch.plan import LaunchPlan, RequestSpec
 from matrix.plan import CaseInfo, RuntimeInfo
@@ -68,5 +69,6 @@ def chat_request(ctx: LaunchContext, frontend_port: int) -> RequestSpec:
 
 
 def gpu_env(ctx: LaunchContext) -> dict[str, str]:
-    """Pin every process of the pair to the cell's GPUs; hide all GPUs from CPU cells."""
-    return {"CUDA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)} if ctx.gpu_ids else {}
+    """Pin every process of the pair to the cell's GPUs (NVML indices, so PCI bus order); hide all GPUs
+    from CPU cells so they cannot land on a GPU another cell owns."""
+    return {**CHILD_ENV, "CUDA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)}
