@@ -7,9 +7,13 @@ from collections.abc import Iterable, Mapping
 # Faults may also come from this environment variable (comma-separated), so one setting reaches every
 # process of a pair; they are merged with the `--fault` options of each process.
 FAULTS_ENV = "MATRIX_REFERENCE_FAULTS"
+# File whose existence tells `crash-once` that the first start already crashed (shared by attempts).
+STATE_ENV = "MATRIX_REFERENCE_STATE"
 
 FAULT_DESCRIPTIONS: dict[str, str] = {
     "crash-at-start": "both workers print an error and exit with code 1 before listening",
+    "crash-once": "the prefill worker crashes at start the first time for a state file ($MATRIX_REFERENCE_STATE), "
+    "then starts normally: a flaky start-up",
     "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
     "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
     "same-worker-id": "the frontend reports the prefill worker id as the decode id too (aggregated)",
@@ -30,6 +34,7 @@ FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
 # handed to the whole pair.
 WORKER_START_FAULTS: frozenset[str] = frozenset({"crash-at-start", "hang-at-start", "slow-start"})
 PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
+    "crash-once",
     "kv-transfer-dropped",
     "escaped-child",
     "ignore-sigterm",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from typing import TypeGuard
 
 from matrix.reference import tokens
 from matrix.reference.eventlog import EventLog
-from matrix.reference.faults import DECODE_FAULTS, PREFILL_FAULTS
+from matrix.reference.faults import DECODE_FAULTS, PREFILL_FAULTS, STATE_ENV
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
 from matrix.reference.kvpool import (
     MAX_HANDLE_BYTES,
@@ -199,6 +200,18 @@ def _spawn_escaped_child(log: EventLog) -> None:
     log(f"spawned escaped child pid={child.pid} in a new session (fault escaped-child)")
 
 
+def _first_start() -> bool:
+    """True the first time for the state file named by $MATRIX_REFERENCE_STATE (which this creates)."""
+    state = os.environ.get(STATE_ENV)
+    if not state:
+        return True
+    try:
+        with open(state, "x"):
+            return True
+    except FileExistsError:
+        return False
+
+
 def run_worker(cfg: WorkerConfig) -> int:
     """Start the worker and serve until stopped; returns the exit code."""
     log = EventLog(cfg.role)
@@ -210,6 +223,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         log("ignoring SIGTERM (fault ignore-sigterm)")
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
+        return 1
+    if "crash-once" in faults and _first_start():
+        log("error: engine core failed to start: simulated crash, first start only (fault crash-once)")
         return 1
     if "hang-at-start" in faults:
         log("hanging before listening (fault hang-at-start)")

@@ -22,6 +22,7 @@ from tests.conftest import DATA, Matrix
 # fault -> (status, failure kind, failed check or None)
 EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "crash-at-start": ("failed", "startup", None),
+    "crash-once": ("failed", "startup", None),  # one attempt only here; retried in test_scheduler
     "hang-at-start": ("timeout", "health", None),
     "slow-start": ("timeout", "health", None),
     "same-worker-id": ("failed", "validation", "worker_ids_distinct"),

@@ -28,6 +28,8 @@ class ReferenceArm:
         faults = [str(f) for f in launch.get("faults", [])]
         if faults:
             env["MATRIX_REFERENCE_FAULTS"] = ",".join(faults)
+            # Shared by every attempt of this case in this campaign (work dirs are per attempt).
+            env["MATRIX_REFERENCE_STATE"] = str(ctx.work_dir.parent / f"{ctx.case.name}.reference-state")
         base = (ctx.python, "-m", "matrix.reference")
         workers = []
         for role in ("prefill", "decode"):

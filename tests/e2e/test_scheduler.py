@@ -1,0 +1,164 @@
+"""The scheduler on real reference pairs: concurrency, retries, fail-fast, kill -9 and resume, two runners."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import time
+
+from tests.conftest import DATA, Matrix
+from tests.e2e.test_run_reference import assert_nothing_left, cell_processes
+
+
+def write_catalog(m: Matrix, cases: dict[str, dict[str, object]]) -> None:
+    """Seed backends/markers/fixes/runtimes plus the given reference cases (name -> launch options)."""
+    lines = []
+    for name, options in cases.items():
+        launch = dict(options)
+        startup = launch.pop("startup_timeout_s", 30)
+        items = ", ".join(f"{k} = {json.dumps(v)}" for k, v in launch.items())
+        lines += [
+            "[[case]]",
+            f'name = "{name}"',
+            'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0", "e2e"]',
+            f"startup_timeout_s = {startup}",
+            f"launch = {{ {items} }}",
+            "",
+        ]
+    catalog = m.home / "catalog"
+    catalog.mkdir(exist_ok=True)
+    (catalog / "cases.toml").write_text("\n".join(lines))
+    files = [str(catalog / "cases.toml")] + [
+        str(DATA / n) for n in ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml")
+    ]
+    result = m.subprocess("catalog", "sync", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def rows(m: Matrix) -> list[dict[str, object]]:
+    columns = ("uid", "name", "attempt", "status", "failure_kind", "flaky", "started_at", "finished_at")
+    found = m.sql(
+        f'SELECT cell_run.uid, "case".name, {", ".join("cell_run." + c for c in columns[2:])} '
+        'FROM cell_run JOIN "case" ON case_id = "case".id ORDER BY cell_run.id'
+    )
+    return [dict(zip(columns, r, strict=True)) for r in found]
+
+
+def _t(value: object) -> float:
+    return dt.datetime.fromisoformat(str(value)).timestamp()
+
+
+def max_overlap(found: list[dict[str, object]]) -> int:
+    events = sorted([(_t(r["started_at"]), 1) for r in found] + [(_t(r["finished_at"]), -1) for r in found])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_jobs_run_cells_concurrently(matrix: Matrix) -> None:
+    write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 1.5} for i in range(6)})
+    result = matrix.subprocess("run", "--backend", "reference", "--jobs", "4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = rows(matrix)
+    assert [r["status"] for r in found] == ["passed"] * 6
+    assert max_overlap(found) >= 3  # 4 slots; start-ups of CPU cells are not serialised
+    for r in found:
+        assert_nothing_left(matrix, str(r["uid"]))
+
+
+def test_retries_only_startup_failures_and_mark_flaky(matrix: Matrix) -> None:
+    write_catalog(
+        matrix,
+        {
+            "always_crashes": {"faults": ["crash-at-start"]},
+            "crashes_once": {"faults": ["crash-once"]},
+            "bad_ids": {"faults": ["same-worker-id"]},
+        },
+    )
+    result = matrix.subprocess("run", "--backend", "reference", "--max-attempts", "3", "--jobs", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    by_case: dict[str, list[dict[str, object]]] = {}
+    for r in rows(matrix):
+        by_case.setdefault(str(r["name"]), []).append(r)
+    assert [r["attempt"] for r in by_case["always_crashes"]] == [1, 2, 3]
+    assert {r["failure_kind"] for r in by_case["always_crashes"]} == {"startup"}
+    assert [(r["status"], r["flaky"]) for r in by_case["crashes_once"]] == [("failed", 0), ("passed", 1)]
+    assert [r["attempt"] for r in by_case["bad_ids"]] == [1]  # validation failures are never retried
+    assert "flaky" in result.stdout
+
+
+def test_fail_fast_marks_the_rest_not_run(matrix: Matrix) -> None:
+    # The crashing case has the longest timeout, so longest-expected-first runs it first.
+    cases: dict[str, dict[str, object]] = {"crash_first": {"faults": ["crash-at-start"], "startup_timeout_s": 90}}
+    cases |= {f"later{i}": {"faults": []} for i in range(3)}
+    write_catalog(matrix, cases)
+    result = matrix.subprocess("run", "--backend", "reference", "--jobs", "1", "-x")
+    assert result.returncode == 1, result.stdout + result.stderr
+    statuses = {str(r["name"]): r["status"] for r in rows(matrix)}
+    assert statuses == {"crash_first": "failed", "later0": "not-run", "later1": "not-run", "later2": "not-run"}
+    assert "fail-fast" in result.stdout
+
+
+def _wait_for(m: Matrix, predicate: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if m.db_path.exists() and predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_kill_9_then_resume_finishes_every_cell_exactly_once(matrix: Matrix) -> None:
+    write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 1.0} for i in range(6)})
+    proc = matrix.popen("run", "--backend", "reference", "--jobs", "2")
+
+    def progressed() -> bool:
+        states = [r["status"] for r in rows(matrix)]
+        return states.count("passed") >= 2 and states.count("running") >= 1
+
+    _wait_for(matrix, progressed)
+    running = [str(r["uid"]) for r in rows(matrix) if r["status"] == "running"]
+    proc.kill()
+    proc.wait(timeout=10)
+    result = matrix.subprocess("run", "--resume", "1", "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    final = rows(matrix)
+    for uid in running:
+        assert next(r for r in final if r["uid"] == uid)["status"] == "interrupted"
+        assert_nothing_left(matrix, uid)
+    passed = [str(r["name"]) for r in final if r["status"] == "passed"]
+    assert sorted(passed) == [f"slow{i}" for i in range(6)]  # every cell exactly once
+    assert {r["status"] for r in final} <= {"passed", "interrupted"}
+    assert all(not cell_processes(str(r["uid"])) for r in final)
+
+
+def test_two_runners_on_one_database_never_run_a_cell_twice(matrix: Matrix) -> None:
+    write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 0.8} for i in range(8)})
+    first = matrix.popen("run", "--backend", "reference", "--jobs", "2")
+    _wait_for(matrix, lambda: any(r["status"] == "running" for r in rows(matrix)))
+    second = matrix.subprocess("run", "--resume", "1", "--jobs", "2", timeout=120)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+    assert second.returncode == 0, second.stdout + second.stderr
+    final = rows(matrix)
+    assert sorted(str(r["name"]) for r in final) == [f"slow{i}" for i in range(8)]  # one row per cell
+    assert {r["status"] for r in final} == {"passed"}
+
+
+def test_sigterm_with_concurrent_cells_interrupts_all_and_leaves_nothing(matrix: Matrix) -> None:
+    write_catalog(
+        matrix, {f"hang{i}": {"faults": ["slow-start"], "slow_start_s": 60, "startup_timeout_s": 120} for i in range(3)}
+    )
+    proc = matrix.popen("run", "--backend", "reference", "--jobs", "3")
+    _wait_for(matrix, lambda: sum(r["status"] == "running" for r in rows(matrix)) == 3)
+    uids = [str(r["uid"]) for r in rows(matrix)]
+    _wait_for(matrix, lambda: all(len(cell_processes(u)) == 3 for u in uids))
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    assert {r["status"] for r in rows(matrix)} == {"interrupted"}
+    for uid in uids:
+        assert_nothing_left(matrix, uid)
