@@ -38,6 +38,8 @@ def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
     row.exit_codes = dict(outcome.exit_codes)
     row.log_dir = outcome.log_dir or row.log_dir
     row.components = dict(outcome.components)
+    row.gpu = dict(outcome.gpu)
+    row.peaks = dict(outcome.peaks)
     row.expected_failure = outcome.expected_failure
     row.unexpected_pass = outcome.unexpected_pass
     row.finished_at = utcnow()
@@ -97,6 +99,8 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
         "ports": row.ports,
         "exit_codes": row.exit_codes,
         "components": row.components,
+        "gpu": row.gpu,
+        "peaks": row.peaks,
         "log_dir": row.log_dir,
         "logs": logs,
     }

@@ -51,6 +51,8 @@ class CellOutcome:
     log_dir: str = ""
     components: Mapping[str, str] = field(default_factory=dict)
     gpu: Mapping[str, Any] = field(default_factory=dict)
+    # Time spent waiting for the GPU's start-up gate (other cells starting): excluded from total_s.
+    queued_s: float = 0.0
     peaks: Mapping[str, Any] = field(default_factory=dict)
     expected_failure: str = ""
     unexpected_pass: bool = False
@@ -113,13 +115,9 @@ def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
             )
         )
     if report.survivors:
-        checks.append(
-            CheckFailure("no_survivors", f"processes still alive after teardown: {report.survivors}")
-        )
+        checks.append(CheckFailure("no_survivors", f"processes still alive after teardown: {report.survivors}"))
     if report.busy_ports:
-        checks.append(
-            CheckFailure("ports_released", f"ports still in use after teardown: {report.busy_ports}")
-        )
+        checks.append(CheckFailure("ports_released", f"ports still in use after teardown: {report.busy_ports}"))
     return checks
 
 
@@ -134,7 +132,7 @@ def run_cell(
     """Run one attempt to its outcome. Cancellation through `live` tears the pair down early."""
     started = time.monotonic()
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
-    outcome = replace(outcome, total_s=time.monotonic() - started, log_dir=str(log_dir))
+    outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
     return _judge_expectation(cell, outcome)
 
 
@@ -195,14 +193,17 @@ def _run(
 
 
 def _supervise(supervisor: Supervisor, request: RequestSpec, resources: Resources) -> CellOutcome:
-    sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()])
+    sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
+    queued: list[float] = [0.0]
     try:
-        outcome = _start_and_query(supervisor, sampler, request, resources)
+        outcome = _start_and_query(supervisor, sampler, request, resources, queued)
     finally:
+        if sampler.is_alive():
+            sampler.sample()  # a last look at the steady state, before teardown frees everything
         report = supervisor.teardown()
         peaks = sampler.stop() if sampler.is_alive() else {}
     exit_codes = {e.role: e.returncode for e in report.exits}
-    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks)
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
     teardown_failures = _teardown_checks(report)
     if teardown_failures and outcome.status == "passed":
         names = ", ".join(c.name for c in teardown_failures)
@@ -215,10 +216,12 @@ def _supervise(supervisor: Supervisor, request: RequestSpec, resources: Resource
 
 
 def _start_and_query(
-    supervisor: Supervisor, sampler: PeakSampler, request: RequestSpec, resources: Resources
+    supervisor: Supervisor, sampler: PeakSampler, request: RequestSpec, resources: Resources, queued: list[float]
 ) -> CellOutcome:
+    waited = time.monotonic()
     try:
         with resources.startup_gate:
+            queued[0] = time.monotonic() - waited
             supervisor.start()
             sampler.start()
             ready = supervisor.wait_ready()
@@ -267,6 +270,4 @@ def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
     if validation.ok:
         return CellOutcome("passed", **common)
     names = ", ".join(f.name for f in validation.failures)
-    return CellOutcome(
-        "failed", "validation", f"failed checks: {names}", checks=validation.failures, **common
-    )
+    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=validation.failures, **common)

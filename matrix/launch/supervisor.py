@@ -169,9 +169,7 @@ class Supervisor:
             raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
         # Owned at once, so an interruption from here on still ends in this process's teardown.
         assert popen.stdout is not None  # stdout=PIPE
-        pump = threading.Thread(
-            target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True
-        )
+        pump = threading.Thread(target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True)
         self._children.append(_Child(spec, popen, log_path, pump))
         _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
         pump.start()
@@ -256,9 +254,7 @@ class Supervisor:
         started = time.monotonic()
         for child in self._children:
             _signal_group(child.popen.pid, signal.SIGTERM)
-        _wait_until(
-            lambda: not any(_group_alive(child) for child in self._children), self._plan.teardown_grace_s
-        )
+        _wait_until(lambda: not any(_group_alive(child) for child in self._children), self._plan.teardown_grace_s)
         stubborn = [child for child in self._children if _group_alive(child)]
         for child in stubborn:
             _signal_group(child.popen.pid, signal.SIGKILL)
@@ -341,9 +337,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
 
 
-def _advance(
-    client: httpx.Client, pending: list[tuple[_Child | None, HealthProbe]], deadline: float
-) -> str | None:
+def _advance(client: httpx.Client, pending: list[tuple[_Child | None, HealthProbe]], deadline: float) -> str | None:
     """Drop passing probes from the front of `pending`; return the first failing one's answer."""
     while pending:
         timeout = min(_PROBE_TIMEOUT_S, max(0.01, deadline - time.monotonic()))

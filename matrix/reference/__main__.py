@@ -54,12 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--port", required=True, type=_port, help="HTTP port")
     worker.add_argument("--side-channel-port", required=True, type=_port, help="KV side-channel TCP port")
     worker.add_argument("--kv-cache-bytes", required=True, type=_positive_int, help="size of the KV pool")
-    worker.add_argument(
-        "--block-bytes", type=_positive_int, default=64, help="bytes per KV block (one token)"
-    )
+    worker.add_argument("--block-bytes", type=_positive_int, default=64, help="bytes per KV block (one token)")
     worker.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the KV pool lives")
     worker.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault")
     worker.add_argument("--slow-start-s", type=_non_negative_float, default=3.0, help="delay for slow-start")
+    worker.add_argument(
+        "--token-delay-ms", type=_non_negative_float, default=0.0, help="decode time per generated token"
+    )
     worker.add_argument(
         "--kv-ttl-s",
         type=_non_negative_float,
@@ -90,9 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "worker":
         if args.kv_cache_bytes < args.block_bytes:
-            parser.error(
-                f"--kv-cache-bytes ({args.kv_cache_bytes}) is smaller than one block ({args.block_bytes})"
-            )
+            parser.error(f"--kv-cache-bytes ({args.kv_cache_bytes}) is smaller than one block ({args.block_bytes})")
         # Imported here so `--help` and argument errors stay instant.
         from matrix.reference.worker import WorkerConfig, run_worker
 
@@ -107,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 faults=faults,
                 slow_start_s=args.slow_start_s,
                 kv_ttl_s=args.kv_ttl_s,
+                token_delay_s=args.token_delay_ms / 1000,
             )
         )
 

@@ -69,7 +69,5 @@ def resolve_faults(cli: Iterable[str], env: Mapping[str, str]) -> frozenset[str]
     wanted = frozenset(n for n in names if n)
     unknown = sorted(wanted - FAULTS)
     if unknown:
-        raise UnknownFaultError(
-            f"unknown fault(s): {', '.join(unknown)}; known faults are:\n{known_faults_text()}"
-        )
+        raise UnknownFaultError(f"unknown fault(s): {', '.join(unknown)}; known faults are:\n{known_faults_text()}")
     return wanted

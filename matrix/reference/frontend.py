@@ -67,21 +67,15 @@ def call_worker(up: Upstream, method: str, path: str, body: Any, timeout_s: floa
         raw = resp.read()
         status = resp.status
     except TimeoutError as exc:
-        raise HTTPError(
-            504, f"{up.role} worker at {up.url} timed out after {timeout_s:g}s", "timeout"
-        ) from exc
+        raise HTTPError(504, f"{up.role} worker at {up.url} timed out after {timeout_s:g}s", "timeout") from exc
     except (OSError, http.client.HTTPException) as exc:
-        raise HTTPError(
-            503, f"{up.role} worker at {up.url} unreachable: {exc}", "service_unavailable"
-        ) from exc
+        raise HTTPError(503, f"{up.role} worker at {up.url} unreachable: {exc}", "service_unavailable") from exc
     finally:
         conn.close()
     try:
         return status, json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPError(
-            502, f"{up.role} worker answered HTTP {status} with a non-JSON body", "bad_gateway"
-        ) from exc
+        raise HTTPError(502, f"{up.role} worker answered HTTP {status} with a non-JSON body", "bad_gateway") from exc
 
 
 def _checked(up: Upstream, status: int, obj: Any) -> dict[str, Any]:
@@ -89,9 +83,7 @@ def _checked(up: Upstream, status: int, obj: Any) -> dict[str, Any]:
     if status >= 400:
         err = obj.get("error") if isinstance(obj, dict) else None
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            raise HTTPError(
-                status, f"{up.role} worker: {err['message']}", str(err.get("type", "worker_error"))
-            )
+            raise HTTPError(status, f"{up.role} worker: {err['message']}", str(err.get("type", "worker_error")))
         raise HTTPError(status, f"{up.role} worker answered HTTP {status}: {obj!r}", "worker_error")
     if not isinstance(obj, dict):
         raise HTTPError(502, f"{up.role} worker answered a JSON {type(obj).__name__}, not an object")
@@ -215,9 +207,7 @@ class FrontendApp:
         )
 
         if "non-json-body" in faults:
-            req.send_bytes(
-                200, b"Internal Server Error: engine returned no result\n", "text/plain; charset=utf-8"
-            )
+            req.send_bytes(200, b"Internal Server Error: engine returned no result\n", "text/plain; charset=utf-8")
             return
         created = int(time.time())
         if stream and "oversized-body" not in faults:
@@ -228,9 +218,7 @@ class FrontendApp:
             "object": "chat.completion",
             "created": created,
             "model": self.cfg.model,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
             "usage": usage,
             "nvext": nvext,
         }
@@ -307,9 +295,7 @@ def run_frontend(cfg: FrontendConfig) -> int:
     except OSError as exc:
         log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
         return 1
-    log(
-        f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url} model={cfg.model}"
-    )
+    log(f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url} model={cfg.model}")
     serve_until_stopped([server], stop, log)
     log("stopped")
     return 0

@@ -65,13 +65,9 @@ class CudaStorage:
         try:
             torch: Any = importlib.import_module("torch")
         except ImportError as exc:
-            raise DeviceUnavailableError(
-                f"--device cuda needs torch, which cannot be imported: {exc}"
-            ) from exc
+            raise DeviceUnavailableError(f"--device cuda needs torch, which cannot be imported: {exc}") from exc
         if not torch.cuda.is_available():
-            raise DeviceUnavailableError(
-                "--device cuda: torch is installed but reports no usable CUDA device"
-            )
+            raise DeviceUnavailableError("--device cuda: torch is installed but reports no usable CUDA device")
         self._torch = torch
         # zeros, not empty: the allocation is written, so the memory is committed on the device now.
         self._tensor: Any = torch.zeros(size, dtype=torch.uint8, device="cuda")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass
 from typing import TypeGuard
 
@@ -41,6 +42,8 @@ class WorkerConfig:
     faults: frozenset[str]
     slow_start_s: float
     kv_ttl_s: float
+    # Decode time per generated token, to model a real engine's steady state (0: as fast as possible).
+    token_delay_s: float = 0.0
 
 
 class WorkerApp:
@@ -126,9 +129,7 @@ class WorkerApp:
             and _is_int(num_blocks)
             and isinstance(expected, str)
         ):
-            raise HTTPError(
-                400, "kv needs host (str), port (int), handle (str), num_blocks (int), checksum (str)"
-            )
+            raise HTTPError(400, "kv needs host (str), port (int), handle (str), num_blocks (int), checksum (str)")
         if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise HTTPError(400, f"max_tokens must be an integer from 1 to {MAX_TOKENS_LIMIT}")
         needed = num_blocks * self.cfg.block_bytes
@@ -147,6 +148,8 @@ class WorkerApp:
             cached = self.pool.get(local) or b""
             count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
             ids = tokens.generate(cached[-bb:], count)
+            if self.cfg.token_delay_s:
+                time.sleep(self.cfg.token_delay_s * len(ids))  # the blocks stay held, as in a real decode
         finally:
             self.pool.free(local)
         self.log(f"decode handle={handle} blocks={num_blocks} completion_tokens={len(ids)}")
@@ -165,9 +168,7 @@ class WorkerApp:
         try:
             got_blocks, block_bytes, data = pull_blocks(host, port, handle)
             if block_bytes != self.cfg.block_bytes:
-                raise KVTransferError(
-                    f"block size {block_bytes} differs from decode's {self.cfg.block_bytes}"
-                )
+                raise KVTransferError(f"block size {block_bytes} differs from decode's {self.cfg.block_bytes}")
             if got_blocks != num_blocks:
                 raise KVTransferError(f"expected {num_blocks} blocks, received {got_blocks}")
             actual = checksum(data)

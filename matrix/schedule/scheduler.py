@@ -182,7 +182,8 @@ class Scheduler:
         )
         outcome = run_cell(job.cell, entry.uid, log_dir, self._allocator, resources, self._live)
         if lease.gpu_indices:
-            outcome = replace(outcome, gpu={**outcome.gpu, **self._settle(lease)})
+            settle = self._settle(lease)
+            outcome = replace(outcome, gpu={**outcome.gpu, **settle, "startup_queue_s": round(outcome.queued_s, 3)})
         return outcome
 
     def _settle(self, lease: Lease) -> dict[str, object]:

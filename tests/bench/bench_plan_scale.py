@@ -24,6 +24,7 @@ import argparse
 import datetime as dt
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -284,6 +285,9 @@ def main() -> None:
     sched_s, sched = median_time(lambda: scheduler_setup(all_plan.cells), args.repeat)
     scans = [backfill_scan(all_plan.cells) for _ in range(args.repeat)]
     scan_ms = statistics.median(scans) / 1000
+
+    engine.dispose()
+    shutil.rmtree(home, ignore_errors=True)
 
     n_all, n_ci = len(all_plan.cells), len(ci_plan.cells)
     worst = max(all_s, db_all_s)

@@ -151,8 +151,7 @@ class DynamoArm:
                 "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             }
         health = tuple(
-            HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health"))
-            for role in ("prefill", "decode")
+            HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health")) for role in ("prefill", "decode")
         )
         return ProcessSpec(
             role="workers", argv=("bash", str(script)), env=script_env, cwd=str(script.parent), health=health

@@ -42,6 +42,8 @@ class ReferenceArm:
             ]  # fmt: skip
             if "slow_start_s" in launch:
                 argv += ["--slow-start-s", str(launch["slow_start_s"])]
+            if "token_delay_ms" in launch:
+                argv += ["--token-delay-ms", str(launch["token_delay_ms"])]
             health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
             workers.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
         frontend_port = ctx.ports["frontend"]
