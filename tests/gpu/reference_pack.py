@@ -83,10 +83,8 @@ def main() -> int:
     if pair_bytes:
         # Rows are claimed at once under --pack, so their timestamps cannot show overlap; GPU memory can.
         resident = (device_peak - baseline) / pair_bytes
-        print(
-            f"== GPU memory peak {device_peak / 2**30:.2f} GiB = baseline + {resident:.1f} pairs of {pair_bytes / 2**30:.2f} GiB"
-        )
-    # Start-ups serialised: ready windows (finished - total + ready ...) are checked from the logs below.
+        peak_gib, pair_gib = device_peak / 2**30, pair_bytes / 2**30
+        print(f"== GPU memory peak {peak_gib:.2f} GiB = baseline + {resident:.1f} pairs of {pair_gib:.2f} GiB")
     logs = sorted((home / "runs").rglob("prefill.log"))
     spans = []
     for log in logs:
