@@ -23,6 +23,7 @@ from matrix.launch.arms.base import LaunchContext
 from matrix.launch.plan import RequestSpec
 from matrix.launch.providers import Unavailable, prepare
 from matrix.launch.supervisor import Supervisor, TeardownReport
+from matrix.models import resolve_model_dir
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
@@ -133,7 +134,27 @@ def run_cell(
     started = time.monotonic()
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
-    return _judge_expectation(cell, outcome)
+    return _judge_expectation(cell, _judge_control(cell, outcome))
+
+
+def _judge_control(cell: Cell, outcome: CellOutcome) -> CellOutcome:
+    """A control case proves the checks bite: it passes when exactly the checks it names fail.
+
+    E.g. an aggregated deployment (one worker serving both phases) must fail `worker_ids_distinct`. The
+    failed checks stay recorded; if they stop failing, the validator has gone blind and the cell fails.
+    """
+    expected = [str(name) for name in cell.case.launch.get("expect_failed_checks", [])]
+    if not expected or outcome.status in ("skipped", "error"):
+        return outcome
+    failed = {check.name for check in outcome.checks}
+    if outcome.failure_kind == "validation" and set(expected) == failed:
+        note = f"control: {', '.join(expected)} failed as it must"
+        return replace(outcome, status="passed", failure_kind=None, message=note)
+    if outcome.status == "passed":
+        message = f"control: expected {', '.join(expected)} to fail, but every check passed"
+        check = CheckFailure("control_expectation", message + ": the validator no longer catches this deployment")
+        return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
+    return outcome
 
 
 def _judge_expectation(cell: Cell, outcome: CellOutcome) -> CellOutcome:
@@ -166,6 +187,10 @@ def _run(
     except MatrixError as exc:
         return CellOutcome("error", "infra", f"port allocation failed: {exc}")
     try:
+        try:
+            model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir)
+        except MatrixError as exc:
+            return CellOutcome("failed", "config", str(exc), ports=ports)
         context = LaunchContext(
             cell_id=cell_id,
             case=case,
@@ -175,6 +200,7 @@ def _run(
             python=environment.python,
             gpu_ids=resources.gpu_ids[:gpus_needed],
             env=environment.env,
+            model_dir=model_dir,
         )
         try:
             plan = arm.plan(context)

@@ -65,7 +65,7 @@ def test_explain_lists_every_exclusion_with_its_reason(seeded: Matrix) -> None:
         "version 1.3.0rc26 outside the case's constraint"
     )
     assert "not selected by -m 'gpu_1'" in reasons[("reference_disaggregated", "reference-0.1.0")]
-    assert len(data["cells"]) + len(data["excluded"]) == 14  # every same-backend combination is accounted for
+    assert len(data["cells"]) + len(data["excluded"]) == 17  # every same-backend combination is accounted for
 
 
 def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:

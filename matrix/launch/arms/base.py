@@ -35,6 +35,8 @@ class LaunchContext:
     gpu_ids: tuple[str, ...] = ()
     # Extra environment from the runtime's provider (PATH, PYTHONPATH...).
     env: Mapping[str, str] = field(default_factory=dict)
+    # A local model directory (generated or given by the case); None means the model name as is.
+    model_dir: Path | None = None
 
 
 class Arm(Protocol):

@@ -44,6 +44,11 @@ def _engine(case: CaseInfo) -> str:
     return engine
 
 
+def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
+    """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
+    return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
+
+
 class DynamoArm:
     name = "dynamo"
 
@@ -51,8 +56,7 @@ class DynamoArm:
         engine = _engine(case)
         return (
             PortRequest("frontend"),
-            PortRequest("prefill_system", max_port=SYSTEM_PORT_MAX),
-            PortRequest("decode_system", max_port=SYSTEM_PORT_MAX),
+            *(PortRequest(f"{role}_system", max_port=SYSTEM_PORT_MAX) for role in _worker_roles(case)),
             *(PortRequest(name) for name in ENGINE_PORTS[engine]),
         )
 
@@ -75,6 +79,8 @@ class DynamoArm:
             "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
             "DYN_EVENT_PLANE_HOST": "127.0.0.1",
             "DYN_SYSTEM_HOST": "127.0.0.1",
+            # The frontend keeps a cache under the user's cache directory; keep it inside the cell.
+            "XDG_CACHE_HOME": str(ctx.work_dir / "cache"),
         }
         frontend_port = ports["frontend"]
         frontend = ProcessSpec(
@@ -91,7 +97,7 @@ class DynamoArm:
             env=env,
         )
         if engine == "mocker":
-            workers = tuple(self._mocker(ctx, role, env) for role in ("prefill", "decode"))
+            workers = tuple(self._mocker(ctx, role, env) for role in _worker_roles(ctx.case))
         else:
             workers = (self._script(ctx, engine, env),)
         return LaunchPlan(
@@ -110,14 +116,14 @@ class DynamoArm:
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
         system_port = ctx.ports[f"{role}_system"]
-        model_dir = str(ctx.case.launch.get("model_path", ctx.work_dir / "model"))
-        argv = (
+        argv: tuple[str, ...] = (
             ctx.python, "-m", "dynamo.mocker",
-            "--model-path", model_dir,
+            "--model-path", str(ctx.model_dir or ctx.case.model),
             "--model-name", ctx.case.model,
-            "--disaggregation-mode", role,
             "--speedup-ratio", str(ctx.case.launch.get("speedup_ratio", 10)),
         )  # fmt: skip
+        if role != "worker":
+            argv += ("--disaggregation-mode", role)
         role_env = {
             **env,
             "DYN_SYSTEM_PORT": str(system_port),

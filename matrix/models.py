@@ -1,0 +1,139 @@
+"""Local model directories, generated here: nothing may come from a model hub at run time.
+
+A *tiny* model directory holds what a serving frontend needs to load a model without weights:
+`config.json` (a small Qwen3-shaped config), `tokenizer.json` (a word-level tokenizer in the Hugging Face
+`tokenizers` format, written as plain JSON so no tokenizer library is needed) and `tokenizer_config.json`
+with a chat template. Dynamo's mocker emits token ids 1000-1999, so the vocabulary must be larger.
+Directories are cached under the data directory and built atomically (temp dir + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from matrix.errors import ConfigError
+from matrix.paths import data_dir
+
+TINY = "tiny"
+DEFAULT_VOCAB = 4096
+SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Syllables make readable pseudo-words, so a generated completion is visibly text, not ids.
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vi", "so", "pe", "du", "ga", "zo", "fi", "hu", "be", "ya")
+
+
+def _word(index: int) -> str:
+    parts = []
+    n = index
+    while True:
+        parts.append(_SYLLABLES[n % len(_SYLLABLES)])
+        n //= len(_SYLLABLES)
+        if n == 0:
+            break
+    return "".join(parts)
+
+
+def tokenizer_json(vocab_size: int) -> dict[str, Any]:
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for i in range(len(SPECIAL_TOKENS), vocab_size):
+        vocab[_word(i)] = i
+    added = [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for i, t in enumerate(SPECIAL_TOKENS)
+    ]  # fmt: skip
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }
+
+
+def config_json(vocab_size: int) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": SPECIAL_TOKENS.index("<|endoftext|>"),
+        "eos_token_id": SPECIAL_TOKENS.index("<|im_end|>"),
+        "torch_dtype": "bfloat16",
+    }
+
+
+def tokenizer_config_json() -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<unk>",
+        "model_max_length": 2048,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def ensure_tiny_model(vocab_size: int = DEFAULT_VOCAB, root: Path | None = None) -> Path:
+    """The cached tiny model directory, built on first use."""
+    if vocab_size < 2048:
+        raise ConfigError(f"tiny model vocab_size must be >= 2048 (mocker token ids reach 1999), got {vocab_size}")
+    base = (root or data_dir()) / "models"
+    target = base / f"tiny-qwen3-v{vocab_size}"
+    if (target / "tokenizer.json").is_file():
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
+    try:
+        files = {
+            "config.json": config_json(vocab_size),
+            "tokenizer.json": tokenizer_json(vocab_size),
+            "tokenizer_config.json": tokenizer_config_json(),
+            "generation_config.json": {"eos_token_id": SPECIAL_TOKENS.index("<|im_end|>")},
+        }
+        for name, content in files.items():
+            (staging / name).write_text(json.dumps(content, indent=1))
+        try:
+            os.rename(staging, target)
+        except OSError:
+            # Another runner built it first: theirs is as good as ours.
+            if not (target / "tokenizer.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(spec: str | None, source_dir: str) -> Path | None:
+    """A case's `launch.model_dir`: "tiny" (generated), a path (relative to the case's directory), or None."""
+    if not spec:
+        return None
+    if spec == TINY:
+        return ensure_tiny_model()
+    path = Path(source_dir, spec).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"model directory {path} does not exist: generate it or fix launch.model_dir")
+    return path

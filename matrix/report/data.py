@@ -1,0 +1,409 @@
+"""Read results for reports: the catalog rows in scope and every attempt, in a few queries.
+
+Reports must stay fast on a database of 100,000 attempts, so nothing here walks ORM relationships per
+row. The catalog (runtimes, cases with markers and fixes) is loaded with `selectinload`; attempts are
+read with plain column selects into small slotted dataclasses and grouped in Python. Two shapes:
+
+* `AttemptRow`: the columns an index, a comparison or a gate needs, for every attempt at once;
+* `AttemptDetail`: every column, read one runtime at a time for its page, so memory stays bounded by
+  the largest page rather than the whole database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from packaging.version import Version
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session, selectinload
+
+from matrix.db.models import (
+    FINISHED_STATUSES,
+    Backend,
+    Campaign,
+    Case,
+    CaseFix,
+    CaseMarker,
+    CellRun,
+    Marker,
+    Runtime,
+)
+from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
+from matrix.versions import parse_version
+
+__all__ = [
+    "AttemptDetail",
+    "AttemptRow",
+    "CampaignView",
+    "CaseView",
+    "Cell",
+    "Results",
+    "RuntimeView",
+    "latest",
+    "load_details",
+    "load_results",
+]
+
+CellKey = tuple[int, int]  # (case id, runtime id)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeView:
+    """A runtime version as reports show it."""
+
+    id: int
+    backend: str
+    version: str
+    parsed: Version
+    tag: str
+    channel: str
+    provider: Mapping[str, Any]
+    components: Mapping[str, str]
+    enabled: bool
+    retired: bool
+    notes: str
+    info: RuntimeInfo
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}-{self.version}"
+
+    @property
+    def spec(self) -> str:
+        """The command-line spelling, BACKEND=VERSION."""
+        return f"{self.backend}={self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class CaseView:
+    """A case as reports show it; `info` is the planner's view, used for missing fixes."""
+
+    id: int
+    name: str
+    backend: str
+    description: str
+    retired: bool
+    info: CaseInfo
+
+
+_SUMMARY_COLUMNS = (
+    CellRun.id,
+    CellRun.campaign_id,
+    CellRun.case_id,
+    CellRun.runtime_id,
+    CellRun.attempt,
+    CellRun.status,
+    CellRun.failure_kind,
+    CellRun.flaky,
+    CellRun.expected_failure,
+    CellRun.unexpected_pass,
+    CellRun.ready_s,
+    CellRun.request_s,
+    CellRun.total_s,
+    CellRun.checks,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """The columns of one attempt that summaries need (no message, logs or payloads)."""
+
+    id: int
+    campaign_id: int
+    case_id: int
+    runtime_id: int
+    attempt: int
+    status: str
+    failure_kind: str | None
+    flaky: bool
+    expected_failure: str
+    unexpected_pass: bool
+    ready_s: float | None
+    request_s: float | None
+    total_s: float | None
+    checks: Sequence[Mapping[str, Any]]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def check_names(self) -> list[str]:
+        return [str(c.get("name", "")) for c in self.checks if isinstance(c, Mapping)]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDetail:
+    """Every column of one attempt, for a runtime page, JUnit or JSON."""
+
+    id: int
+    uid: str
+    campaign_id: int
+    case_id: int
+    runtime_id: int
+    attempt: int
+    status: str
+    failure_kind: str | None
+    message: str
+    checks: Sequence[Mapping[str, Any]]
+    expected_failure: str
+    unexpected_pass: bool
+    flaky: bool
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    owner_host: str
+    owner_pid: int | None
+    ready_s: float | None
+    request_s: float | None
+    ttft_s: float | None
+    teardown_s: float | None
+    total_s: float | None
+    prefill_worker_id: str | None
+    decode_worker_id: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    completion_excerpt: str
+    ports: Mapping[str, Any]
+    exit_codes: Mapping[str, Any]
+    log_dir: str
+    gpu: Mapping[str, Any]
+    peaks: Mapping[str, Any]
+    components: Mapping[str, Any]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+_DETAIL_COLUMNS = tuple(getattr(CellRun, name) for name in AttemptDetail.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignView:
+    id: int
+    status: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    selection: Mapping[str, Any]
+    host: str
+    executor: str
+    git_sha: str
+    matrix_version: str
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (_aware(self.finished_at) - _aware(self.started_at)).total_seconds()
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    # SQLite hands back naive datetimes for timezone-aware columns; they were written in UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+A = TypeVar("A", AttemptRow, AttemptDetail)
+
+
+def latest(attempts: Sequence[A]) -> A | None:
+    """The attempt that stands for a cell: the newest finished one, else the newest (still running)."""
+    for attempt in reversed(attempts):
+        if attempt.finished:
+            return attempt
+    return attempts[-1] if attempts else None
+
+
+@dataclass
+class Cell:
+    """One case on one runtime within a report's scope, with its attempts oldest first."""
+
+    case: CaseView
+    runtime: RuntimeView
+    attempts: list[AttemptRow] = field(default_factory=list)
+    # Why the planner expects this cell to fail ("lacks vllm#54814: ..."), from the catalog as it is now.
+    missing: tuple[str, ...] = ()
+
+    @property
+    def latest(self) -> AttemptRow | None:
+        return latest(self.attempts)
+
+    @property
+    def key(self) -> str:
+        return f"{self.case.name}@{self.runtime.label}"
+
+
+@dataclass
+class Results:
+    """Everything in a report's scope: runtimes (backend, then PEP 440 order), cases, cells, campaigns.
+
+    `excluded` says, for a case and runtime of the same backend that are both in scope but form no
+    cell, why the planner leaves that combination out (a version constraint, a disabled case...).
+    """
+
+    runtimes: list[RuntimeView]
+    cases: list[CaseView]
+    cells: dict[CellKey, Cell]
+    excluded: dict[CellKey, str]
+    campaigns: list[CampaignView]
+    selection: Selection | None = None
+    campaign_id: int | None = None
+
+    def backends(self) -> list[str]:
+        return sorted({r.backend for r in self.runtimes} | {c.backend for c in self.cases})
+
+    def runtimes_of(self, backend: str) -> list[RuntimeView]:
+        return [r for r in self.runtimes if r.backend == backend]
+
+    def cases_of(self, backend: str) -> list[CaseView]:
+        return [c for c in self.cases if c.backend == backend]
+
+    def cells_of_runtime(self, runtime_id: int) -> list[Cell]:
+        cells = [cell for (_, rid), cell in self.cells.items() if rid == runtime_id]
+        return sorted(cells, key=lambda c: c.case.name)
+
+    def attempts(self) -> Iterator[AttemptRow]:
+        for cell in self.cells.values():
+            yield from cell.attempts
+
+
+def _runtime_view(row: Runtime) -> RuntimeView:
+    return RuntimeView(
+        id=row.id,
+        backend=row.backend.name,
+        version=row.version,
+        parsed=parse_version(row.version),
+        tag=row.tag,
+        channel=row.channel,
+        provider=dict(row.provider),
+        components={c.name: c.version for c in row.components},
+        enabled=row.enabled,
+        retired=row.retired,
+        notes=row.notes,
+        info=runtime_info(row),
+    )
+
+
+def load_runtimes(session: Session) -> list[RuntimeView]:
+    """Every runtime, retired ones included (their results keep their meaning), backend then PEP 440."""
+    rows = session.scalars(
+        select(Runtime).options(selectinload(Runtime.backend), selectinload(Runtime.components))
+    ).all()
+    return sorted((_runtime_view(r) for r in rows), key=lambda r: (r.backend, r.parsed))
+
+
+def load_cases(session: Session) -> list[CaseView]:
+    """Every case, retired ones included, by name."""
+    rows = session.scalars(
+        select(Case).options(
+            selectinload(Case.backend),
+            selectinload(Case.markers).selectinload(CaseMarker.marker),
+            selectinload(Case.fixes).selectinload(CaseFix.fix),
+        )
+    ).all()
+    views = [CaseView(c.id, c.name, c.backend.name, c.description, c.retired, case_info(c)) for c in rows]
+    return sorted(views, key=lambda c: c.name)
+
+
+def load_campaigns(session: Session) -> list[CampaignView]:
+    rows = session.scalars(select(Campaign).order_by(Campaign.id)).all()
+    return [
+        CampaignView(
+            c.id, c.status, c.started_at, c.finished_at, dict(c.selection), c.host, c.executor, c.git_sha,
+            c.matrix_version,
+        )
+        for c in rows
+    ]  # fmt: skip
+
+
+def iter_attempt_rows(session: Session, stmt_filter: Iterable[Any] = ()) -> Iterator[AttemptRow]:
+    """Summaries of attempts (oldest first), filtered by the given SQL conditions."""
+    stmt: Select[Any] = select(*_SUMMARY_COLUMNS).order_by(CellRun.id)
+    for condition in stmt_filter:
+        stmt = stmt.where(condition)
+    for row in session.execute(stmt):
+        (rid, campaign, case, runtime, attempt, status, kind, flaky, expected, unexpected, ready, request, total,
+         checks) = row  # fmt: skip
+        yield AttemptRow(
+            rid, campaign, case, runtime, attempt, status, kind, bool(flaky), expected or "", bool(unexpected),
+            ready, request, total, checks or [],
+        )  # fmt: skip
+
+
+def load_details(
+    session: Session, runtime_id: int, *, case_ids: Iterable[int] | None = None, campaign_id: int | None = None
+) -> dict[int, list[AttemptDetail]]:
+    """Every column of the attempts on one runtime, grouped by case id, oldest first."""
+    stmt: Select[Any] = select(*_DETAIL_COLUMNS).where(CellRun.runtime_id == runtime_id).order_by(CellRun.id)
+    if case_ids is not None:
+        stmt = stmt.where(CellRun.case_id.in_(list(case_ids)))
+    if campaign_id is not None:
+        stmt = stmt.where(CellRun.campaign_id == campaign_id)
+    grouped: dict[int, list[AttemptDetail]] = defaultdict(list)
+    for row in session.execute(stmt):
+        detail = AttemptDetail(*row)
+        grouped[detail.case_id].append(detail)
+    return grouped
+
+
+def load_results(session: Session, selection: Selection | None = None, *, campaign_id: int | None = None) -> Results:
+    """The report's scope and its attempts.
+
+    Without a selection, the scope is every cell the planner makes of the catalog as it is now, plus
+    every case and runtime that has results (retired ones included). With a selection, it is exactly
+    the cells that `matrix plan` with the same options lists. With a campaign, it is the cells that
+    campaign ran, and only its attempts count.
+    """
+    runtimes = load_runtimes(session)
+    cases = load_cases(session)
+    runtime_by_id = {r.id: r for r in runtimes}
+    case_by_id = {c.id: c for c in cases}
+    known_markers = set(session.scalars(select(Marker.name).where(Marker.retired.is_(False))))
+    known_backends = set(session.scalars(select(Backend.name).where(Backend.retired.is_(False))))
+    plan = make_plan(
+        [c.info for c in cases if not c.retired],
+        [r.info for r in runtimes if not r.retired],
+        selection or Selection(),
+        known_markers=known_markers,
+        known_backends=known_backends,
+    )
+    cells: dict[CellKey, Cell] = {}
+    if campaign_id is None:
+        for planned in plan.cells:
+            assert planned.case.id is not None and planned.runtime.id is not None
+            key = (planned.case.id, planned.runtime.id)
+            cells[key] = Cell(case_by_id[key[0]], runtime_by_id[key[1]], missing=planned.missing_reasons)
+    conditions = [CellRun.campaign_id == campaign_id] if campaign_id is not None else []
+    for attempt in iter_attempt_rows(session, conditions):
+        key = (attempt.case_id, attempt.runtime_id)
+        cell = cells.get(key)
+        if cell is None:
+            if selection is not None and campaign_id is None:
+                continue  # a selection scopes the report to the planned cells
+            case, runtime = case_by_id[attempt.case_id], runtime_by_id[attempt.runtime_id]
+            why = tuple(reason for _, reason in missing_fixes(case.info, runtime.info))
+            cell = cells[key] = Cell(case, runtime, missing=why)
+        cell.attempts.append(attempt)
+    in_runtimes = {rid for _, rid in cells}
+    in_cases = {cid for cid, _ in cells}
+    case_ids = {c.name: c.id for c in cases}
+    runtime_ids = {r.label: r.id for r in runtimes}
+    excluded: dict[CellKey, str] = {}
+    for exclusion in plan.excluded:
+        key = (case_ids.get(exclusion.case, -1), runtime_ids.get(exclusion.runtime, -1))
+        if key[0] in in_cases and key[1] in in_runtimes and key not in cells:
+            excluded[key] = exclusion.reason
+    return Results(
+        runtimes=[r for r in runtimes if r.id in in_runtimes],
+        cases=[c for c in cases if c.id in in_cases],
+        cells=cells,
+        excluded=excluded,
+        campaigns=[c for c in load_campaigns(session) if campaign_id is None or c.id == campaign_id],
+        selection=selection,
+        campaign_id=campaign_id,
+    )
+

@@ -1,0 +1,97 @@
+"""Make untrusted text (logs, messages, completions) safe to show: printable, redacted and bounded.
+
+Escaping for HTML or XML is the templates' and serialisers' job; this module makes sure that what they
+escape is readable: terminal colour codes are dropped, other control characters become visible
+``\\xNN`` escapes (XML 1.0 cannot carry them at all), and logs are read from their end with a cap on
+bytes and lines, because a log can be a megabyte of anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from matrix.report.redact import redact
+
+__all__ = ["LogTail", "clean", "log_tails", "printable", "read_tail", "shorten"]
+
+TAIL_LINES = 200
+TAIL_BYTES = 64 * 1024
+
+# ANSI escape sequences: CSI (colours, cursor moves), OSC (window titles, hyperlinks) and the
+# two-character forms. They carry no information a report reader needs.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+# Characters XML 1.0 forbids or a browser would show as nothing: C0 controls except tab and newline,
+# DEL, C1 controls, lone surrogates and the two non-characters U+FFFE/U+FFFF.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` without terminal escape codes, with carriage returns as newlines and other control
+    characters written as visible escapes. The result is valid in XML 1.0 and readable in a page."""
+    text = _ANSI.sub("", text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _UNPRINTABLE.sub(_escape_char, text)
+
+
+def clean(text: str | None) -> str:
+    """Redacted and printable: what every rendered piece of untrusted text goes through."""
+    return printable(redact(text or ""))
+
+
+def shorten(text: str, limit: int) -> str:
+    """At most `limit` characters, ending in an ellipsis when something was cut."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The end of one process log, ready to show."""
+
+    name: str
+    text: str
+    size: int
+    truncated: bool
+    lines: int
+
+
+def read_tail(path: Path, *, max_lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> LogTail | None:
+    """The last `max_lines` lines within the last `max_bytes` bytes of `path`, cleaned; None if unreadable.
+
+    Only the tail is read from disk, so a huge log costs `max_bytes` of memory, not its size.
+    """
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = max(0, size - max_bytes)
+            handle.seek(start)
+            data = handle.read(max_bytes)
+    except OSError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    if start > 0 and lines:
+        lines = lines[1:]  # the first line was cut by the byte cap: drop it rather than show half
+    truncated = start > 0 or len(lines) > max_lines
+    kept = lines[-max_lines:] if max_lines > 0 else []
+    return LogTail(path.stem, clean("\n".join(kept)), size, truncated, len(kept))
+
+
+def log_tails(log_dir: str, *, max_lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> list[LogTail]:
+    """Tails of every ``*.log`` file of an attempt's log directory, by name; empty when there is none."""
+    if not log_dir:
+        return []
+    directory = Path(log_dir)
+    try:
+        paths = sorted(p for p in directory.glob("*.log") if p.is_file())
+    except OSError:
+        return []
+    tails = (read_tail(p, max_lines=max_lines, max_bytes=max_bytes) for p in paths)
+    return [t for t in tails if t is not None]
