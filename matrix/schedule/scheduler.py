@@ -108,7 +108,8 @@ class Scheduler:
     # --- the driver loop ---------------------------------------------------------------------------
 
     def run(self, jobs: list[Job]) -> Tally:
-        pending = sorted(jobs, key=lambda job: -job.expected_s)
+        # Cells this host can never run are recorded as skipped at once, not after everything else.
+        pending = self._skip_impossible(sorted(jobs, key=lambda job: -job.expected_s), wait_if_none=False)
         running: dict[Future[CellOutcome], _Running] = {}
         with ThreadPoolExecutor(max_workers=max(1, self._options.jobs), thread_name_prefix="cell") as executor:
             while pending or running:
@@ -155,7 +156,7 @@ class Scheduler:
             running[executor.submit(self._work, entry)] = entry
         return left
 
-    def _skip_impossible(self, pending: list[Job]) -> list[Job]:
+    def _skip_impossible(self, pending: list[Job], *, wait_if_none: bool = True) -> list[Job]:
         left = []
         for job in pending:
             reason = self._pool.can_ever_fit(job.demand)
@@ -168,7 +169,7 @@ class Scheduler:
                 self._write(claimed[1], outcome)
                 self.tally.add("skipped")
                 self._reporter.emit(Event("cell-end", job.cell.key, claimed[0], job.attempt, "skipped", reason))
-        if left == pending:
+        if left == pending and wait_if_none:
             time.sleep(_POLL_S)  # something else holds the slots (another runner's reservation): wait
         return left
 

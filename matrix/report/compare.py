@@ -1,0 +1,206 @@
+"""Compare two sides of the matrix case by case: fixed, regressed, still failing, unchanged, new, missing.
+
+A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
+version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
+attempt of that case on any of the side's runtimes (the newest row wins, across campaigns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from matrix.db.models import FAILED_STATUSES, CellRun
+from matrix.errors import ConfigError
+from matrix.report.data import AttemptRow, CaseView, RuntimeView, iter_attempt_rows, load_cases, load_runtimes
+from matrix.versions import parse_version
+
+__all__ = [
+    "VERDICTS",
+    "Comparison",
+    "ComparisonRow",
+    "Outcome",
+    "Side",
+    "compare",
+    "compare_components",
+    "compare_runtimes",
+    "component_side",
+    "parse_runtime_spec",
+    "runtime_side",
+]
+
+# Most newsworthy first: the order of rows in tables.
+VERDICTS = ("regressed", "fixed", "still failing", "new", "missing", "unchanged")
+
+
+@dataclass(frozen=True)
+class Side:
+    label: str
+    runtimes: tuple[RuntimeView, ...]
+
+    @property
+    def runtime_ids(self) -> frozenset[int]:
+        return frozenset(r.id for r in self.runtimes)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    runtime: RuntimeView
+    attempt: AttemptRow
+
+    @property
+    def status(self) -> str:
+        return self.attempt.status
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    case: CaseView
+    a: Outcome | None
+    b: Outcome | None
+    verdict: str
+    # B over A; None when either side has no such timing.
+    ready_ratio: float | None
+    request_ratio: float | None
+    total_ratio: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Side
+    b: Side
+    rows: tuple[ComparisonRow, ...]
+
+    @property
+    def title(self) -> str:
+        return f"{self.a.label} vs {self.b.label}"
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(VERDICTS, 0)
+        for row in self.rows:
+            counts[row.verdict] += 1
+        return {verdict: n for verdict, n in counts.items() if n}
+
+
+def _klass(outcome: Outcome | None) -> str:
+    """pass, fail, or none (no attempt, skipped, not run, still running)."""
+    if outcome is None:
+        return "none"
+    if outcome.status == "passed":
+        return "pass"
+    return "fail" if outcome.status in FAILED_STATUSES else "none"
+
+
+def verdict(a: Outcome | None, b: Outcome | None) -> str:
+    """The verdict for one case, B being the newer side."""
+    ka, kb = _klass(a), _klass(b)
+    if kb == "none":
+        return "missing"
+    if ka == "none":
+        return "new"
+    return {
+        ("pass", "pass"): "unchanged",
+        ("fail", "pass"): "fixed",
+        ("pass", "fail"): "regressed",
+        ("fail", "fail"): "still failing",
+    }[(ka, kb)]
+
+
+def _timing_ratio(a: Outcome | None, b: Outcome | None, timing: str) -> float | None:
+    """B's timing over A's; None when either is missing (or A's is zero)."""
+    if a is None or b is None:
+        return None
+    ta: float | None = getattr(a.attempt, timing)
+    tb: float | None = getattr(b.attempt, timing)
+    return tb / ta if ta is not None and tb is not None and ta > 0 else None
+
+
+def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Outcome]:
+    """The newest finished attempt per case among the side's runtimes (else the newest of any status)."""
+    runtimes = {r.id: r for r in side.runtimes}
+    chosen: dict[int, Outcome] = {}
+    for attempt in attempts:  # oldest first, so later rows replace earlier ones
+        runtime = runtimes.get(attempt.runtime_id)
+        if runtime is None:
+            continue
+        current = chosen.get(attempt.case_id)
+        if attempt.finished or current is None or not current.attempt.finished:
+            chosen[attempt.case_id] = Outcome(runtime, attempt)
+    return chosen
+
+
+def compare(cases: Mapping[int, CaseView], a: Side, b: Side, attempts: Sequence[AttemptRow]) -> Comparison:
+    """Compare side `a` (older) with side `b` (newer) over `attempts` (oldest first)."""
+    side_a, side_b = _latest_by_case(a, attempts), _latest_by_case(b, attempts)
+    rows = []
+    for case_id in side_a.keys() | side_b.keys():
+        oa, ob = side_a.get(case_id), side_b.get(case_id)
+        rows.append(
+            ComparisonRow(
+                case=cases[case_id],
+                a=oa,
+                b=ob,
+                verdict=verdict(oa, ob),
+                ready_ratio=_timing_ratio(oa, ob, "ready_s"),
+                request_ratio=_timing_ratio(oa, ob, "request_s"),
+                total_ratio=_timing_ratio(oa, ob, "total_s"),
+            )
+        )
+    rows.sort(key=lambda r: (VERDICTS.index(r.verdict), r.case.name))
+    return Comparison(a, b, tuple(rows))
+
+
+def parse_runtime_spec(text: str) -> tuple[str, str]:
+    """``BACKEND=VERSION`` (also ``BACKEND@VERSION``) -> (backend, normalised version)."""
+    for sep in ("=", "@"):
+        backend, found, version = text.partition(sep)
+        if found and backend.strip() and version.strip():
+            return backend.strip().lower(), str(parse_version(version))
+    raise ConfigError(f"invalid runtime {text!r}: write BACKEND=VERSION, e.g. vllm=0.29.0")
+
+
+def runtime_side(runtimes: Sequence[RuntimeView], text: str) -> Side:
+    """The side made of the one runtime named by ``BACKEND=VERSION``."""
+    backend, version = parse_runtime_spec(text)
+    for runtime in runtimes:
+        if runtime.backend == backend and runtime.parsed == parse_version(version):
+            return Side(runtime.spec, (runtime,))
+    known = ", ".join(r.spec for r in runtimes if r.backend == backend) or "none"
+    raise ConfigError(f"unknown runtime {backend}={version} (runtimes of {backend}: {known}; see `matrix runtimes list`)")
+
+
+def component_side(runtimes: Sequence[RuntimeView], component: str, version: str) -> Side:
+    """The side made of every runtime whose `component` has `version` (PEP 440 equality)."""
+    wanted = parse_version(version)
+    chosen = tuple(
+        r for r in runtimes if component in r.components and parse_version(r.components[component]) == wanted
+    )
+    if not chosen:
+        versions = sorted({r.components[component] for r in runtimes if component in r.components}, key=parse_version)
+        if not versions:
+            raise ConfigError(f"no runtime lists a component {component!r}; see `matrix runtimes list`")
+        raise ConfigError(
+            f"no runtime has {component} {version}; known versions of {component}: {', '.join(versions)}"
+        )
+    return Side(f"{component} {wanted}", chosen)
+
+
+def _compare_sides(session: Session, a: Side, b: Side) -> Comparison:
+    cases = {c.id: c for c in load_cases(session)}
+    ids = sorted(a.runtime_ids | b.runtime_ids)
+    attempts = list(iter_attempt_rows(session, [CellRun.runtime_id.in_(ids)]))
+    return compare(cases, a, b, attempts)
+
+
+def compare_runtimes(session: Session, a: str, b: str) -> Comparison:
+    """`matrix compare vllm=0.29.0 vllm=0.30.0`."""
+    runtimes = load_runtimes(session)
+    return _compare_sides(session, runtime_side(runtimes, a), runtime_side(runtimes, b))
+
+
+def compare_components(session: Session, component: str, a: str, b: str) -> Comparison:
+    """`matrix compare --component vllm-rs 0.29.0 0.30.0`."""
+    runtimes = load_runtimes(session)
+    return _compare_sides(session, component_side(runtimes, component, a), component_side(runtimes, component, b))

@@ -1,0 +1,55 @@
+"""File names and anchors of report pages, and which links may be followed.
+
+Every page lives flat in the output directory so that relative links work from `file://` and from any
+static host. Names are built from catalog names and versions, reduced to characters that need no
+quoting in a URL or a file system (PEP 440's ``+`` of local versions becomes ``_``).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+__all__ = ["INDEX", "campaign_page", "cell_anchor", "compare_page", "external_url", "runtime_page", "slug"]
+
+INDEX = "index.html"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def slug(text: str) -> str:
+    """`text` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    return _UNSAFE.sub("_", text).strip(".") or "_"
+
+
+def runtime_page(backend: str, version: str) -> str:
+    return f"runtime-{slug(backend)}-{slug(version)}.html"
+
+
+def campaign_page(campaign_id: int) -> str:
+    return f"campaign-{campaign_id}.html"
+
+
+def compare_page(a: str, b: str) -> str:
+    return f"compare-{slug(a)}-vs-{slug(b)}.html"
+
+
+def cell_anchor(case_name: str) -> str:
+    return f"cell-{slug(case_name)}"
+
+
+def external_url(link: str | None) -> str | None:
+    """`link` if it is an http(s) URL, else None: catalog links become hrefs only when harmless.
+
+    Autoescaping stops markup, not ``javascript:`` or ``data:`` URLs in an href; those are shown as
+    text instead.
+    """
+    if not link:
+        return None
+    try:
+        parts = urlsplit(link.strip())
+    except ValueError:
+        return None
+    if parts.scheme.lower() in ("http", "https") and parts.netloc:
+        return link.strip()
+    return None
