@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from matrix.errors import ConfigError
 from matrix.paths import data_dir
 
 TINY = "tiny"
+# With random weights, for engines that load a real model (vLLM); built with the runtime's interpreter.
+TINY_RANDOM = "tiny-random"
 DEFAULT_VOCAB = 4096
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -97,12 +101,15 @@ def tokenizer_config_json() -> dict[str, Any]:
     }
 
 
-def ensure_tiny_model(vocab_size: int = DEFAULT_VOCAB, root: Path | None = None) -> Path:
-    """The cached tiny model directory, built on first use."""
+def ensure_tiny_model(
+    vocab_size: int = DEFAULT_VOCAB, root: Path | None = None, *, weights_python: str | None = None
+) -> Path:
+    """The cached tiny model directory, built on first use; with random weights when `weights_python`
+    (an interpreter with torch and transformers) is given."""
     if vocab_size < 2048:
         raise ConfigError(f"tiny model vocab_size must be >= 2048 (mocker token ids reach 1999), got {vocab_size}")
     base = (root or data_dir()) / "models"
-    target = base / f"tiny-qwen3-v{vocab_size}"
+    target = base / (f"tiny-qwen3-v{vocab_size}" + ("-random" if weights_python else ""))
     if (target / "tokenizer.json").is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
@@ -116,6 +123,9 @@ def ensure_tiny_model(vocab_size: int = DEFAULT_VOCAB, root: Path | None = None)
         }
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=1))
+        if weights_python:
+            _write_weights(weights_python, staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the model is for every engine process
         try:
             os.rename(staging, target)
         except OSError:
@@ -127,12 +137,25 @@ def ensure_tiny_model(vocab_size: int = DEFAULT_VOCAB, root: Path | None = None)
     return target
 
 
-def resolve_model_dir(spec: str | None, source_dir: str) -> Path | None:
-    """A case's `launch.model_dir`: "tiny" (generated), a path (relative to the case's directory), or None."""
+def _write_weights(python: str, directory: Path) -> None:
+    script = Path(__file__).with_name("tools") / "make_tiny_qwen3.py"
+    result = subprocess.run(
+        [python, str(script), str(directory)], capture_output=True, text=True, timeout=600, check=False
+    )
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise ConfigError(f"could not write random weights with {python}:\n{tail}")
+
+
+def resolve_model_dir(spec: str | None, source_dir: str, python: str | None = None) -> Path | None:
+    """A case's `launch.model_dir`: "tiny" (generated), "tiny-random" (generated with random weights by the
+    runtime's interpreter `python`), a path (relative to the case's directory), or None."""
     if not spec:
         return None
     if spec == TINY:
         return ensure_tiny_model()
+    if spec == TINY_RANDOM:
+        return ensure_tiny_model(weights_python=python or sys.executable)
     path = Path(source_dir, spec).expanduser()
     if not path.is_dir():
         raise ConfigError(f"model directory {path} does not exist: generate it or fix launch.model_dir")

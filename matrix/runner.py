@@ -14,13 +14,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from matrix.check import metrics
 from matrix.check.client import send_chat
 from matrix.check.validate import CheckFailure, validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
-from matrix.launch.plan import RequestSpec
+from matrix.launch.plan import LaunchPlan
 from matrix.launch.providers import Unavailable, prepare
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.models import resolve_model_dir
@@ -188,7 +189,7 @@ def _run(
         return CellOutcome("error", "infra", f"port allocation failed: {exc}")
     try:
         try:
-            model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir)
+            model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
         except MatrixError as exc:
             return CellOutcome("failed", "config", str(exc), ports=ports)
         context = LaunchContext(
@@ -209,7 +210,7 @@ def _run(
         supervisor = Supervisor(plan, log_dir)
         live.add(cell_id, supervisor)
         try:
-            outcome = _supervise(supervisor, plan.request, resources)
+            outcome = _supervise(supervisor, plan, resources)
         finally:
             live.remove(cell_id)
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
@@ -218,11 +219,11 @@ def _run(
         allocator.release(cell_id)
 
 
-def _supervise(supervisor: Supervisor, request: RequestSpec, resources: Resources) -> CellOutcome:
+def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources) -> CellOutcome:
     sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
     queued: list[float] = [0.0]
     try:
-        outcome = _start_and_query(supervisor, sampler, request, resources, queued)
+        outcome = _start_and_query(supervisor, sampler, plan, resources, queued)
     finally:
         if sampler.is_alive():
             sampler.sample()  # a last look at the steady state, before teardown frees everything
@@ -242,7 +243,7 @@ def _supervise(supervisor: Supervisor, request: RequestSpec, resources: Resource
 
 
 def _start_and_query(
-    supervisor: Supervisor, sampler: PeakSampler, request: RequestSpec, resources: Resources, queued: list[float]
+    supervisor: Supervisor, sampler: PeakSampler, plan: LaunchPlan, resources: Resources, queued: list[float]
 ) -> CellOutcome:
     waited = time.monotonic()
     try:
@@ -258,11 +259,12 @@ def _start_and_query(
         kind = "startup" if ready.kind == "startup" else "health"
         message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
         return CellOutcome(status, kind, message, ready_s=ready.ready_s)
-    return _request(request, ready.ready_s)
+    return _request(plan, ready.ready_s)
 
 
-def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
-    response = send_chat(request)
+def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
+    before = metrics.snapshot(plan.metrics_checks) if plan.metrics_checks else []
+    response = send_chat(plan.request)
     if response.error is not None and response.error_kind != "oversized":
         return CellOutcome(
             "failed",
@@ -282,6 +284,9 @@ def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
             request_s=response.request_s,
         )
     validation = validate_chat_response(response.status_code, response.body)
+    failures = list(validation.failures)
+    if plan.metrics_checks:
+        failures += metrics.judge(plan.metrics_checks, before, metrics.snapshot(plan.metrics_checks))
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,
@@ -293,7 +298,7 @@ def _request(request: RequestSpec, ready_s: float) -> CellOutcome:
         "finish_reason": validation.finish_reason,
         "completion_excerpt": validation.content_excerpt or "",
     }
-    if validation.ok:
+    if not failures:
         return CellOutcome("passed", **common)
-    names = ", ".join(f.name for f in validation.failures)
-    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=validation.failures, **common)
+    names = ", ".join(dict.fromkeys(f.name for f in failures))
+    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=tuple(failures), **common)

@@ -42,6 +42,18 @@ class RequestSpec:
 
 
 @dataclass(frozen=True)
+class MetricsCheck:
+    """Prometheus counters on one instance that must grow during the request.
+
+    Worker ids cannot tell a real KV handoff from a decode that quietly recomputed the prompt; the decode
+    instance's own counters (KV transfers, external prefix-cache hits) can.
+    """
+
+    url: str
+    counters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """Everything needed to start, probe, query and tear down one cell."""
 
@@ -54,3 +66,4 @@ class LaunchPlan:
     startup_timeout_s: float = 120.0
     teardown_grace_s: float = 5.0
     gpu_ids: tuple[str, ...] = ()
+    metrics_checks: tuple[MetricsCheck, ...] = ()

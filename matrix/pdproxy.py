@@ -1,0 +1,164 @@
+"""matrix's own P/D proxy in front of two `vllm serve` instances (vLLM's toy-proxy protocol).
+
+A chat completion goes to the prefill instance with `max_tokens=1` and
+`kv_transfer_params={"do_remote_decode": true}`; the `kv_transfer_params` it returns (which blocks, on
+which engine, behind which side channel) go with the original request to the decode instance, which
+pulls the KV cache and generates. The answer is the decode instance's, plus `nvext.worker_id` naming
+the instance that served each phase as a stable u64 (a hash of its engine id and address), so the same
+validation as every other arm applies.
+
+    python -m matrix.pdproxy --port P --prefill-url http://127.0.0.1:A --decode-url http://127.0.0.1:B
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import http.client
+from dataclasses import dataclass
+from typing import Any
+
+from matrix.reference.eventlog import EventLog
+from matrix.reference.frontend import Upstream, call_worker, parse_upstream
+from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
+
+# The fields vLLM's connector expects on a prefill-only request (the decode side fills them in).
+PREFILL_KV_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def instance_id(role: str, url: str, engine_id: object = None) -> int:
+    """A stable unsigned 64-bit id for an instance: the same instance always maps to the same id."""
+    key = f"{role}|{url}|{engine_id or ''}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    port: int
+    prefill: Upstream
+    decode: Upstream
+    timeout_s: float
+
+
+def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
+    request = copy.deepcopy(body)
+    request.pop("nvext", None)
+    request.pop("stream_options", None)
+    request["stream"] = False
+    request["max_tokens"] = 1
+    if "max_completion_tokens" in request:
+        request["max_completion_tokens"] = 1
+    request["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
+    return request
+
+
+def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    request = copy.deepcopy(body)
+    request.pop("nvext", None)
+    request["stream"] = False
+    request["kv_transfer_params"] = kv_transfer_params
+    return request
+
+
+def _status(up: Upstream, path: str) -> int:
+    """HTTP status of a GET (vLLM's /health answers 200 with an empty body); 0 when unreachable."""
+    conn = http.client.HTTPConnection(up.host, up.port, timeout=5.0)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
+def _ok(up: Upstream, status: int, obj: Any) -> dict[str, Any]:
+    if status != 200 or not isinstance(obj, dict):
+        message = obj.get("error", obj) if isinstance(obj, dict) else obj
+        raise HTTPError(status if status >= 400 else 502, f"{up.role} instance answered HTTP {status}: {message!r}")
+    return obj
+
+
+class ProxyApp:
+    def __init__(self, cfg: ProxyConfig, log: EventLog) -> None:
+        self.cfg, self.log = cfg, log
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {
+            ("GET", "/live"): lambda req: req.send_json(200, {"status": "live"}),
+            ("GET", "/health"): self.health,
+            ("GET", "/v1/models"): self.models,
+            ("POST", "/v1/chat/completions"): self.chat,
+        }
+
+    def health(self, req: JSONHandler) -> None:
+        for up in (self.cfg.prefill, self.cfg.decode):
+            status = _status(up, "/health")
+            if status != 200:
+                raise HTTPError(503, f"{up.role} instance is not healthy (HTTP {status})", "service_unavailable")
+        req.send_json(200, {"status": "healthy"})
+
+    def models(self, req: JSONHandler) -> None:
+        status, obj = call_worker(self.cfg.decode, "GET", "/v1/models", None, 5.0)
+        req.send_json(status, obj)
+
+    def chat(self, req: JSONHandler) -> None:
+        body = req.read_json_object()
+        if body.get("stream"):
+            raise HTTPError(400, "matrix's P/D proxy answers non-streaming requests only")
+        prefill = _ok(self.cfg.prefill, *call_worker(self.cfg.prefill, "POST", req.route_path, prefill_request(body),
+                                                     self.cfg.timeout_s))  # fmt: skip
+        kv = prefill.get("kv_transfer_params")
+        if not isinstance(kv, dict):
+            raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
+        decode = _ok(self.cfg.decode, *call_worker(self.cfg.decode, "POST", req.route_path, decode_request(body, kv),
+                                                   self.cfg.timeout_s))  # fmt: skip
+        nvext = decode.setdefault("nvext", {}) if isinstance(decode.get("nvext", {}), dict) else {}
+        nvext["worker_id"] = {
+            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, kv.get("remote_engine_id")),
+            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
+        }
+        decode["nvext"] = nvext
+        self.log(f"chat prefill_engine={kv.get('remote_engine_id')} blocks={len(kv.get('remote_block_ids') or [])}")
+        req.send_json(200, decode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m matrix.pdproxy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--prefill-url", required=True)
+    parser.add_argument("--decode-url", required=True)
+    parser.add_argument("--timeout-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    try:
+        cfg = ProxyConfig(
+            args.port, parse_upstream("prefill", args.prefill_url), parse_upstream("decode", args.decode_url),
+            args.timeout_s,
+        )  # fmt: skip
+    except ValueError as exc:
+        parser.error(str(exc))
+    log = EventLog("pdproxy")
+    stop = StopSignal(ignore_sigterm=False)
+    try:
+        server = AppServer(cfg.port, ProxyApp(cfg, log), log)
+    except OSError as exc:
+        log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
+        return 1
+    log(f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url}")
+    serve_until_stopped([server], stop, log)
+    log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
