@@ -11,6 +11,7 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -210,6 +211,20 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     return campaign.id, [(cell, 1, False) for cell in plan.cells]
 
 
+def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
+    """Build the environments the cells need first, with progress; cells of a failed build are skipped."""
+    from matrix.launch.providers import ensure_provisioned
+
+    def say(line: str) -> None:
+        if options.json_events:  # stdout carries only JSON events then
+            print(line, file=sys.stderr, flush=True)
+        elif not options.quiet:
+            echo(line)
+
+    for label, error in ensure_provisioned([cell.runtime for cell in cells], say).items():
+        say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
+
+
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
     if options.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1")
@@ -232,6 +247,7 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
         cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
+    _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
     reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)
     reporter.emit(

@@ -252,7 +252,7 @@ for _kind in ("backends", "runtimes", "markers", "cases", "fixes", "gates"):
 
 @cli.group(cls=MatrixGroup)
 def runtime() -> None:
-    """Add, enable or disable a runtime version by hand."""
+    """Add, enable or disable runtime versions; provision, list and prune their environments."""
 
 
 @runtime.command("add")
@@ -447,3 +447,9 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
                 click.echo(f"  log {role}: {path}")
         elif value not in (None, "", {}, []):
             click.echo(f"{key}: {value}")
+
+
+# Commands that live in their own modules (kept out of this file so it stays a thin table of contents).
+from matrix.cli_runtime import register as _register_runtime_commands  # noqa: E402
+
+_register_runtime_commands(cli)

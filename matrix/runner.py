@@ -22,7 +22,7 @@ from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.plan import LaunchPlan
-from matrix.launch.providers import Unavailable, prepare
+from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.models import resolve_model_dir
 from matrix.plan import Cell
@@ -160,7 +160,8 @@ def _judge_control(cell: Cell, outcome: CellOutcome) -> CellOutcome:
 
 def _judge_expectation(cell: Cell, outcome: CellOutcome) -> CellOutcome:
     """A runtime that lacks a required fix is expected to fail; a pass there means the catalog is wrong."""
-    if not cell.missing_fixes or outcome.status == "skipped":
+    # A config failure (wrong or missing components) says nothing about the fix: never call it expected.
+    if not cell.missing_fixes or outcome.status == "skipped" or outcome.failure_kind == "config":
         return outcome
     if outcome.status == "passed":
         note = f"unexpected pass: {cell.expected_failure}; correct the fix's fixed_in or the runtime's components"
@@ -181,6 +182,8 @@ def _run(
     if gpus_needed > len(resources.gpu_ids) and not cpu_ok:
         return CellOutcome("skipped", message=f"needs {gpus_needed} GPU, host has {resources.host_gpus}")
     environment = prepare(cell.runtime)
+    if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
+        return CellOutcome("failed", "config", environment.reason)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
     try:
@@ -204,7 +207,7 @@ def _run(
             model_dir=model_dir,
         )
         try:
-            plan = arm.plan(context)
+            plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
         except MatrixError as exc:
             return CellOutcome("error", "config", str(exc), ports=ports)
         supervisor = Supervisor(plan, log_dir)
@@ -216,6 +219,7 @@ def _run(
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
         return replace(outcome, ports=ports, components=dict(environment.components), gpu=gpu)
     finally:
+        remove_cell_containers(environment, cell_id)
         allocator.release(cell_id)
 
 

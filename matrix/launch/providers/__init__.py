@@ -1,39 +1,55 @@
 """Runtime providers: turn a runtime into an environment in which a plan's argv runs.
 
-`builtin` (the reference server) runs with this interpreter. The other kinds report why they cannot
-run here yet, so such cells are *skipped with a reason*, never silently dropped.
+| kind        | environment                                                  | not runnable when                   |
+|-------------|--------------------------------------------------------------|-------------------------------------|
+| `builtin`   | this interpreter (the reference server ships with matrix)    | never                               |
+| `host`      | this interpreter or `python`, plus `env` and `pythonpath`    | the interpreter is missing (skip)   |
+| `venv`      | a cached virtual environment built from the recipe           | not provisioned yet (skip)          |
+| `container` | `docker run`/`podman run` of `image` around every process    | no engine running here (skip)       |
+
+`prepare` answers `Environment`, `Unavailable` (the cell is skipped with the reason) or `Mismatch` (the
+runtime is here but not what the catalog says: the cell fails with kind ``config``). `Mismatch` and
+`NotProvisioned` (a venv runtime not built yet) are subclasses of `Unavailable`: test `Mismatch` first.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
+from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, NotProvisioned, Unavailable
+from matrix.launch.providers.container import remove_cell_containers, wrap_plan
+from matrix.launch.providers.host import prepare_host
+from matrix.launch.providers.recipe import check_provider
+from matrix.launch.providers.venv import ProvisionError, ensure_provisioned, prepare_venv, provision
 from matrix.plan import RuntimeInfo
 
-
-@dataclass(frozen=True)
-class Environment:
-    """Where a runtime's processes run: the interpreter and extra environment."""
-
-    python: str = sys.executable
-    env: Mapping[str, str] = field(default_factory=dict)
-    # Component versions actually found (name -> version), recorded with the outcome.
-    components: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """The runtime cannot run on this host; `reason` goes into the skipped cell."""
-
-    reason: str
+__all__ = [
+    "ContainerSpec",
+    "Environment",
+    "Mismatch",
+    "NotProvisioned",
+    "ProvisionError",
+    "Unavailable",
+    "check_provider",
+    "ensure_provisioned",
+    "prepare",
+    "provision",
+    "remove_cell_containers",
+    "wrap_plan",
+]
 
 
 def prepare(runtime: RuntimeInfo) -> Environment | Unavailable:
+    """The environment a cell of `runtime` runs in, or why it cannot run here (`Mismatch`: why it must fail)."""
     kind = runtime.provider.get("kind", "host")
     if kind == "builtin":
         from matrix import __version__
 
         return Environment(components={"matrix-reference": __version__})
-    return Unavailable(f"provider {kind!r} for {runtime.label} is not supported on this host yet")
+    if kind == "host":
+        return prepare_host(runtime)
+    if kind == "venv":
+        return prepare_venv(runtime)
+    if kind == "container":
+        from matrix.launch.providers.container import prepare_container
+
+        return prepare_container(runtime)
+    return Mismatch(f"runtime {runtime.label}: unknown provider kind {kind!r}")

@@ -49,3 +49,8 @@ class Mismatch(Unavailable):
     (DOMAIN.md section 7.4, version skew between components). It subclasses `Unavailable` so that a caller
     that only knows `Unavailable` still never runs the cell; callers that know better test `Mismatch` first.
     """
+
+
+@dataclass(frozen=True)
+class NotProvisioned(Unavailable):
+    """A venv runtime whose environment has not been built here (yet): skipped, with the command to run."""

@@ -50,7 +50,9 @@ for name in sys.argv[1:]:
 sys.stdout.write(json.dumps(found))
 """
 
-_VERSION_IN_TEXT = re.compile(r"(?<![\w.+-])(" + VERSION_PATTERN + r")(?![\w.+-])", re.VERBOSE | re.IGNORECASE)
+# Not glued to a word or a dotted name on the left ("x86_64", "python3"), nor running on into one on the
+# right; a sentence's final full stop is fine ("version 1.2.3.").
+_VERSION_IN_TEXT = re.compile(r"(?<![\w.])(" + VERSION_PATTERN + r")(?!\w|\.\w)", re.VERBOSE | re.IGNORECASE)
 
 
 class ProbeError(Exception):
@@ -99,10 +101,10 @@ def version_in_text(text: str) -> str | None:
     A dotted version is preferred over a bare number, so "tool (build 42) 1.2.3" gives 1.2.3.
     """
     candidates = [m.group(1) for m in _VERSION_IN_TEXT.finditer(text)]
-    for candidate in candidates:
-        if "." in candidate:
-            return candidate
-    return candidates[0] if candidates else None
+    dotted = [c for c in candidates if "." in c]
+    chosen = (dotted or candidates or [None])[0]
+    # The pattern only matches valid versions, so this normalises ("v2.0" -> "2.0") and never raises.
+    return None if chosen is None else str(Version(chosen))
 
 
 def executable_version(name: str, env: Mapping[str, str]) -> tuple[str | None, str]:

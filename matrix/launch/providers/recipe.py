@@ -1,0 +1,291 @@
+"""Provider entries of the catalog, parsed and checked; venv recipes and their cache keys. Pure: no I/O
+except reading a wheel that is already on disk.
+
+A venv recipe is a list of steps::
+
+    provider = { kind = "venv", python = "3.11", steps = [
+      { requirements_of = "ai-dynamo==1.6.1", exclude = ["aisimulate"] },
+      ["--no-deps", "ai-dynamo==1.6.1"],
+    ] }
+
+A list is the arguments of one ``pip install``. ``requirements_of`` installs what a distribution
+requires (its ``Requires-Dist`` whose markers hold for the venv's interpreter, without extras) except the
+excluded names: that is how ``ai-dynamo`` installs without its broken ``aisimulate`` dependency
+(DOMAIN.md section 6), followed by the distribution itself with ``--no-deps``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from email.parser import Parser
+from pathlib import Path
+from typing import Any
+
+from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from matrix.errors import ConfigError
+
+# Bumped when the layout of a built environment changes, so old caches are never mistaken for new ones.
+ENV_LAYOUT = 1
+
+PROVIDER_KEYS: dict[str, frozenset[str]] = {
+    "builtin": frozenset({"kind"}),
+    "host": frozenset({"kind", "python", "env", "pythonpath"}),
+    "venv": frozenset({"kind", "python", "steps", "env"}),
+    "container": frozenset({"kind", "image", "engine", "python", "env", "ipc"}),
+}
+CONTAINER_ENGINES = ("docker", "podman")
+
+
+@dataclass(frozen=True)
+class PipStep:
+    """``pip install ARGS``."""
+
+    args: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "pip install " + " ".join(self.args)
+
+    def canonical(self) -> Any:
+        return list(self.args)
+
+
+@dataclass(frozen=True)
+class RequirementsOfStep:
+    """Install the requirements of `requirement` (a pinned distribution) except `exclude`."""
+
+    requirement: str
+    exclude: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        without = f" without {', '.join(self.exclude)}" if self.exclude else ""
+        return f"requirements of {self.requirement}{without}"
+
+    def canonical(self) -> Any:
+        # Exclusions are a set: their order must not change the cache key.
+        return {"requirements_of": self.requirement, "exclude": sorted(canonicalize_name(n) for n in self.exclude)}
+
+
+Step = PipStep | RequirementsOfStep
+
+
+@dataclass(frozen=True)
+class VenvRecipe:
+    """A parsed venv provider: the interpreter wanted (``"3.11"``, a path, or "" for this one) and steps."""
+
+    python: str
+    steps: tuple[Step, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def key(self, python_version: str, platform: str) -> str:
+        """sha256 of the canonical JSON of the steps, the interpreter's major.minor and the platform."""
+        document = {
+            "layout": ENV_LAYOUT,
+            "platform": platform,
+            "python": python_version,
+            "steps": [step.canonical() for step in self.steps],
+        }
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def summary(self) -> str:
+        """One line for listings and logs."""
+        return "; ".join(step.describe() for step in self.steps)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """A parsed `host` provider: an interpreter (None: this one), extra environment, import paths."""
+
+    python: str | None
+    env: Mapping[str, str]
+    pythonpath: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """A parsed `container` provider; `engine` None means whichever engine is on PATH."""
+
+    image: str
+    engine: str | None
+    python: str
+    env: Mapping[str, str]
+    ipc_host: bool
+
+
+def _fail(label: str, message: str) -> ConfigError:
+    return ConfigError(f"provider of runtime {label}: {message}")
+
+
+def check_keys(provider: Mapping[str, Any], label: str) -> str:
+    """The provider's kind, after checking it is known and carries no unknown keys."""
+    kind = str(provider.get("kind", "host"))
+    if kind not in PROVIDER_KEYS:
+        raise _fail(label, f"unknown kind {kind!r} (known: {', '.join(PROVIDER_KEYS)})")
+    unknown = sorted(set(provider) - PROVIDER_KEYS[kind])
+    if unknown:
+        allowed = ", ".join(sorted(PROVIDER_KEYS[kind]))
+        raise _fail(label, f"unknown key(s) {', '.join(unknown)} for kind {kind!r} (allowed: {allowed})")
+    return kind
+
+
+def _string_map(value: Any, label: str, key: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _fail(label, f'{key} must be a table of strings, e.g. {key} = {{ NAME = "value" }}')
+    return dict(value)
+
+
+def _string_list(value: Any, label: str, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(label, f"{key} must be a list of strings")
+    return tuple(value)
+
+
+def _optional_string(value: Any, label: str, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(label, f"{key} must be a non-empty string")
+    return value.strip()
+
+
+def parse_host(provider: Mapping[str, Any], label: str) -> HostConfig:
+    """Check and parse a `host` provider entry (`ConfigError` naming the runtime when invalid)."""
+    check_keys(provider, label)
+    return HostConfig(
+        python=_optional_string(provider.get("python"), label, "python"),
+        env=_string_map(provider.get("env"), label, "env"),
+        pythonpath=_string_list(provider.get("pythonpath"), label, "pythonpath"),
+    )
+
+
+def parse_container(provider: Mapping[str, Any], label: str) -> ContainerConfig:
+    """Check and parse a `container` provider entry (`ConfigError` naming the runtime when invalid)."""
+    check_keys(provider, label)
+    image = _optional_string(provider.get("image"), label, "image")
+    if image is None:
+        raise _fail(label, 'a container provider needs an image, e.g. image = "nvcr.io/org/image:tag"')
+    engine = _optional_string(provider.get("engine"), label, "engine")
+    if engine is not None and engine not in CONTAINER_ENGINES:
+        raise _fail(label, f"engine {engine!r} is not one of {', '.join(CONTAINER_ENGINES)}")
+    ipc = _optional_string(provider.get("ipc"), label, "ipc") or "private"
+    if ipc not in ("host", "private"):
+        raise _fail(label, f"ipc {ipc!r} is not one of host, private")
+    return ContainerConfig(
+        image=image,
+        engine=engine,
+        python=_optional_string(provider.get("python"), label, "python") or "python3",
+        env=_string_map(provider.get("env"), label, "env"),
+        ipc_host=ipc == "host",
+    )
+
+
+def _step(raw: Any, label: str, number: int) -> Step:
+    where = f"steps[{number}]"
+    if isinstance(raw, list):
+        if not raw or not all(isinstance(a, str) and a for a in raw):
+            raise _fail(label, f"{where} must be a non-empty list of pip install arguments")
+        return PipStep(tuple(raw))
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"requirements_of", "exclude"})
+        if unknown:
+            raise _fail(label, f"{where}: unknown key(s) {', '.join(unknown)} (allowed: requirements_of, exclude)")
+        target = raw.get("requirements_of")
+        if not isinstance(target, str):
+            raise _fail(label, f'{where} needs requirements_of = "DISTRIBUTION==VERSION"')
+        try:
+            Requirement(target)
+        except InvalidRequirement as exc:
+            raise _fail(label, f"{where}: requirements_of {target!r} is not a requirement: {exc}") from None
+        return RequirementsOfStep(target, _string_list(raw.get("exclude"), label, f"{where}.exclude"))
+    raise _fail(label, f"{where} must be a list of pip arguments or {{ requirements_of = ..., exclude = [...] }}")
+
+
+def parse_venv(provider: Mapping[str, Any], label: str) -> VenvRecipe:
+    """Check and parse a `venv` provider entry (`ConfigError` naming the runtime and step when invalid)."""
+    check_keys(provider, label)
+    raw_steps = provider.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise _fail(label, 'a venv provider needs steps, e.g. steps = [["pkg==1.0"]]')
+    return VenvRecipe(
+        python=_optional_string(provider.get("python"), label, "python") or "",
+        steps=tuple(_step(raw, label, i) for i, raw in enumerate(raw_steps)),
+        env=_string_map(provider.get("env"), label, "env"),
+    )
+
+
+def check_provider(provider: Mapping[str, Any], label: str) -> None:
+    """Raise `ConfigError` naming what is wrong with a runtime's provider entry (for catalog loading)."""
+    kind = check_keys(provider, label)
+    if kind == "host":
+        parse_host(provider, label)
+    elif kind == "venv":
+        parse_venv(provider, label)
+    elif kind == "container":
+        parse_container(provider, label)
+
+
+# --- requirements_of ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SelectedRequirements:
+    """What a `requirements_of` step installs, and what it left out with the reason (for the log)."""
+
+    install: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+def select_requirements(
+    metadata_text: str, environment: Mapping[str, str], exclude: Iterable[str] = ()
+) -> SelectedRequirements:
+    """The ``Requires-Dist`` entries of a METADATA text to install into an interpreter with `environment`.
+
+    Kept: requirements without a marker, or whose marker holds for `environment` with no extra selected.
+    Dropped: excluded names (compared as canonical names) and requirements for other interpreters,
+    platforms or extras. Markers are removed from what is kept, since they already held.
+    """
+    excluded = {canonicalize_name(name) for name in exclude}
+    context = {**environment, "extra": ""}
+    install: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for line in Parser().parsestr(metadata_text).get_all("Requires-Dist") or []:
+        text = str(line).strip()
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement as exc:
+            raise ConfigError(f"unparseable Requires-Dist {text!r}: {exc}") from None
+        if canonicalize_name(requirement.name) in excluded:
+            skipped.append((text, "excluded"))
+            continue
+        if requirement.marker is not None:
+            try:
+                holds = requirement.marker.evaluate(context)
+            except (UndefinedComparison, UndefinedEnvironmentName) as exc:
+                skipped.append((text, f"marker cannot be evaluated: {exc}"))
+                continue
+            if not holds:
+                skipped.append((text, "marker does not hold"))
+                continue
+            requirement.marker = None
+        install.append(str(requirement))
+    return SelectedRequirements(tuple(install), tuple(skipped))
+
+
+def wheel_metadata(wheel: Path) -> str:
+    """The METADATA text of a wheel file."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        if len(names) != 1:
+            raise ConfigError(f"{wheel.name} has {len(names)} .dist-info/METADATA files, expected one")
+        return archive.read(names[0]).decode("utf-8")

@@ -1,0 +1,258 @@
+"""The venv provider for real: environments built from PyPI, reused, built once under concurrency, never
+left half-built by a crash, pruned; and the `matrix runtime` commands over them.
+
+The recipes are tiny (six, and requests' requirements without two of them) so the module stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrix.cli import cli
+from matrix.cli_runtime import register
+from matrix.launch.providers import Environment, NotProvisioned, prepare
+from matrix.launch.providers.store import list_envs, prune
+from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
+from matrix.plan import RuntimeInfo
+from tests.conftest import Matrix
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# requests without urllib3 and charset-normalizer: the shape of ai-dynamo without aisimulate.
+TOY: dict[str, Any] = {
+    "backend": "toy",
+    "version": "1.0",
+    "tag": "v1.0",
+    "provider": {
+        "kind": "venv",
+        "steps": [
+            ["six==1.16.0"],
+            {"requirements_of": "requests==2.32.3", "exclude": ["urllib3", "charset-normalizer"]},
+            ["--no-deps", "requests==2.32.3"],
+        ],
+    },
+    "components": {"six": "1.16.0", "requests": "2.32.3"},
+}
+SMALL: dict[str, Any] = {
+    "backend": "toy",
+    "version": "2.0",
+    "tag": "v2.0",
+    "provider": {"kind": "venv", "steps": [["six==1.16.0"]]},
+    "components": {"six": "1.16.0"},
+}
+# Fails at once, before building anything: no such interpreter.
+NO_PYTHON: dict[str, Any] = {
+    "backend": "toy",
+    "version": "4.0",
+    "tag": "v4.0",
+    "provider": {"kind": "venv", "python": "3.99", "steps": [["six==1.16.0"]]},
+    "components": {},
+}
+BROKEN: dict[str, Any] = {
+    "backend": "toy",
+    "version": "3.0",
+    "tag": "v3.0",
+    "provider": {"kind": "venv", "steps": [["--no-index", "matrix-no-such-distribution==1.0"]]},
+    "components": {},
+}
+
+PROVISION = """
+import json, sys
+from matrix.launch.providers.venv import provision_target
+from matrix.plan import RuntimeInfo
+result = provision_target(RuntimeInfo(**json.loads(sys.argv[1])), echo=lambda line: print(line, flush=True))
+print(json.dumps({"built": result.built, "waited": result.waited}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One data directory for the module: later tests use what earlier ones built."""
+    path = tmp_path_factory.mktemp("venv-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MATRIX_HOME", str(path))
+        patch.setenv("MATRIX_DB", str(path / "matrix.db"))
+        yield path
+
+
+def _start(spec: dict[str, Any], home: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", PROVISION, json.dumps(spec)],
+        env={**os.environ, "MATRIX_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # so a test can kill the builder with everything it started
+    )
+
+
+def _temps(home: Path) -> list[Path]:
+    root = home / "envs"
+    return [p for p in root.iterdir() if p.name.startswith(".tmp-")] if root.exists() else []
+
+
+def test_provision_builds_the_recipe_atomically(home: Path) -> None:
+    runtime = RuntimeInfo(**TOY)
+    target = resolve_target(runtime)
+    assert isinstance(prepare(runtime), NotProvisioned)
+    builder = _start(TOY, home)
+    saw_temp = False
+    while builder.poll() is None:
+        # The final name appears complete or not at all.
+        if target.path.exists():
+            assert (target.path / "env.json").exists()
+        saw_temp = saw_temp or bool(_temps(home))
+        time.sleep(0.02)
+    output = builder.stdout.read() if builder.stdout else ""
+    assert builder.returncode == 0, output
+    assert saw_temp
+    assert json.loads(output.splitlines()[-1]) == {"built": True, "waited": False}
+    assert "toy-1.0: step 1/5 create a Python" in output
+    assert "toy-1.0: step 3/5 requirements of requests==2.32.3 without urllib3, charset-normalizer" in output
+    assert _temps(home) == []
+
+    info = json.loads((target.path / "env.json").read_text())
+    assert info["key"] == target.key
+    assert info["components"] == {"six": "1.16.0", "requests": "2.32.3"}
+    assert info["size_bytes"] > 1_000_000
+    assert info["recipe"]["steps"][1] == {
+        "requirements_of": "requests==2.32.3",
+        "exclude": ["charset-normalizer", "urllib3"],
+    }
+    frozen = {line.split("==")[0].lower() for line in info["freeze"]}
+    assert {"six", "requests", "idna", "certifi"} <= frozen
+    assert not {"urllib3", "charset-normalizer"} & frozen
+    assert (target.path / "provision.log").exists()
+    # Relocated: console scripts name the final interpreter, not the temporary directory.
+    first_line = (target.path / "bin" / "pip").read_text().splitlines()[0]
+    assert first_line.startswith(f"#!{target.path}/bin/python")
+
+    environment = prepare(runtime)
+    assert isinstance(environment, Environment)
+    assert environment.components == {"six": "1.16.0", "requests": "2.32.3"}
+    ran = subprocess.run(
+        [environment.python, "-c", "import six, idna; print(six.__version__)"],
+        env={**os.environ, **environment.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.stdout.strip() == "1.16.0", ran.stderr
+
+
+def test_second_provision_reuses_without_rebuilding(home: Path) -> None:
+    runtime = RuntimeInfo(**TOY)
+    target = resolve_target(runtime)
+    before = (target.path.stat().st_ino, (target.path / "env.json").stat().st_mtime_ns)
+    lines: list[str] = []
+    result = provision_target(runtime, echo=lines.append)
+    assert (result.built, result.waited, result.path) == (False, False, target.path)
+    assert lines == []
+    assert (target.path.stat().st_ino, (target.path / "env.json").stat().st_mtime_ns) == before
+
+
+def test_killed_build_leaves_no_half_environment_and_prune_cleans_up(home: Path) -> None:
+    runtime = RuntimeInfo(**SMALL)
+    target = resolve_target(runtime)
+    builder = _start(SMALL, home)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = [t / "provision.log" for t in _temps(home)]
+        if any(log.exists() and "pip install" in log.read_text() for log in logs):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the build never reached its pip step")
+    os.killpg(builder.pid, signal.SIGKILL)
+    builder.wait()
+
+    assert not target.path.exists()
+    assert isinstance(prepare(runtime), NotProvisioned)
+    assert [e.state for e in list_envs() if e.name == target.name] == ["stale"]
+    report = prune({resolve_target(RuntimeInfo(**TOY)).name, target.name})
+    assert [r.why for r in report.removed] == ["temporary directory of a build that did not finish"]
+    assert _temps(home) == []
+    assert resolve_target(RuntimeInfo(**TOY)).path.exists()
+
+
+def test_concurrent_runners_build_once(home: Path) -> None:
+    target = resolve_target(RuntimeInfo(**SMALL))
+    runners = [_start(SMALL, home), _start(SMALL, home)]
+    outputs = [r.communicate(timeout=90)[0] for r in runners]
+    assert [r.returncode for r in runners] == [0, 0], outputs
+    results = [json.loads(out.splitlines()[-1]) for out in outputs]
+    assert sorted(r["built"] for r in results) == [False, True]
+    waiter = outputs[[r["built"] for r in results].index(False)]
+    assert "waiting for another runner that is building environment" in waiter
+    assert sum(out.count("step 1/3") for out in outputs) == 1
+    assert (target.path / "env.json").exists() and _temps(home) == []
+
+
+def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
+    runtime = RuntimeInfo(**BROKEN)
+    with pytest.raises(ProvisionError) as failure:
+        provision_target(runtime, echo=lambda _: None)
+    message = str(failure.value)
+    assert message.startswith("provisioning toy-3.0 failed at step 2/3: `")
+    assert "--- last 20 lines of the build log ---" in message
+    assert "matrix-no-such-distribution" in message.split("---")[-1]
+    assert _temps(home) == []
+    assert not resolve_target(runtime).path.exists()
+    skipped = prepare(runtime)
+    assert isinstance(skipped, NotProvisioned)
+    assert "its last provisioning" in skipped.reason and "failed at step 2/3" in skipped.reason
+
+
+def test_runtime_commands(home: Path) -> None:
+    register(cli)
+    m = Matrix(home=home, db_path=home / "matrix.db")
+    catalog = home / "toy.toml"
+    runtimes = "\n".join(
+        f'[[runtime]]\nbackend = "toy"\nversion = "{spec["version"]}"\nprovider = {_toml(spec["provider"])}\n'
+        f"components = {_toml(spec['components'])}\n"
+        for spec in (TOY, NO_PYTHON)
+    )
+    catalog.write_text(f'[[backend]]\nname = "toy"\n\n{runtimes}')
+    assert m("catalog", "sync", str(catalog)).exit_code == 0
+
+    result = m("runtime", "provision", "--runtime", "toy=1.0")
+    assert result.exit_code == 0, result.output
+    assert f"toy-1.0: already provisioned: {resolve_target(RuntimeInfo(**TOY)).path}" in result.output
+
+    result = m("runtime", "provision")  # toy-4.0 cannot be built here: exit 1, the other is fine
+    assert result.exit_code == 1
+    assert "provisioning toy-4.0 failed at step 1/3: no Python 3.99 interpreter" in result.output
+    assert "1 of 2 runtime(s) provisioned" in result.output
+
+    listed = {e["name"]: e for e in json.loads(m("runtime", "envs", "--json").output)}
+    toy, small = resolve_target(RuntimeInfo(**TOY)).name, resolve_target(RuntimeInfo(**SMALL)).name
+    assert listed[toy]["runtimes"] == ["toy-1.0"] and listed[toy]["state"] == "ready"
+    assert listed[small]["runtimes"] == []
+    assert "(unused)" in m("runtime", "envs").output
+
+    result = m("runtime", "prune")
+    assert result.exit_code == 0, result.output
+    assert f"removed {home / 'envs' / small} (not used by any runtime of the catalog" in result.output
+    assert {e.name for e in list_envs()} == {toy}
+    doctor = {r["runtime"]: r for r in json.loads(m("doctor", "--json").output)["runtimes"]}
+    assert doctor["toy-1.0"]["status"] == "ready"
+    assert doctor["toy-4.0"]["status"] == "not provisioned"
+
+
+def _toml(value: Any) -> str:
+    """An inline TOML value (JSON is close enough for strings, lists and tables of them)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
