@@ -382,10 +382,13 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
+@click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
-    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, json_events: bool, quiet: bool, **kw: Any,
+    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, json_events: bool, quiet: bool,
+    report: bool, report_dir: Path | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -403,7 +406,16 @@ def run_cmd(
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
     )  # fmt: skip
-    raise SystemExit(run_campaign(app.sessions(), options, echo=click.echo))
+    exit_code = run_campaign(app.sessions(), options, echo=click.echo)
+    if report and exit_code != 2:
+        from matrix.db.engine import transaction
+        from matrix.paths import data_dir
+        from matrix.report import write_report
+
+        with transaction(app.sessions()) as session:
+            index = write_report(session, report_dir or data_dir() / "report", options.selection)
+        click.echo(f"report: {index}", err=json_events)
+    raise SystemExit(exit_code)
 
 
 @cli.command("gpus")
@@ -450,6 +462,8 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
 
 # Commands that live in their own modules (kept out of this file so it stays a thin table of contents).
+from matrix.cli_report import register as _register_report_commands  # noqa: E402
 from matrix.cli_runtime import register as _register_runtime_commands  # noqa: E402
 
 _register_runtime_commands(cli)
+_register_report_commands(cli)

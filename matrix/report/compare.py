@@ -168,7 +168,9 @@ def runtime_side(runtimes: Sequence[RuntimeView], text: str) -> Side:
         if runtime.backend == backend and runtime.parsed == parse_version(version):
             return Side(runtime.spec, (runtime,))
     known = ", ".join(r.spec for r in runtimes if r.backend == backend) or "none"
-    raise ConfigError(f"unknown runtime {backend}={version} (runtimes of {backend}: {known}; see `matrix runtimes list`)")
+    raise ConfigError(
+        f"unknown runtime {backend}={version} (runtimes of {backend}: {known}; see `matrix runtimes list`)"
+    )
 
 
 def component_side(runtimes: Sequence[RuntimeView], component: str, version: str) -> Side:
@@ -181,9 +183,7 @@ def component_side(runtimes: Sequence[RuntimeView], component: str, version: str
         versions = sorted({r.components[component] for r in runtimes if component in r.components}, key=parse_version)
         if not versions:
             raise ConfigError(f"no runtime lists a component {component!r}; see `matrix runtimes list`")
-        raise ConfigError(
-            f"no runtime has {component} {version}; known versions of {component}: {', '.join(versions)}"
-        )
+        raise ConfigError(f"no runtime has {component} {version}; known versions of {component}: {', '.join(versions)}")
     return Side(f"{component} {wanted}", chosen)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["flatten", "fmt_bytes", "fmt_ratio", "fmt_seconds", "fmt_time", "fmt_value"]
 
-DASH = "–"
+DASH = "-"
 
 
 def fmt_seconds(value: float | None) -> str:
@@ -24,8 +24,8 @@ def fmt_seconds(value: float | None) -> str:
 
 
 def fmt_ratio(value: float | None) -> str:
-    """``×1.23`` (B over A); a dash when there is no value."""
-    return DASH if value is None else f"×{value:.2f}"
+    """``x1.23`` (B over A); a dash when there is no value."""
+    return DASH if value is None else f"x{value:.2f}"
 
 
 def fmt_bytes(value: float) -> str:
@@ -42,19 +42,18 @@ def fmt_time(value: dt.datetime | None) -> str:
     """UTC, to the second: ``2026-11-30 09:54:58Z``."""
     if value is None:
         return DASH
-    if value.tzinfo is not None:
+    if value.tzinfo is not None:  # SQLite gives naive UTC values back; other databases aware ones
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return value.isoformat(sep=" ", timespec="seconds") + "Z"
 
 
 def fmt_value(key: str, value: Any) -> str:
     """One leaf of a GPU/peaks mapping: byte counts in units, the rest as written."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int | float) and "bytes" in key:
-        return fmt_bytes(value)
-    if isinstance(value, float):
-        return f"{value:g}"
+    kind = type(value)
+    if kind is int or kind is float:
+        if "bytes" in key:
+            return fmt_bytes(value)
+        return f"{value:g}" if kind is float else str(value)
     return str(value)
 
 
@@ -65,7 +64,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     for key in sorted(data, key=str):
         value = data[key]
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
+        if isinstance(value, dict):  # JSON objects; a concrete type check is much cheaper than Mapping's
             pairs.extend(flatten(value, f"{name}."))
         elif isinstance(value, list | tuple):
             pairs.append((name, ", ".join(fmt_value(name, v) for v in value)))

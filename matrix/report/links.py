@@ -7,16 +7,18 @@ quoting in a URL or a file system (PEP 440's ``+`` of local versions becomes ``_
 
 from __future__ import annotations
 
+import functools
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["INDEX", "campaign_page", "cell_anchor", "compare_page", "external_url", "runtime_page", "slug"]
+__all__ = ["INDEX", "campaign_page", "cell_anchor", "cell_href", "compare_page", "external_url", "runtime_page", "slug"]
 
 INDEX = "index.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+@functools.lru_cache(maxsize=4096)  # a report asks for the same case names and versions many times
 def slug(text: str) -> str:
     """`text` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
     return _UNSAFE.sub("_", text).strip(".") or "_"
@@ -36,6 +38,11 @@ def compare_page(a: str, b: str) -> str:
 
 def cell_anchor(case_name: str) -> str:
     return f"cell-{slug(case_name)}"
+
+
+def cell_href(backend: str, version: str, case_name: str) -> str:
+    """Link to one cell: its section on its runtime's page."""
+    return f"{runtime_page(backend, version)}#{cell_anchor(case_name)}"
 
 
 def external_url(link: str | None) -> str | None:

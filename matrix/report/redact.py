@@ -21,29 +21,35 @@ __all__ = ["MASK", "redact"]
 
 MASK = "***"
 
-# A secret-looking setting name: anything that ends in one of the sensitive words, e.g. HF_TOKEN,
-# OPENAI_API_KEY, aws_secret, DB_PASSWORD, token, password. "key" alone is too common in prose
-# ("key: value"), so it counts only as a suffix after "_" or "-" (API_KEY, api-key).
-_NAME = r"[A-Za-z0-9_.-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|PWD)|[A-Za-z0-9_.-]*[_-]KEY"
-
+# The end of a secret-looking setting name: HF_TOKEN, OPENAI_API_KEY, aws_secret, DB_PASSWORD, token,
+# password. "key" alone is too common in prose ("key: value"), so it counts only as a suffix after "_" or
+# "-" (API_KEY, api-key). Patterns are anchored on this ending rather than on the start of the name: only
+# the value is replaced, and a match cannot begin at every character of a long word, which keeps
+# redaction linear on megabytes of logs.
+_END = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PWD|[_-]KEY)(?![A-Za-z0-9_.-])"
 # NAME=value, NAME: value, "NAME": "value", 'NAME'='value'. The value runs to whitespace, a quote, a
 # comma, a semicolon or a closing bracket, which ends a value in env dumps, JSON and Python reprs.
-_ASSIGNMENT = re.compile(
-    rf"""(?P<name>\b(?:{_NAME})\b)(?P<sep>["']?\s*[=:]\s*["']?)(?P<value>[^\s"',;}})\]]+)""",
-    re.IGNORECASE,
-)
+_ASSIGNMENT = re.compile(rf"""(?P<name>{_END})(?P<sep>["']?\s*[=:]\s*["']?)(?P<value>[^\s"',;}})\]]+)""", re.IGNORECASE)
 # --api-key VALUE or --hf-token=VALUE on a command line.
-_OPTION = re.compile(rf"(?P<name>--(?:{_NAME}))(?P<sep>\s+|=)(?P<value>[^\s\"',;]+)", re.IGNORECASE)
+_OPTION = re.compile(rf"(?P<name>--[A-Za-z0-9_.-]*{_END})(?P<sep>\s+|=)(?P<value>[^\s\"',;]+)", re.IGNORECASE)
 # scheme://user:password@host: only the password goes.
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<value>[^\s@/]+)(?P<at>@)")
+_URL_PASSWORD = re.compile(r"(?P<head>://[^\s:/@]*:)(?P<value>[^\s@/]+)(?P<at>@)")
 _BEARER = re.compile(r"(?P<head>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=-]+)", re.IGNORECASE)
+# Cheap substring tests that skip a pattern when its anchor cannot occur in the (lowercased) text.
+_HINTS = ("token", "secret", "passw", "pwd", "key")
 
 
 def redact(text: str) -> str:
     """`text` with every secret value replaced by ``***`` (see the module docstring for what counts)."""
     if not text:
         return text
-    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}{m['at']}", text)
-    text = _OPTION.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
-    text = _ASSIGNMENT.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
-    return _BEARER.sub(lambda m: f"{m['head']}{MASK}", text)
+    lower = text.lower()
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}{m['at']}", text)
+    if any(hint in lower for hint in _HINTS):
+        if "--" in text:
+            text = _OPTION.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
+        text = _ASSIGNMENT.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
+    if "bearer" in lower:
+        text = _BEARER.sub(lambda m: f"{m['head']}{MASK}", text)
+    return text

@@ -33,9 +33,15 @@ def _escape_char(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+# Anything printable() would change: the common case (plain text) is one scan that finds nothing.
+_NEEDS_WORK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
 def printable(text: str) -> str:
     """`text` without terminal escape codes, with carriage returns as newlines and other control
     characters written as visible escapes. The result is valid in XML 1.0 and readable in a page."""
+    if not _NEEDS_WORK.search(text):
+        return text
     text = _ANSI.sub("", text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return _UNPRINTABLE.sub(_escape_char, text)

@@ -58,8 +58,9 @@ def test_mocker_plan(tmp_path: Path) -> None:
     assert env["DYN_SYSTEM_PORT"] == str(plan.ports["prefill_system"])
     assert env["DYN_DISCOVERY_BACKEND"] == "file" and env["DYN_FILE_KV"].startswith(str(tmp_path))
     assert env["DYN_REQUEST_PLANE"] == "tcp" and env["DYN_NAMESPACE"] == "matrix-cell1"
-    for host_var in ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT_PLANE_HOST", "DYN_SYSTEM_HOST"):
+    for host_var in ("DYN_TCP_RPC_HOST", "DYN_EVENT_PLANE_HOST", "DYN_SYSTEM_HOST"):
         assert env[host_var] == "127.0.0.1"
+    assert env["DYN_TCP_RESPONSE_STREAM_HOST"] == "lo"  # an interface name: what every release accepts
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # CPU cell: no GPU visible
     frontend = plan.processes[2]
     assert "--http-host" in frontend.argv and frontend.argv[frontend.argv.index("--http-host") + 1] == "127.0.0.1"

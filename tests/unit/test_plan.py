@@ -18,7 +18,7 @@ def _cells(m: Matrix, *args: str) -> dict[str, dict[str, object]]:
 
 
 def test_since_v0_29_0_cells_and_missing_fix_annotation(seeded: Matrix) -> None:
-    cells = _cells(seeded, "--since", "v0.29.0", "--backend", "vllm")
+    cells = _cells(seeded, "--since", "v0.29.0", "--case", "vllm_disaggregated")
     assert list(cells) == [
         "vllm_disaggregated@vllm-0.29.0",
         "vllm_disaggregated@vllm-0.29.1rc0",
@@ -46,7 +46,9 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
         "trtllm_disaggregated",
     }
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
-    assert {c["case"] for c in cells.values()} == {"vllm_disaggregated"}
+    assert {c["case"] for c in cells.values()} == {"vllm_disaggregated", "vllm_native_disaggregated"}
+    cells = _cells(seeded, "-m", "vllm and gpu_0")
+    assert {c["case"] for c in cells.values()} == {"vllm_native_disaggregated_cpu"}
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
     assert {c["case"] for c in cells.values()} == {"sglang_disaggregated"}
     assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0").keys() == {
@@ -65,24 +67,29 @@ def test_explain_lists_every_exclusion_with_its_reason(seeded: Matrix) -> None:
         "version 1.3.0rc26 outside the case's constraint"
     )
     assert "not selected by -m 'gpu_1'" in reasons[("reference_disaggregated", "reference-0.1.0")]
-    assert len(data["cells"]) + len(data["excluded"]) == 17  # every same-backend combination is accounted for
+    # Every same-backend combination is accounted for, as a cell or as an exclusion with its reason.
+    cases = json.loads(seeded("cases", "list", "--json").output)
+    runtimes = json.loads(seeded("runtimes", "list", "--json").output)
+    combinations = sum(1 for c in cases for r in runtimes if r["backend"] == c["backend"])
+    assert len(data["cells"]) + len(data["excluded"]) == combinations
 
 
 def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
-    cells = _cells(seeded, "--since", "vllm=0.30.0", "--backend", "vllm", "--backend", "sglang")
+    cells = _cells(seeded, "--since", "vllm=0.30.0", "-m", "sidecar", "--backend", "vllm", "--backend", "sglang")
     assert set(cells) == {
         "vllm_disaggregated@vllm-0.30.0",
         "sglang_disaggregated@sglang-0.5.18",
         "sglang_disaggregated@sglang-0.5.19",
     }
-    cells = _cells(seeded, "--until", "v0.29.1rc1", "--backend", "vllm")
+    cells = _cells(seeded, "--until", "v0.29.1rc1", "--case", "vllm_disaggregated")
     assert "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891" in cells  # dev build sorts before its rc
     assert "vllm_disaggregated@vllm-0.30.0" not in cells
 
 
 def test_runtime_selector(seeded: Matrix) -> None:
-    assert set(_cells(seeded, "--runtime", "vllm=v0.30.0")) == {"vllm_disaggregated@vllm-0.30.0"}
-    assert set(_cells(seeded, "--runtime", "vllm-0.30.0")) == {"vllm_disaggregated@vllm-0.30.0"}
+    both = {"vllm_disaggregated@vllm-0.30.0", "vllm_native_disaggregated@vllm-0.30.0"}
+    assert set(_cells(seeded, "--runtime", "vllm=v0.30.0")) == both
+    assert set(_cells(seeded, "--runtime", "vllm-0.30.0")) == both
 
 
 def test_no_strict_markers_relaxes(seeded: Matrix) -> None:

@@ -76,7 +76,9 @@ class DynamoArm:
             "DYN_REQUEST_PLANE": "tcp",
             "DYN_EVENT_PLANE": "zmq",
             "DYN_TCP_RPC_HOST": "127.0.0.1",
-            "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+            # An interface name, not an address: ai-dynamo < 1.6 reads this variable as an interface and
+            # fails every request route with "Interface not found: 127.0.0.1"; 1.6 accepts both.
+            "DYN_TCP_RESPONSE_STREAM_HOST": "lo",
             "DYN_EVENT_PLANE_HOST": "127.0.0.1",
             "DYN_SYSTEM_HOST": "127.0.0.1",
             # The frontend keeps a cache under the user's cache directory; keep it inside the cell.

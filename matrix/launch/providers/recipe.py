@@ -72,7 +72,49 @@ class RequirementsOfStep:
         return {"requirements_of": self.requirement, "exclude": sorted(canonicalize_name(n) for n in self.exclude)}
 
 
-Step = PipStep | RequirementsOfStep
+@dataclass(frozen=True)
+class UninstallStep:
+    """``pip uninstall -y NAMES``: drop what a dependency pulled in but breaks here (e.g. CUDA-linked
+    torchvision next to a CPU torch)."""
+
+    names: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "pip uninstall " + " ".join(self.names)
+
+    def canonical(self) -> Any:
+        return {"uninstall": list(self.names)}
+
+
+@dataclass(frozen=True)
+class PluginStep:
+    """Install a plugin package that ships inside matrix (``matrix/tools/<name>``), e.g. the vLLM CPU
+    NIXL plugin; its content is part of the cache key so an edited plugin rebuilds the environment."""
+
+    name: str
+    digest: str
+
+    def describe(self) -> str:
+        return f"install matrix plugin {self.name}"
+
+    def canonical(self) -> Any:
+        return {"matrix_plugin": self.name, "sha256": self.digest}
+
+
+Step = PipStep | RequirementsOfStep | UninstallStep | PluginStep
+
+PLUGINS_DIR = Path(__file__).resolve().parents[2] / "tools"
+
+
+def plugin_path(name: str) -> Path:
+    return PLUGINS_DIR / name
+
+
+def _plugin_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(file.relative_to(path).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -196,6 +238,18 @@ def _step(raw: Any, label: str, number: int) -> Step:
         if not raw or not all(isinstance(a, str) and a for a in raw):
             raise _fail(label, f"{where} must be a non-empty list of pip install arguments")
         return PipStep(tuple(raw))
+    if isinstance(raw, Mapping) and "uninstall" in raw:
+        names = _string_list(raw.get("uninstall"), label, f"{where}.uninstall")
+        if set(raw) != {"uninstall"} or not names:
+            raise _fail(label, f'{where} must be {{ uninstall = ["name", ...] }}')
+        return UninstallStep(names)
+    if isinstance(raw, Mapping) and "matrix_plugin" in raw:
+        name = raw.get("matrix_plugin")
+        path = plugin_path(str(name))
+        if set(raw) != {"matrix_plugin"} or not isinstance(name, str) or not (path / "pyproject.toml").is_file():
+            known = sorted(p.name for p in PLUGINS_DIR.iterdir() if (p / "pyproject.toml").is_file())
+            raise _fail(label, f"{where}: unknown matrix_plugin {name!r} (known: {', '.join(known)})")
+        return PluginStep(name, _plugin_digest(path))
     if isinstance(raw, Mapping):
         unknown = sorted(set(raw) - {"requirements_of", "exclude"})
         if unknown:

@@ -42,7 +42,16 @@ from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
 from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
 from matrix.launch.providers.host import resolve_interpreter
-from matrix.launch.providers.recipe import PipStep, RequirementsOfStep, VenvRecipe, parse_venv, select_requirements
+from matrix.launch.providers.recipe import (
+    PipStep,
+    PluginStep,
+    RequirementsOfStep,
+    UninstallStep,
+    VenvRecipe,
+    parse_venv,
+    plugin_path,
+    select_requirements,
+)
 from matrix.launch.providers.recipe import wheel_metadata as read_wheel_metadata
 from matrix.paths import data_dir
 from matrix.plan import RuntimeInfo
@@ -438,6 +447,12 @@ class _Builder:
         else:
             self.run([self.python, "-m", "pip", "install", "--no-compile", *args])
 
+    def pip_uninstall(self, names: Sequence[str]) -> None:
+        if self.uv:
+            self.run([self.uv, "pip", "uninstall", "--python", self.python, *names])
+        else:
+            self.run([self.python, "-m", "pip", "uninstall", "-y", *names])
+
     def requirements_of(self, step: RequirementsOfStep) -> None:
         """Install what the step's distribution requires here, read from its wheel's METADATA."""
         download = self.tmp / ".download"
@@ -512,6 +527,14 @@ class _Builder:
             self.progress(step.describe())
             if isinstance(step, PipStep):
                 self.pip_install(step.args)
+            elif isinstance(step, UninstallStep):
+                self.pip_uninstall(step.names)
+            elif isinstance(step, PluginStep):
+                # Copied out first: building in place would leave build/ and *.egg-info in the package.
+                source = self.tmp / ".plugin" / step.name
+                shutil.copytree(plugin_path(step.name), source)
+                self.pip_install(["--no-deps", str(source)])
+                shutil.rmtree(source.parent)
             else:
                 self.requirements_of(step)
         self.progress("verify components and finish")

@@ -1,0 +1,222 @@
+"""Report commands: `matrix report`, `compare`, `gate` and `export`. Thin, like `matrix/cli.py`.
+
+`register(cli)` adds them to the main group. The commands are built inside `register` so that this
+module imports nothing from `matrix.cli` at import time (the main module imports this one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from matrix.plan import Selection
+    from matrix.report.compare import Comparison
+
+__all__ = ["register"]
+
+SELECTION_KEYS = ("marker_expression", "since", "until", "backends", "cases", "runtimes")
+
+
+def _selection(make_selection: Callable[..., Selection], kw: dict[str, Any]) -> Selection | None:
+    """The selection the options describe, or None when none was given (then: everything with results)."""
+    if not any(kw.get(key) for key in SELECTION_KEYS):
+        return None
+    return make_selection(**kw)
+
+
+def _write_output(text: str | bytes, out: Path | None) -> None:
+    if out is None:
+        click.echo(text.decode("utf-8") if isinstance(text, bytes) else text, nl=not isinstance(text, bytes))
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        out.write_bytes(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {out}", err=True)
+
+
+def _comparison_rows(comparison: Comparison) -> list[tuple[str, ...]]:
+    from matrix.report.fmt import fmt_ratio
+
+    def side(outcome: Any) -> str:
+        return f"{outcome.status} ({outcome.runtime.version})" if outcome else "-"
+
+    return [
+        (row.case.name, side(row.a), side(row.b), row.verdict, fmt_ratio(row.ready_ratio),
+         fmt_ratio(row.request_ratio), fmt_ratio(row.total_ratio))
+        for row in comparison.rows
+    ]  # fmt: skip
+
+
+def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
+    def side(outcome: Any) -> dict[str, Any] | None:
+        if outcome is None:
+            return None
+        a = outcome.attempt
+        return {"runtime": outcome.runtime.spec, "status": a.status, "failure_kind": a.failure_kind,
+                "checks": a.check_names, "campaign": a.campaign_id, "attempt": a.attempt, "flaky": a.flaky,
+                "ready_s": a.ready_s, "request_s": a.request_s, "total_s": a.total_s}  # fmt: skip
+
+    return {
+        "a": {"label": comparison.a.label, "runtimes": [r.spec for r in comparison.a.runtimes]},
+        "b": {"label": comparison.b.label, "runtimes": [r.spec for r in comparison.b.runtimes]},
+        "counts": comparison.counts(),
+        "cases": [
+            {"case": row.case.name, "verdict": row.verdict, "a": side(row.a), "b": side(row.b),
+             "ratios": {"ready": row.ready_ratio, "request": row.request_ratio, "total": row.total_ratio}}
+            for row in comparison.rows
+        ],
+    }  # fmt: skip
+
+
+def register(cli: click.Group) -> None:
+    """Add `report`, `compare`, `gate` and `export` to the `matrix` group."""
+    from matrix.cli import MatrixGroup, json_option, make_selection, selection_options, with_session
+
+    @cli.command("report")
+    @selection_options
+    @click.option(
+        "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("report"),
+        show_default=True, help="Directory to write the pages into.",
+    )  # fmt: skip
+    @with_session
+    def report_cmd(session: Session, out_dir: Path, **kw: Any) -> None:
+        """Write the HTML report: a grid of versions by cases, a page per runtime and per campaign.
+
+        Pages are static and self-contained (no script, no external asset): open OUT/index.html, or
+        publish the directory as a CI artifact. Selection options narrow it to the cells `matrix plan`
+        would list with the same options.
+        """
+        from matrix.report import write_report
+
+        index = write_report(session, out_dir, _selection(make_selection, kw))
+        click.echo(f"report: {index}")
+
+    @cli.command("compare")
+    @click.argument("a")
+    @click.argument("b")
+    @click.option(
+        "--component", metavar="NAME",
+        help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
+    )  # fmt: skip
+    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+    @json_option
+    @with_session
+    def compare_cmd(
+        session: Session, a: str, b: str, component: str | None, html_out: Path | None, as_json: bool
+    ) -> None:
+        """Compare outcomes case by case: fixed, regressed, still failing, unchanged, new, missing.
+
+        \b
+        matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
+        matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
+        Timing ratios are B over A (below 1 is faster).
+        """
+        from matrix.output import print_json, print_table
+        from matrix.report.compare import compare_components, compare_runtimes
+
+        comparison = compare_components(session, component, a, b) if component else compare_runtimes(session, a, b)
+        if html_out is not None:
+            from matrix.report.render import render_compare
+
+            render_compare(comparison, html_out)
+        if as_json:
+            print_json(_comparison_dict(comparison))
+            return
+        columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "request",
+                   "total")  # fmt: skip
+        print_table(columns, _comparison_rows(comparison), title=comparison.title)
+        counts = comparison.counts()
+        click.echo(
+            ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either side"
+        )
+
+    @cli.command("gate")
+    @click.argument("backend")
+    @click.argument("version")
+    @click.option("--policy", default="release", show_default=True, help="Gate policy from the catalog.")
+    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+    @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown (for a PR comment or step summary).")
+    @json_option
+    @with_session
+    def gate_cmd(
+        session: Session, backend: str, version: str, policy: str, html_out: Path | None, as_markdown: bool,
+        as_json: bool,
+    ) -> None:  # fmt: skip
+        """Decide GO or NO-GO for BACKEND VERSION under a policy, and say every reason.
+
+        Every case the policy selects that applies to the runtime must pass its latest attempt; a
+        missing required fix or a cell never run is NO-GO; unexpired waivers excuse failures; a case that
+        passed on the previous release (the greatest final version below VERSION; pre-releases and dev
+        builds are skipped) and fails now is a regression, which blocks even when waived under the
+        policy's regressions_block. Exit code: 0 GO, 1 NO-GO, 2 bad input.
+        """
+        from matrix.report.gate import evaluate_gate, gate_text
+
+        result = evaluate_gate(session, backend, version, policy)
+        if html_out is not None:
+            from matrix.report.render import render_gate
+
+            render_gate(result, html_out)
+        if as_json:
+            click.echo(json.dumps(result.as_dict(), indent=2))
+        elif as_markdown:
+            from matrix.report.markdown import gate_markdown
+
+            click.echo(gate_markdown(result), nl=False)
+        else:
+            click.echo(gate_text(result))
+        raise SystemExit(0 if result.go else 1)
+
+    @cli.group("export", cls=MatrixGroup)
+    def export() -> None:
+        """Machine-readable results: JUnit XML, Markdown, JSON."""
+
+    def export_command(name: str, help_text: str, produce: Callable[[Session, Any], str | bytes]) -> None:
+        @export.command(name, help=help_text)
+        @selection_options
+        @click.option("--campaign", type=int, metavar="ID", help="Only this campaign's cells and attempts.")
+        @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+        @with_session
+        def command(session: Session, campaign: int | None, out: Path | None, **kw: Any) -> None:
+            from matrix.db.models import Campaign
+            from matrix.errors import ConfigError
+            from matrix.report.data import load_results
+
+            if campaign is not None and session.get(Campaign, campaign) is None:
+                raise ConfigError(f"no campaign {campaign}: see the campaigns in `matrix report` or `matrix run`")
+            results = load_results(session, _selection(make_selection, kw), campaign_id=campaign)
+            _write_output(produce(session, results), out)
+
+    def junit(session: Session, results: Any) -> bytes:
+        from matrix.report.junit import junit_xml
+
+        return junit_xml(session, results)
+
+    def markdown(_: Session, results: Any) -> str:
+        from matrix.report.markdown import results_markdown
+
+        return results_markdown(results)
+
+    def as_json(session: Session, results: Any) -> str:
+        from matrix.report.export_json import export_json
+
+        return json.dumps(export_json(session, results), indent=2) + "\n"
+
+    export_command(
+        "junit", "JUnit XML (xunit2): a testsuite per runtime with its versions as properties, a testcase per "
+        "cell with every failed check and the log tails.", junit,
+    )  # fmt: skip
+    export_command(
+        "markdown", "A Markdown summary for PR comments; append it to $GITHUB_STEP_SUMMARY with "
+        "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", markdown,
+    )  # fmt: skip
+    export_command("json", "Every cell in scope with its latest attempt, as JSON.", as_json)

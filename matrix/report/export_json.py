@@ -1,0 +1,97 @@
+"""`matrix export json`: the cells in scope with their latest attempts, for scripts and dashboards.
+
+Text that came from processes (messages, check messages, completions) is redacted like in the pages;
+worker ids stay decimal strings so no JSON reader rounds a u64.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from matrix.report.data import AttemptDetail, Cell, Results, latest, load_details
+from matrix.report.text import clean
+
+__all__ = ["export_json", "iter_cell_dicts"]
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") if value else None
+
+
+def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
+    return {
+        "id": a.uid,
+        "campaign": a.campaign_id,
+        "attempt": a.attempt,
+        "status": a.status,
+        "failure_kind": a.failure_kind,
+        "message": clean(a.message),
+        "checks": [{"name": clean(str(c.get("name", ""))), "message": clean(str(c.get("message", "")))}
+                   for c in a.checks],
+        "expected_failure": a.expected_failure,
+        "unexpected_pass": a.unexpected_pass,
+        "flaky": a.flaky,
+        "started_at": _iso(a.started_at),
+        "finished_at": _iso(a.finished_at),
+        "ready_s": a.ready_s,
+        "request_s": a.request_s,
+        "ttft_s": a.ttft_s,
+        "teardown_s": a.teardown_s,
+        "total_s": a.total_s,
+        "prefill_worker_id": a.prefill_worker_id,
+        "decode_worker_id": a.decode_worker_id,
+        "prompt_tokens": a.prompt_tokens,
+        "completion_tokens": a.completion_tokens,
+        "finish_reason": a.finish_reason,
+        "completion_excerpt": clean(a.completion_excerpt),
+        "ports": dict(a.ports),
+        "exit_codes": dict(a.exit_codes),
+        "components": dict(a.components),
+        "gpu": dict(a.gpu),
+        "peaks": dict(a.peaks),
+        "log_dir": a.log_dir,
+    }  # fmt: skip
+
+
+def _cell_dict(cell: Cell, attempts: list[AttemptDetail]) -> dict[str, Any]:
+    last = latest(attempts)
+    return {
+        "cell": cell.key,
+        "case": cell.case.name,
+        "backend": cell.runtime.backend,
+        "version": cell.runtime.version,
+        "status": last.status if last else None,
+        "attempts": len(attempts),
+        "missing_fixes": [clean(why) for why in cell.missing],
+        "latest": attempt_dict(last) if last else None,
+    }
+
+
+def iter_cell_dicts(session: Session, results: Results) -> Iterator[dict[str, Any]]:
+    """One dict per cell, runtime by runtime (one query per runtime)."""
+    for runtime in results.runtimes:
+        cells = results.cells_of_runtime(runtime.id)
+        details = load_details(
+            session, runtime.id, case_ids=[c.case.id for c in cells], campaign_id=results.campaign_id
+        )
+        for cell in cells:
+            yield _cell_dict(cell, details.get(cell.case.id, []))
+
+
+def export_json(session: Session, results: Results) -> dict[str, Any]:
+    """The whole export as one JSON-ready dict."""
+    return {
+        "generated_at": _iso(dt.datetime.now(dt.UTC)),
+        "campaign": results.campaign_id,
+        "selection": results.selection.as_dict() if results.selection else None,
+        "runtimes": [
+            {"backend": r.backend, "version": r.version, "tag": r.tag, "channel": r.channel,
+             "components": dict(r.components), "retired": r.retired}
+            for r in results.runtimes
+        ],
+        "cells": list(iter_cell_dicts(session, results)),
+    }  # fmt: skip

@@ -1,0 +1,305 @@
+"""Release gate: GO or NO-GO for one runtime version under a policy, with every reason.
+
+Rules, in the order they are checked for each required cell (a case the policy's marker expression
+selects, of the runtime's backend, whose version constraint admits the version, and that is enabled):
+
+1. A required fix the runtime's components lack blocks, before anything has run; waivers do not
+   excuse it (the catalog knows the runtime is broken for this case).
+2. The latest finished attempt (any campaign) must pass. No attempt, or one that was skipped, not run
+   or still running, blocks as *not run*; waivers do not excuse it (nothing shows how it behaves).
+3. A failed attempt blocks unless a waiver for the case admits the version (its `runtime_spec`, empty
+   meaning every version) and has not expired. A waiver is valid through its `expires` day (UTC);
+   an expired one is reported and excuses nothing.
+4. A *regression* is a case whose latest attempt passed on the previous release and fails now. The
+   previous release is the greatest final version of the same backend below this one: pre-releases
+   and dev builds are skipped, because "it passed on the last release" is a promise only releases
+   make (0.30.0 is compared with 0.29.0, not with 0.29.1rc1.dev347). Under `regressions_block` (the
+   default) a regression blocks even when a waiver covers its failure.
+5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
+
+A policy that selects no case for the runtime is NO-GO: nothing shows that the release works.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from matrix.db.models import FAILED_STATUSES, CellRun, GatePolicy, Waiver
+from matrix.errors import ConfigError
+from matrix.markers import Expression, matches
+from matrix.plan import missing_fixes
+from matrix.report.data import AttemptRow, CaseView, RuntimeView, iter_attempt_rows, latest, load_cases, load_runtimes
+from matrix.report.text import clean
+from matrix.versions import parse_specifier, parse_version, specifier_admits
+
+__all__ = ["KNOWN_RULES", "GateCell", "GateResult", "Policy", "Reason", "WaiverView", "evaluate_gate", "gate_text"]
+
+# Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
+KNOWN_RULES: Mapping[str, bool] = {"flaky_blocks": False, "regressions_block": True}
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    expression: str
+    description: str
+    flaky_blocks: bool
+    regressions_block: bool
+
+
+@dataclass(frozen=True)
+class WaiverView:
+    case: str
+    runtime_spec: str
+    reason: str
+    link: str
+    expires: dt.date | None
+
+    def expired(self, today: dt.date) -> bool:
+        return self.expires is not None and today > self.expires
+
+    def admits(self, version: str) -> bool:
+        return not self.runtime_spec or specifier_admits(parse_specifier(self.runtime_spec), parse_version(version))
+
+    def describe(self) -> str:
+        until = f" until {self.expires.isoformat()}" if self.expires else ""
+        link = f" ({self.link})" if self.link else ""
+        spec = self.runtime_spec or "any version"
+        return f"waiver {spec}{until}: {clean(self.reason)}{link}"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One finding. `blocking` findings make the gate NO-GO; the others are reported for the record."""
+
+    # missing-fix | not-run | failed | regression | flaky | waived | waiver-expired | unexpected-pass | no-cases
+    kind: str
+    case: str
+    message: str
+    blocking: bool
+
+
+@dataclass(frozen=True)
+class GateCell:
+    """One required cell and what the gate made of it."""
+
+    case: CaseView
+    attempt: AttemptRow | None
+    previous: AttemptRow | None
+    missing: tuple[str, ...]
+    waiver: WaiverView | None
+    expired_waivers: tuple[WaiverView, ...]
+    blocking: bool
+
+    @property
+    def status(self) -> str:
+        return self.attempt.status if self.attempt else "not run"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    runtime: RuntimeView
+    policy: Policy
+    previous: RuntimeView | None
+    cells: tuple[GateCell, ...]
+    not_required: tuple[tuple[str, str], ...]  # (case, why) of cases the expression selects but that do not apply
+    reasons: tuple[Reason, ...]
+    today: dt.date
+
+    @property
+    def go(self) -> bool:
+        return not any(r.blocking for r in self.reasons)
+
+    @property
+    def verdict(self) -> str:
+        return "GO" if self.go else "NO-GO"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "backend": self.runtime.backend,
+            "version": self.runtime.version,
+            "policy": {"name": self.policy.name, "expression": self.policy.expression,
+                       "flaky_blocks": self.policy.flaky_blocks, "regressions_block": self.policy.regressions_block},
+            "previous_release": self.previous.version if self.previous else None,
+            "reasons": [{"kind": r.kind, "case": r.case, "message": r.message, "blocking": r.blocking}
+                        for r in self.reasons],
+            "cells": [{"case": c.case.name, "status": c.status, "flaky": bool(c.attempt and c.attempt.flaky),
+                       "previous": c.previous.status if c.previous else None, "missing_fixes": list(c.missing),
+                       "waived": c.waiver is not None, "blocking": c.blocking} for c in self.cells],
+            "not_required": [{"case": case, "why": why} for case, why in self.not_required],
+            "date": self.today.isoformat(),
+        }  # fmt: skip
+
+
+def _policy(session: Session, name: str) -> Policy:
+    row = session.scalar(select(GatePolicy).where(GatePolicy.name == name, GatePolicy.retired.is_(False)))
+    if row is None:
+        known = ", ".join(session.scalars(select(GatePolicy.name).where(GatePolicy.retired.is_(False)))) or "none"
+        raise ConfigError(f"unknown gate policy {name!r} (known: {known}; see `matrix gates list`)")
+    rules = dict(row.rules or {})
+    unknown = sorted(set(rules) - set(KNOWN_RULES))
+    if unknown:
+        raise ConfigError(
+            f"gate policy {name!r} has unknown rule(s) {', '.join(unknown)}; known rules: {', '.join(KNOWN_RULES)}"
+        )
+    for key, value in rules.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"gate policy {name!r}: rule {key} must be true or false, got {value!r}")
+    values = {**KNOWN_RULES, **rules}
+    return Policy(row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"])
+
+
+def _find_runtime(runtimes: Sequence[RuntimeView], backend: str, version: str) -> RuntimeView:
+    wanted = parse_version(version)
+    for runtime in runtimes:
+        if runtime.backend == backend and runtime.parsed == wanted:
+            return runtime
+    if not any(r.backend == backend for r in runtimes):
+        backends = ", ".join(sorted({r.backend for r in runtimes})) or "none"
+        raise ConfigError(f"unknown backend {backend!r} (backends with runtimes: {backends})")
+    known = ", ".join(r.version for r in runtimes if r.backend == backend)
+    raise ConfigError(f"no runtime {backend} {wanted} (known versions: {known}; see `matrix runtimes list`)")
+
+
+def previous_release(runtimes: Sequence[RuntimeView], runtime: RuntimeView) -> RuntimeView | None:
+    """The greatest final release of the same backend below `runtime` (pre-releases and dev builds skipped)."""
+    older = [
+        r for r in runtimes if r.backend == runtime.backend and r.parsed < runtime.parsed and not r.parsed.is_prerelease
+    ]
+    return max(older, key=lambda r: r.parsed, default=None)
+
+
+def _required(
+    cases: Sequence[CaseView], runtime: RuntimeView, policy: Policy
+) -> tuple[list[CaseView], list[tuple[str, str]]]:
+    expression = Expression.compile(policy.expression)
+    required, skipped = [], []
+    for case in cases:
+        if case.retired or case.backend != runtime.backend or not matches(expression, case.info.markers):
+            continue
+        constraint = case.info.version_constraint
+        if constraint and not specifier_admits(parse_specifier(constraint), runtime.parsed):
+            skipped.append((case.name, f"version {runtime.version} outside the case's constraint {constraint}"))
+        elif not case.info.enabled:
+            skipped.append((case.name, "case is disabled"))
+        else:
+            required.append(case)
+    return required, skipped
+
+
+def _failure_text(attempt: AttemptRow) -> str:
+    checks = ", ".join(attempt.check_names)
+    kind = f" ({attempt.failure_kind})" if attempt.failure_kind else ""
+    return f"{attempt.status}{kind}" + (f": {checks}" if checks else "")
+
+
+def evaluate_gate(
+    session: Session, backend: str, version: str, policy_name: str = "release", *, today: dt.date | None = None
+) -> GateResult:
+    """Judge `backend` `version` under the policy `policy_name`; see the module docstring for the rules."""
+    today = today or dt.datetime.now(dt.UTC).date()
+    policy = _policy(session, policy_name)
+    runtimes = load_runtimes(session)
+    runtime = _find_runtime(runtimes, backend.lower(), version)
+    previous = previous_release(runtimes, runtime)
+    required, not_required = _required(load_cases(session), runtime, policy)
+    ids = {c.id for c in required}
+    runtime_ids = [runtime.id] + ([previous.id] if previous else [])
+    history: dict[tuple[int, int], list[AttemptRow]] = {}
+    for attempt in iter_attempt_rows(session, [CellRun.runtime_id.in_(runtime_ids), CellRun.case_id.in_(ids)]):
+        history.setdefault((attempt.case_id, attempt.runtime_id), []).append(attempt)
+    waivers: dict[int, list[WaiverView]] = {}
+    for w in session.scalars(
+        select(Waiver).where(Waiver.retired.is_(False), Waiver.case_id.in_(ids)).options(selectinload(Waiver.case))
+    ):
+        waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
+
+    reasons: list[Reason] = []
+    cells: list[GateCell] = []
+    for case in required:
+        now = latest(history.get((case.id, runtime.id), []))
+        before = latest(history.get((case.id, previous.id), [])) if previous else None
+        applicable = [w for w in waivers.get(case.id, []) if w.admits(runtime.version)]
+        valid = next((w for w in applicable if not w.expired(today)), None)
+        expired = tuple(w for w in applicable if w.expired(today))
+        found = _judge(case, runtime, previous, policy, now, before, valid, expired)
+        reasons.extend(found)
+        missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
+        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found)))
+    if not required:
+        reasons.append(
+            Reason("no-cases", "", f"policy {policy.name} ({policy.expression}) selects no case that applies to "
+                   f"{runtime.label}: nothing shows that it works", True)
+        )  # fmt: skip
+    return GateResult(runtime, policy, previous, tuple(cells), tuple(not_required), tuple(reasons), today)
+
+
+def _judge(
+    case: CaseView,
+    runtime: RuntimeView,
+    previous: RuntimeView | None,
+    policy: Policy,
+    now: AttemptRow | None,
+    before: AttemptRow | None,
+    waiver: WaiverView | None,
+    expired: tuple[WaiverView, ...],
+) -> list[Reason]:
+    """Every finding for one required cell."""
+    name = case.name
+    found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
+    for w in expired:
+        found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
+    if now is None or (now.status != "passed" and now.status not in FAILED_STATUSES):
+        what = "never run" if now is None else f"latest attempt is {now.status} (campaign {now.campaign_id})"
+        found.append(Reason("not-run", name, f"not run on {runtime.label}: {what}", True))
+        return found
+    if now.status == "passed":
+        if now.flaky:
+            rule = "blocks under flaky_blocks" if policy.flaky_blocks else "reported, not blocking"
+            found.append(
+                Reason("flaky", name, f"passed only after a failed attempt (flaky; {rule})", policy.flaky_blocks)
+            )
+        if now.unexpected_pass:
+            found.append(Reason("unexpected-pass", name, "passed although a required fix is missing: check the "
+                                "fix's fixed_in versions in the catalog", False))  # fmt: skip
+        return found
+    failure = _failure_text(now)
+    regression = previous is not None and before is not None and before.status == "passed"
+    if waiver is None:
+        found.append(Reason("failed", name, f"{failure} on {runtime.label} (campaign {now.campaign_id})", True))
+    else:
+        found.append(Reason("waived", name, f"{failure}, excused by {waiver.describe()}", False))
+    if regression and previous is not None:
+        blocks = policy.regressions_block
+        note = " even though waived (regressions_block)" if waiver and blocks else ""
+        found.append(
+            Reason("regression", name, f"passed on the previous release {previous.version}, {failure} on "
+                   f"{runtime.version}{note}", blocks or waiver is None)
+        )  # fmt: skip
+    return found
+
+
+def gate_text(result: GateResult) -> str:
+    """The verdict and every reason, for a terminal."""
+    policy = result.policy
+    lines = [
+        f"{result.verdict}: {result.runtime.backend} {result.runtime.version} under policy {policy.name} "
+        f"({policy.expression})",
+    ]
+    for reason in result.reasons:
+        mark = "x" if reason.blocking else "-"
+        subject = f"{reason.case}: " if reason.case else ""
+        lines.append(f"  {mark} {reason.kind:<15} {subject}{reason.message}")
+    passed = sum(1 for c in result.cells if c.status == "passed")
+    previous = result.previous.version if result.previous else "none"
+    lines.append(f"required cells: {len(result.cells)} ({passed} passed); previous release: {previous}")
+    for case, why in result.not_required:
+        lines.append(f"  not required: {case}: {why}")
+    return "\n".join(lines)

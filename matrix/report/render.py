@@ -1,0 +1,200 @@
+"""Render the HTML report: index (grid by version), one page per runtime, per campaign, comparisons.
+
+Pages are static and self-contained (inline CSS and SVG, no script, no external asset), so they open
+from `file://`, from a CI artifact or from any static host. Autoescaping is on for every template, and
+nothing from the database is ever marked safe.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from sqlalchemy.orm import Session
+
+from matrix import __version__
+from matrix.plan import Selection
+from matrix.report import links
+from matrix.report.compare import Comparison, Side, compare
+from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results
+from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
+from matrix.report.gate import GateResult
+from matrix.report.text import clean, log_tails
+from matrix.report.views import (
+    STATUS_LABELS,
+    CampaignSummary,
+    backend_sections,
+    campaign_summaries,
+    cell_views,
+    status_counts,
+    status_label,
+)
+from matrix.resources import resource_dir
+
+__all__ = ["environment", "render_compare", "render_gate", "write_report"]
+
+
+def environment() -> Environment:
+    """The Jinja2 environment of every page: autoescape on, undefined names are errors."""
+    env = Environment(
+        loader=FileSystemLoader(resource_dir("templates")),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["seconds"] = fmt_seconds
+    env.filters["ratio"] = fmt_ratio
+    env.globals["status_label"] = status_label
+    env.globals["log_tails"] = log_tails
+    env.globals["cell_href"] = _cell_href
+    env.globals["matrix_version"] = __version__
+    return env
+
+
+def _cell_href(runtime: RuntimeView, case: Any) -> str:
+    return links.cell_href(runtime.backend, runtime.version, case.name)
+
+
+def _now() -> str:
+    return fmt_time(dt.datetime.now(dt.UTC))
+
+
+def _write(env: Environment, template: str, path: Path, context: Mapping[str, Any]) -> None:
+    """Stream a page to a temporary file, then move it into place: a reader never sees half a page."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    stream = env.get_template(template).stream(generated=_now(), **context)
+    stream.enable_buffering(256)  # join small pieces before writing: fewer calls per page
+    try:
+        stream.dump(str(tmp), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _scope_text(results: Results) -> str:
+    if results.campaign_id is not None:
+        return f"Campaign {results.campaign_id}"
+    if results.selection is None:
+        return "Every planned cell and every cell with results"
+    parts = [f"{k}={v}" for k, v in results.selection.as_dict().items() if v]
+    return "Selection " + (", ".join(parts) if parts else "(everything)")
+
+
+def default_comparisons(results: Results) -> list[Comparison]:
+    """Per backend, the newest runtime with results against the one before it (PEP 440 order)."""
+    found = []
+    cases = {c.id: c for c in results.cases}
+    for backend in results.backends():
+        with_results = [r for r in results.runtimes_of(backend) if _has_results(results, r)]
+        if len(with_results) < 2:
+            continue
+        older, newer = with_results[-2], with_results[-1]
+        attempts = sorted((a for a in results.attempts() if a.runtime_id in (older.id, newer.id)), key=lambda a: a.id)
+        found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts))
+    return found
+
+
+def _has_results(results: Results, runtime: RuntimeView) -> bool:
+    return any(cell.attempts for cell in results.cells_of_runtime(runtime.id))
+
+
+def _campaign_context(campaign: CampaignView) -> dict[str, Any]:
+    duration = campaign.duration_s
+    return {
+        "campaign": campaign,
+        "started": fmt_time(campaign.started_at),
+        "finished": fmt_time(campaign.finished_at),
+        "duration": fmt_seconds(duration) if duration is not None else "-",
+    }
+
+
+def write_report(session: Session, out_dir: Path, selection: Selection | None = None) -> Path:
+    """Write the whole report into `out_dir` and return the index page's path.
+
+    Reads the database in a handful of queries (catalog, attempt summaries, campaigns) plus one query per
+    runtime page, so it stays quick for the small databases `matrix run` refreshes it for.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    # The report allocates hundreds of thousands of small objects that live until it ends and form no
+    # reference cycles; the cyclic collector would walk all of them again and again (a quarter of the
+    # time at 100,000 attempts) and free nothing. Peak memory is the same without it.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _write_pages(session, env, out_dir, load_results(session, selection))
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _write_pages(session: Session, env: Environment, out_dir: Path, results: Results) -> Path:
+    selection = results.selection
+    comparisons = default_comparisons(results)
+    summaries = campaign_summaries(results)
+    campaigns = [c for c in results.campaigns if c.id in summaries or selection is None]
+
+    for runtime in results.runtimes:
+        cells = results.cells_of_runtime(runtime.id)
+        details = load_details(session, runtime.id, case_ids=[c.case.id for c in cells])
+        _write(env, "runtime.html", out_dir / links.runtime_page(runtime.backend, runtime.version), {
+            "runtime": runtime,
+            "components": sorted(runtime.components.items()),
+            "provider": [(k, clean(v)) for k, v in flatten(runtime.provider)],
+            "totals": status_counts(cells),
+            "cells": cell_views(cells, details),
+        })  # fmt: skip
+    for campaign in campaigns:
+        summary = summaries.get(campaign.id) or CampaignSummary()
+        statuses = [st for st in STATUS_LABELS if summary.counts[st]]
+        _write(env, "campaign.html", out_dir / links.campaign_page(campaign.id), {
+            **_campaign_context(campaign),
+            "selection": [(k, clean(v)) for k, v in flatten(campaign.selection) if k != "cells"],
+            "totals": [(st, status_label(st), summary.counts[st]) for st in statuses],
+            "statuses": [(st, status_label(st)) for st in statuses],
+            "by_runtime": [(label, [counts[st] for st in statuses]) for label, counts in summary.by_runtime.items()],
+            "attempts": summary.attempts,
+            "rows": summary.rows,
+        })  # fmt: skip
+    compare_links = []
+    for comparison in comparisons:
+        name = links.compare_page(comparison.a.label, comparison.b.label)
+        _write(env, "compare.html", out_dir / name, {"comparison": comparison})
+        compare_links.append({"href": name, "title": comparison.title, "counts": comparison.counts()})
+    index = out_dir / links.INDEX
+    _write(env, "index.html", index, {
+        "scope": _scope_text(results),
+        "totals": status_counts(results.cells.values()),
+        "sections": backend_sections(results),
+        "comparisons": compare_links,
+        "campaigns": [
+            {**_campaign_context(c), "href": links.campaign_page(c.id), "attempts": _attempts(summaries, c.id)}
+            for c in reversed(campaigns)
+        ],
+    })  # fmt: skip
+    return index
+
+
+def _attempts(summaries: Mapping[int, CampaignSummary], campaign_id: int) -> int:
+    summary = summaries.get(campaign_id)
+    return summary.attempts if summary else 0
+
+
+def render_compare(comparison: Comparison, path: Path) -> Path:
+    """Write one comparison page (links to cells assume the report's runtime pages sit beside it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(environment(), "compare.html", path, {"comparison": comparison})
+    return path
+
+
+def render_gate(result: GateResult, path: Path) -> Path:
+    """Write the gate's verdict and reasons as a page."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(environment(), "gate.html", path, {"result": result})
+    return path

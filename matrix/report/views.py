@@ -1,0 +1,352 @@
+"""View models for the pages: what each template shows, computed from `Results` in plain Python.
+
+Templates only loop and print. Every piece of untrusted text (messages, check messages, completions,
+log tails) is cleaned here or by `log_tails` (redacted, printable, bounded); the templates' autoescaping
+then makes it inert.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from matrix.report import links
+from matrix.report.data import AttemptDetail, AttemptRow, CaseView, Cell, Results, RuntimeView, latest
+from matrix.report.fmt import flatten, fmt_seconds, fmt_time
+from matrix.report.sparkline import Sparkline, sparkline
+from matrix.report.text import clean, printable, shorten
+
+__all__ = [
+    "STATUS_LABELS",
+    "AttemptView",
+    "BackendSection",
+    "CampaignRow",
+    "CampaignSummary",
+    "CellView",
+    "Column",
+    "GridCell",
+    "GridRow",
+    "attempt_view",
+    "backend_sections",
+    "campaign_summaries",
+    "cell_views",
+    "status_counts",
+    "status_label",
+]
+
+# Every status has a text label, so the grid reads without colour.
+STATUS_LABELS: Mapping[str, str] = {
+    "passed": "PASS",
+    "failed": "FAIL",
+    "error": "ERROR",
+    "timeout": "TIMEOUT",
+    "skipped": "SKIP",
+    "interrupted": "INTERRUPTED",
+    "not-run": "NOT RUN",
+    "running": "RUNNING",
+    "pending": "PENDING",
+    "none": "NO RESULT",
+    "n/a": "n/a",
+}
+MESSAGE_LIMIT = 16_000
+CHECK_LIMIT = 2_000
+COMPLETION_LIMIT = 2_000
+
+
+def status_label(status: str) -> str:
+    return STATUS_LABELS.get(status, status.upper())
+
+
+def status_css(status: str) -> str:
+    return "st-" + links.slug(status)
+
+
+@dataclass(frozen=True)
+class Column:
+    runtime: RuntimeView
+    href: str
+    passed: int
+    results: int
+
+
+class GridCell(NamedTuple):
+    status: str
+    label: str
+    css: str
+    href: str | None
+    title: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GridRow:
+    case: CaseView
+    cells: tuple[GridCell, ...]
+    spark: Sparkline | None
+
+
+@dataclass(frozen=True)
+class BackendSection:
+    backend: str
+    columns: tuple[Column, ...]
+    rows: tuple[GridRow, ...]
+
+
+def _grid_cell(cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded: str | None) -> GridCell:
+    key = f"{case.name}@{runtime.label}"
+    if cell is None:
+        why = excluded or "not a cell of this selection"
+        return GridCell("n/a", "n/a", "st-na", None, f"{key}: {why}", ())
+    href = links.cell_href(runtime.backend, runtime.version, case.name)
+    last = cell.latest
+    notes: list[str] = []
+    if cell.missing:
+        notes.append("lacks fix")
+    if last is None:
+        return GridCell("none", status_label("none"), "st-none", href, f"{key}: no attempt yet", tuple(notes))
+    detail = last.status
+    if last.failure_kind:
+        detail += f" ({last.failure_kind}" + (f": {', '.join(last.check_names)}" if last.check_names else "") + ")"
+    if last.attempt > 1:
+        notes.append(f"attempt {last.attempt}")
+    if last.flaky:
+        notes.append("flaky")
+    if last.unexpected_pass:
+        notes.append("unexpected pass")
+    runs = len(cell.attempts)
+    # A plain first-try pass needs no tooltip; leaving it out keeps a 100,000-cell grid a third smaller.
+    plain = last.status == "passed" and runs == 1 and not notes
+    title = "" if plain else f"{key}: {detail}; attempt {last.attempt}; {runs} run(s) in all"
+    return GridCell(last.status, status_label(last.status), status_css(last.status), href, title, tuple(notes))
+
+
+def backend_sections(results: Results) -> list[BackendSection]:
+    """One grid per backend: its versions (PEP 440 order) as columns, its cases as rows."""
+    sections = []
+    for backend in results.backends():
+        runtimes = results.runtimes_of(backend)
+        cases = results.cases_of(backend)
+        if not runtimes or not cases:
+            continue
+        columns = []
+        for runtime in runtimes:
+            outcomes = [c.latest for c in (results.cells.get((case.id, runtime.id)) for case in cases) if c]
+            finished = [o for o in outcomes if o is not None]
+            passed = sum(1 for o in finished if o.status == "passed")
+            href = links.runtime_page(runtime.backend, runtime.version)
+            columns.append(Column(runtime, href, passed, len(finished)))
+        rows = []
+        for case in cases:
+            cells, ready, request = [], [], []
+            for runtime in runtimes:
+                cell = results.cells.get((case.id, runtime.id))
+                cells.append(_grid_cell(cell, runtime, case, results.excluded.get((case.id, runtime.id))))
+                last = cell.latest if cell else None
+                ready.append(last.ready_s if last else None)
+                request.append(last.request_s if last else None)
+            rows.append(GridRow(case, tuple(cells), sparkline(ready, request)))
+        sections.append(BackendSection(backend, tuple(columns), tuple(rows)))
+    return sections
+
+
+def status_counts(cells: Iterable[Cell]) -> list[tuple[str, str, int]]:
+    """(status, label, count) of the latest attempts, "none" for cells without one, plus flaky passes."""
+    counts: Counter[str] = Counter()
+    flaky = 0
+    for cell in cells:
+        last = cell.latest
+        counts[last.status if last else "none"] += 1
+        flaky += bool(last and last.flaky)
+    order = [s for s in STATUS_LABELS if counts[s]] + sorted(s for s in counts if s not in STATUS_LABELS)
+    found = [(s, status_label(s), counts[s]) for s in order]
+    if flaky:
+        found.append(("flaky", "FLAKY", flaky))
+    return found
+
+
+class AttemptView(NamedTuple):
+    """One attempt on a runtime page.
+
+    The structured facts (timings, ids, usage, ports, exit codes, components, GPU, peaks) are joined
+    into one aligned text block per attempt: a page may hold 100,000 attempts, and one escaped block
+    renders an order of magnitude faster than a table cell per value while reading the same.
+    """
+
+    detail: AttemptDetail
+    label: str
+    css: str
+    campaign_href: str
+    headline: str
+    message: str
+    checks: tuple[tuple[str, str], ...]
+    completion: str
+    facts: str
+
+
+def _pairs(data: Mapping[str, Any]) -> str:
+    """``key value · key value`` in recorded order, for flat mappings (ports, exit codes, components)."""
+    if not data:
+        return ""
+    items = tuple(data.items())
+    try:
+        return _joined(items)
+    except TypeError:  # an unhashable (nested) value
+        return _nested(data)
+
+
+@functools.lru_cache(maxsize=4096)  # exit codes, components and GPU repeat across most attempts
+def _joined(items: tuple[tuple[str, Any], ...]) -> str:
+    if any(isinstance(v, dict | list | tuple) for _, v in items):
+        return _nested(dict(items))
+    return " · ".join([f"{key} {value}" for key, value in items])
+
+
+def _nested(data: Mapping[str, Any]) -> str:
+    """Nested mappings (GPU, peaks) as dotted keys, byte counts in units."""
+    return " · ".join([f"{key} {value}" for key, value in flatten(data)]) if data else ""
+
+
+def _facts(d: AttemptDetail) -> str:
+    lines = [
+        ("timings", f"ready {fmt_seconds(d.ready_s)} · request {fmt_seconds(d.request_s)} · TTFT "
+                    f"{fmt_seconds(d.ttft_s)} · teardown {fmt_seconds(d.teardown_s)} · total {fmt_seconds(d.total_s)}"),
+        ("worker ids", f"prefill {d.prefill_worker_id or '-'} · decode {d.decode_worker_id or '-'}"
+         if d.prefill_worker_id or d.decode_worker_id else ""),
+        ("usage", f"prompt tokens {_or_dash(d.prompt_tokens)} · completion tokens {_or_dash(d.completion_tokens)} · "
+                  f"finish reason {d.finish_reason or '-'}" if d.prompt_tokens is not None or d.finish_reason else ""),
+        ("ports", _pairs(d.ports)),
+        ("exit codes", _pairs(d.exit_codes)),
+        ("components", _pairs(d.components)),
+        ("GPU", _pairs(d.gpu)),
+        ("peaks", _nested(d.peaks)),
+    ]  # fmt: skip
+    # Structured values the runner recorded: made printable, not redacted (that is for free text).
+    return printable("\n".join(f"{label:<11} {text}" for label, text in lines if text))
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _headline(d: AttemptDetail) -> str:
+    parts = [d.uid, f"{fmt_time(d.started_at)} → {fmt_time(d.finished_at)}"]
+    if d.failure_kind:
+        parts.append(f"failure kind {d.failure_kind}")
+    if d.flaky:
+        parts.append("flaky (passed after a failed attempt)")
+    if d.expected_failure:
+        parts.append(f"expected failure: {d.expected_failure}")
+    if d.unexpected_pass:
+        parts.append("unexpected pass")
+    if d.owner_host:
+        parts.append(f"on {d.owner_host}")
+    return printable(" · ".join(parts))
+
+
+def attempt_view(detail: AttemptDetail) -> AttemptView:
+    checks = tuple(
+        (clean(str(c.get("name", ""))), shorten(clean(str(c.get("message", ""))), CHECK_LIMIT))
+        for c in detail.checks
+        if isinstance(c, Mapping)
+    )
+    return AttemptView(
+        detail=detail,
+        label=status_label(detail.status),
+        css=status_css(detail.status),
+        campaign_href=links.campaign_page(detail.campaign_id),
+        headline=_headline(detail),
+        message=shorten(clean(detail.message), MESSAGE_LIMIT) if detail.message else "",
+        checks=checks,
+        completion=shorten(clean(detail.completion_excerpt), COMPLETION_LIMIT) if detail.completion_excerpt else "",
+        facts=_facts(detail),
+    )
+
+
+@dataclass(frozen=True)
+class MissingFix:
+    key: str
+    why: str
+    href: str | None
+
+
+class CellView(NamedTuple):
+    anchor: str
+    case: CaseView
+    status: str
+    label: str
+    css: str
+    flaky: bool
+    missing: tuple[MissingFix, ...]
+    attempts: tuple[AttemptView, ...]  # newest first
+
+
+def _missing(cell: Cell) -> tuple[MissingFix, ...]:
+    fixes = {f.key: f for f in cell.case.info.required_fixes}
+    found = []
+    for why in cell.missing:
+        key = next((k for k in fixes if f"lacks {k}:" in why), "")
+        link = fixes[key].link if key else ""
+        found.append(MissingFix(key, clean(why), links.external_url(link)))
+    return tuple(found)
+
+
+def cell_views(cells: list[Cell], details: Mapping[int, list[AttemptDetail]]) -> Iterator[CellView]:
+    """The cells of one runtime page, built one at a time as the template streams them."""
+    for cell in cells:
+        attempts = details.get(cell.case.id, [])
+        last = latest(attempts)
+        status = last.status if last else "none"
+        yield CellView(
+            anchor=links.cell_anchor(cell.case.name),
+            case=cell.case,
+            status=status,
+            label=status_label(status),
+            css=status_css(status),
+            flaky=bool(last and last.flaky),
+            missing=_missing(cell),
+            attempts=tuple(attempt_view(a) for a in reversed(attempts)),
+        )
+
+
+class CampaignRow(NamedTuple):
+    case: str
+    runtime: str
+    href: str
+    attempt: AttemptRow
+    label: str
+    css: str
+
+
+@dataclass
+class CampaignSummary:
+    """What a campaign page lists: counts per runtime and status, and every attempt that did not pass
+    cleanly (failures, skips, flaky passes). Passing attempts are counted, not listed: a campaign can
+    hold tens of thousands of them, and their details are on the runtime pages."""
+
+    attempts: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    by_runtime: dict[str, Counter[str]] = field(default_factory=dict)
+    rows: list[CampaignRow] = field(default_factory=list)
+
+
+def campaign_summaries(results: Results) -> dict[int, CampaignSummary]:
+    """A summary per campaign in scope, built in one pass over the attempts."""
+    summaries: dict[int, CampaignSummary] = {}
+    for cell in results.cells.values():
+        for attempt in cell.attempts:
+            summary = summaries.get(attempt.campaign_id)
+            if summary is None:
+                summary = summaries[attempt.campaign_id] = CampaignSummary()
+            summary.attempts += 1
+            summary.counts[attempt.status] += 1
+            summary.by_runtime.setdefault(cell.runtime.label, Counter())[attempt.status] += 1
+            if attempt.status != "passed" or attempt.flaky:
+                href = links.cell_href(cell.runtime.backend, cell.runtime.version, cell.case.name)
+                label, css = status_label(attempt.status), status_css(attempt.status)
+                summary.rows.append(CampaignRow(cell.case.name, cell.runtime.label, href, attempt, label, css))
+    for summary in summaries.values():
+        summary.rows.sort(key=lambda r: r.attempt.id)
+    return summaries

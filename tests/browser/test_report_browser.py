@@ -1,0 +1,159 @@
+"""The report in a real browser: Debian's headless Chromium loads every page type from file://.
+
+Each page must load with no console error, no exception and no request other than its own file (the
+pages are self-contained), contain no script element even though the results hold hostile text, and
+show that text as text. Screenshots of every page are kept in tests/browser/artifacts/ (git-ignored).
+The results come from real reference runs, as in tests/e2e/test_report_reference.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+from pathlib import Path
+
+import pytest
+
+from matrix.cli import cli
+from matrix.cli_report import register
+from tests.browser.cdp import Browser, chromium_path
+from tests.conftest import DATA, Matrix
+
+pytestmark = pytest.mark.skipif(
+    chromium_path() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)"
+)
+
+if "report" not in cli.commands:  # until matrix/cli.py registers the report commands itself
+    register(cli)
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+HOSTILE = "<script>alert('pwned')</script> \"quoted\" <img src=x onerror=alert(1)> \x1b[31mred\x1b[0m"
+CASES = """
+[[runtime]]
+backend = "reference"
+version = "0.1.0"
+provider = { kind = "builtin" }
+components = { matrix-reference = "0.1.0" }
+
+[[runtime]]
+backend = "reference"
+version = "0.2.0"
+provider = { kind = "builtin" }
+components = { matrix-reference = "0.2.0" }
+
+[[case]]
+name = "healthy"
+backend = "reference"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0", "e2e", "pre_merge"]
+startup_timeout_s = 20
+
+[[case]]
+name = "aggregated"
+backend = "reference"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0", "e2e", "pre_merge"]
+startup_timeout_s = 20
+launch = { faults = ["same-worker-id"] }
+"""
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("browser")
+    m = Matrix(home=home, db_path=home / "matrix.db")
+    (home / "cases.toml").write_text(CASES)
+    files = [str(home / "cases.toml")] + [str(DATA / n) for n in ("backends.toml", "markers.toml", "gates.toml")]
+    assert m.subprocess("catalog", "sync", *files).returncode == 0
+    run = m.subprocess("run", "--backend", "reference", "--jobs", "2", timeout=240)
+    assert run.returncode == 1, run.stdout + run.stderr  # "aggregated" fails on purpose
+    # Hostile text where engines put arbitrary bytes: a real log and a completion (see the e2e report test).
+    row_id, log_dir = m.sql(
+        'SELECT cell_run.id, log_dir FROM cell_run JOIN "case" ON case_id = "case".id WHERE name = \'healthy\' '
+        "ORDER BY cell_run.id DESC LIMIT 1"
+    )[0]
+    with (Path(str(log_dir)) / "decode.log").open("a") as log:
+        log.write((HOSTILE + "\n") * 20_000)
+    with sqlite3.connect(m.db_path) as conn:
+        conn.execute("UPDATE cell_run SET completion_excerpt = ? WHERE id = ?", (HOSTILE, row_id))
+    out = home / "report"
+    assert m("report", "--out", str(out)).exit_code == 0
+    assert m("gate", "reference", "0.2.0", "--policy", "pre_merge", "--html", str(out / "gate.html")).exit_code == 1
+    return out
+
+
+PAGES = {
+    "index": "index.html",
+    "runtime": "runtime-reference-0.2.0.html",
+    "campaign": "campaign-1.html",
+    "compare": "compare-reference_0.1.0-vs-reference_0.2.0.html",
+    "gate": "gate.html",
+}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Browser:
+    with Browser(width=1400, height=900) as b:
+        yield b  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", sorted(PAGES))
+def test_page_loads_clean_and_self_contained(report: Path, browser: Browser, kind: str) -> None:
+    page = browser.load((report / PAGES[kind]).as_uri())
+    assert page.errors == [], page.errors
+    assert page.requests and all(url.startswith("file://") for url in page.requests), page.requests
+    assert page.requests == [(report / PAGES[kind]).as_uri()]  # no CSS, font, image or script fetched
+    counts = browser.evaluate(
+        "[document.scripts.length, document.images.length, document.querySelectorAll('iframe,object,embed').length]"
+    )
+    assert counts == [0, 0, 0]
+    shot = browser.screenshot(ARTIFACTS / f"{kind}.png")
+    assert png_size(shot) == (1400, 900)
+    assert len(shot) > 10_000  # not a blank page
+
+
+def test_index_screenshot_shows_the_grid(report: Path, browser: Browser) -> None:
+    browser.load((report / "index.html").as_uri())
+    grid = browser.evaluate(
+        """(() => { const t = document.querySelector('table.grid'); const r = t.getBoundingClientRect();
+        return {top: r.top, left: r.left, width: r.width, height: r.height,
+                labels: [...t.querySelectorAll('td.cell')].map(td => td.innerText.split('\\n')[0]),
+                svg: t.querySelectorAll('svg polyline').length,
+                colour: getComputedStyle(t.querySelector('td.st-passed')).backgroundColor}; })()"""
+    )
+    assert 0 <= grid["top"] < 900 and grid["width"] > 200 and grid["height"] > 40  # on the first screen
+    assert "PASS" in grid["labels"] and "FAIL" in grid["labels"]
+    assert grid["svg"] >= 2
+    assert grid["colour"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")  # the status is coloured too
+    browser.screenshot(ARTIFACTS / "index-full.png", full_page=True)
+
+
+def test_hostile_text_renders_as_text(report: Path, browser: Browser) -> None:
+    browser.load((report / PAGES["runtime"]).as_uri())
+    text = browser.evaluate("document.body.innerText")
+    assert "<script>alert('pwned')</script>" in text
+    assert browser.evaluate("document.querySelectorAll('details.log').length") >= 3
+    browser.evaluate("document.querySelectorAll('details.log').forEach(d => d.open = true)")
+    assert browser.evaluate("document.body.innerText").count("alert('pwned')") > 100
+    browser.screenshot(ARTIFACTS / "runtime-logs-open.png")
+
+
+def test_the_harness_sees_console_errors_and_external_requests(tmp_path: Path, browser: Browser) -> None:
+    """The checks above mean something only if a broken page fails them."""
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!DOCTYPE html><title>bad</title><link rel='stylesheet' href='http://127.0.0.1:9/x.css'>"
+        "<script>console.error('boom'); undefined_function();</script>"
+    )
+    page = browser.load(bad.as_uri())
+    assert any("boom" in e for e in page.errors)
+    assert any("undefined_function" in e for e in page.errors)
+    assert any(url.startswith("http://127.0.0.1:9/") for url in page.requests)

@@ -1,0 +1,85 @@
+"""Redaction, printable text, bounded log tails, inert Markdown and safe links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from matrix.report.links import external_url, runtime_page, slug
+from matrix.report.markdown import md
+from matrix.report.redact import redact
+from matrix.report.text import clean, printable, read_tail
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("HF_TOKEN=hf_abc123 next", "HF_TOKEN=*** next"),
+        ('export OPENAI_API_KEY="sk-xyz"', 'export OPENAI_API_KEY="***"'),
+        ('{"HF_TOKEN": "abc", "x": 1}', '{"HF_TOKEN": "***", "x": 1}'),
+        ("env: {'AWS_SECRET': 'q'}", "env: {'AWS_SECRET': '***'}"),
+        ("postgresql+psycopg://me:s3cr3t@db:5432/x", "postgresql+psycopg://me:***@db:5432/x"),
+        ("--api-key sk-1 --hf-token=zzz", "--api-key *** --hf-token=***"),
+        ("Authorization: Bearer abc.def", "Authorization: Bearer ***"),
+        ("password: hunter2", "password: ***"),
+        ("db_password=pw1;", "db_password=***;"),
+    ],
+)
+def test_redact_hides_secret_values(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["completion_tokens=64 prompt_tokens=91", "fix key: vllm#54814", "https://example.org/a:b@c", "ports: {'a': 1}"],
+)
+def test_redact_leaves_ordinary_text_alone(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_printable_drops_ansi_and_escapes_control_characters() -> None:
+    text = "\x1b[31mred\x1b[0m\r\nline\x00\x07 \x1b]0;title\x07end \ud800 \ufffe tab\tok"
+    assert printable(text) == "red\nline\\x00\\x07 end \\ud800 \\ufffe tab\tok"
+
+
+def test_read_tail_of_a_huge_log_is_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "prefill.log"
+    line = "x" * 99 + "\n"
+    log.write_text(line * 20_000 + "HF_TOKEN=hunter2 \x1b[1mlast\x1b[0m\n")
+    tail = read_tail(log, max_lines=200, max_bytes=64 * 1024)
+    assert tail is not None
+    assert tail.truncated and tail.size > 2_000_000
+    assert tail.lines == 200 and len(tail.text) < 64 * 1024
+    assert tail.text.endswith("HF_TOKEN=*** last")
+    assert read_tail(tmp_path / "missing.log") is None
+
+
+def test_read_tail_handles_invalid_utf8_and_one_huge_line(tmp_path: Path) -> None:
+    log = tmp_path / "decode.log"
+    log.write_bytes(b"\xff\xfe" + b"y" * 200_000)
+    tail = read_tail(log, max_bytes=1024)
+    assert tail is not None and tail.text == ""  # the only line was cut by the byte cap
+
+
+def test_clean_combines_both() -> None:
+    assert clean("\x1b[32mMY_KEY=v\x1b[0m") == "MY_KEY=***"
+    assert clean(None) == ""
+
+
+def test_markdown_text_is_inert() -> None:
+    out = md("<script>alert(1)</script> [x](javascript:alert(1)) | @team `code`\nnext")
+    assert "<" not in out and ">" not in out
+    assert "\\[x\\]\\(javascript:alert\\(1\\)\\)" in out
+    assert "\\|" in out and "@\u200bteam" in out and "\n" not in out
+
+
+def test_links_are_followed_only_for_http() -> None:
+    assert external_url("https://github.com/vllm-project/vllm/pull/54814")
+    for bad in ("javascript:alert(1)", "data:text/html,x", "//evil", "", None, "http://"):
+        assert external_url(bad) is None
+
+
+def test_page_names_are_safe() -> None:
+    assert runtime_page("vllm", "0.29.1rc1.dev347+gdee37d891") == "runtime-vllm-0.29.1rc1.dev347_gdee37d891.html"
+    assert slug('../<img src=x onerror="a">') == "_img_src_x_onerror_a_"
