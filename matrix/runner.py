@@ -6,6 +6,7 @@ interruption of the runner, and even then the supervisor tears the pair down fir
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -233,6 +234,8 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources) -
             sampler.sample()  # a last look at the steady state, before teardown frees everything
         report = supervisor.teardown()
         peaks = sampler.stop() if sampler.is_alive() else {}
+        for scratch in plan.scratch_dirs:
+            shutil.rmtree(scratch, ignore_errors=True)
     exit_codes = {e.role: e.returncode for e in report.exits}
     outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
     teardown_failures = _teardown_checks(report)

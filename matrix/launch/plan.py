@@ -67,3 +67,5 @@ class LaunchPlan:
     teardown_grace_s: float = 5.0
     gpu_ids: tuple[str, ...] = ()
     metrics_checks: tuple[MetricsCheck, ...] = ()
+    # Per-cell scratch directories (discovery stores, caches) removed after teardown; logs are kept.
+    scratch_dirs: tuple[str, ...] = ()

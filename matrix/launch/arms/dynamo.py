@@ -114,6 +114,7 @@ class DynamoArm:
             startup_timeout_s=ctx.case.startup_timeout_s,
             teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 10.0)),
             gpu_ids=ctx.gpu_ids,
+            scratch_dirs=(env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]),
         )
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:

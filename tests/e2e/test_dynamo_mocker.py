@@ -1,0 +1,66 @@
+"""A real Dynamo (PyPI ai-dynamo) provisioned from the catalog's recipe, run by `matrix run` on the CPU.
+
+Slow the first time (the environment is built from PyPI, ~1 minute); the environment is cached in the
+test's data directory only, so every CI run proves the recipe from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import Matrix
+from tests.e2e.test_run_reference import assert_nothing_left
+
+VERSION = os.environ.get("MATRIX_TEST_DYNAMO_VERSION", "1.6.1")
+
+
+@pytest.fixture(scope="module")
+def dynamo_campaign(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+    home = tmp_path_factory.mktemp("dynamo")
+    m = Matrix(home=home, db_path=home / "matrix.db")
+    assert m.subprocess("catalog", "sync").returncode == 0
+    result = m.subprocess("run", "--runtime", f"dynamo={VERSION}", timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return m
+
+
+def _row(m: Matrix, case: str) -> dict[str, object]:
+    columns = ("uid", "status", "failure_kind", "checks", "prefill_worker_id", "decode_worker_id",
+               "completion_tokens", "log_dir", "message")  # fmt: skip
+    (row,) = m.sql(
+        f'SELECT {", ".join("r." + c for c in columns)} FROM cell_run r JOIN "case" c ON c.id = r.case_id '
+        "WHERE c.name = ?",
+        case,
+    )
+    return dict(zip(columns, row, strict=True))
+
+
+def test_disaggregated_mocker_passes_with_distinct_u64_ids(dynamo_campaign: Matrix) -> None:
+    row = _row(dynamo_campaign, "dynamo_mocker_disaggregated")
+    assert row["status"] == "passed", row["message"]
+    prefill, decode = str(row["prefill_worker_id"]), str(row["decode_worker_id"])
+    assert prefill.isdigit() and decode.isdigit() and prefill != decode
+    assert all(0 <= int(v) < 2**64 for v in (prefill, decode))
+    assert int(str(row["completion_tokens"])) > 1
+    assert_nothing_left(dynamo_campaign, str(row["uid"]))
+
+
+def test_aggregated_control_is_caught_by_the_distinct_workers_check(dynamo_campaign: Matrix) -> None:
+    row = _row(dynamo_campaign, "dynamo_mocker_aggregated_control")
+    assert row["status"] == "passed", row["message"]  # a control passes when its check fails
+    checks = json.loads(str(row["checks"]))
+    assert [c["name"] for c in checks] == ["worker_ids_distinct"]
+    assert row["prefill_worker_id"] == row["decode_worker_id"]
+    assert_nothing_left(dynamo_campaign, str(row["uid"]))
+
+
+def test_discovery_and_cache_directories_are_removed_logs_kept(dynamo_campaign: Matrix) -> None:
+    from pathlib import Path
+
+    for case in ("dynamo_mocker_disaggregated", "dynamo_mocker_aggregated_control"):
+        log_dir = Path(str(_row(dynamo_campaign, case)["log_dir"]))
+        assert (log_dir / "frontend.log").is_file()
+        assert not (log_dir / "discovery").exists() and not (log_dir / "cache").exists()
