@@ -96,3 +96,18 @@ def test_kv_transfer_check_fails_when_the_counter_does_not_grow() -> None:
     assert failure.name == "kv_transfer" and "did not grow" in failure.message
     (failure,) = judge(check, ["cannot read http://127.0.0.1:1/metrics: refused"], [{"c": 2.0}])
     assert "cannot read" in failure.message
+
+
+def test_cpu_instances_get_their_own_cores() -> None:
+    from matrix.launch.arms.vllm_native import omp_binding
+
+    assert omp_binding((0, 1)) == {"prefill": "0", "decode": "1"}
+    assert omp_binding((0, 1, 2, 3, 4)) == {"prefill": "0,1", "decode": "2,3,4"}
+    assert omp_binding((3,)) == {"prefill": "nobind", "decode": "nobind"}
+
+
+def test_cpu_plan_binds_each_instance(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, {"cpu": True, "role_env": {"decode": {"EXTRA": "1"}}})
+    prefill, decode = plan.processes[0], plan.processes[1]
+    assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] != decode.env["VLLM_CPU_OMP_THREADS_BIND"]
+    assert decode.env["EXTRA"] == "1" and "EXTRA" not in prefill.env

