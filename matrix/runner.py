@@ -211,6 +211,8 @@ def _run(
             plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
         except MatrixError as exc:
             return CellOutcome("error", "config", str(exc), ports=ports)
+        for scratch in plan.scratch_dirs:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, log_dir)
         live.add(cell_id, supervisor)
         try:

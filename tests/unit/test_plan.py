@@ -48,7 +48,7 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
     assert {c["case"] for c in cells.values()} == {"vllm_disaggregated", "vllm_native_disaggregated"}
     cells = _cells(seeded, "-m", "vllm and gpu_0")
-    assert {c["case"] for c in cells.values()} == {"vllm_native_disaggregated_cpu"}
+    assert {c["case"] for c in cells.values()} == {"vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu"}
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
     assert {c["case"] for c in cells.values()} == {"sglang_disaggregated"}
     assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0").keys() == {
@@ -107,9 +107,7 @@ def test_empty_expression_selects_nothing(seeded: Matrix) -> None:
 
 def _case(name: str, markers: list[str], **kw: object) -> CaseInfo:
     uses = tuple(parse_marker_use(m) for m in markers)
-    return CaseInfo(
-        name=name, backend="vllm", arm="dynamo", model="m", markers=uses, marker_texts=tuple(markers), **kw
-    )  # type: ignore[arg-type]
+    return CaseInfo(name=name, backend="vllm", arm="dynamo", model="m", markers=uses, marker_texts=tuple(markers), **kw)  # type: ignore[arg-type]
 
 
 def test_missing_component_counts_as_missing_fix() -> None:
@@ -120,8 +118,6 @@ def test_missing_component_counts_as_missing_fix() -> None:
     assert "runtime lists no vllm-rs component" in plan.cells[0].expected_failure
 
 
-@pytest.mark.parametrize(
-    ("markers", "gpus"), [(["gpu_0"], 0), (["gpu_1", "e2e"], 1), (["gpu_8"], 8), ([], 0)]
-)
+@pytest.mark.parametrize(("markers", "gpus"), [(["gpu_0"], 0), (["gpu_1", "e2e"], 1), (["gpu_8"], 8), ([], 0)])
 def test_gpus_needed_from_marker(markers: list[str], gpus: int) -> None:
     assert _case("c", markers).gpus_needed == gpus

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,9 @@ class LaunchContext:
     model_dir: Path | None = None
     # matrix's own interpreter, for helper processes that are matrix code (e.g. the P/D proxy).
     matrix_python: str = sys.executable
+    # A short per-cell temporary directory: engines put Unix sockets there, whose paths must stay under
+    # 108 bytes, so it cannot live inside the (deep) log directory. Created and removed by the runner.
+    tmp_dir: Path | None = None
     # The CPUs this runner may use, for arms that split them between the processes of a pair.
     cpu_ids: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(os.sched_getaffinity(0))))
 
@@ -58,6 +62,10 @@ class Arm(Protocol):
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         """Pure: build the plan, start nothing."""
         ...
+
+
+def cell_tmp_dir(ctx: LaunchContext) -> Path:
+    return ctx.tmp_dir or Path(tempfile.gettempdir()) / f"matrix-{ctx.cell_id}"
 
 
 def loopback_url(port: int, path: str = "") -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, chat_request, gpu_env, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, chat_request, gpu_env, loopback_url
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -53,7 +53,11 @@ class VllmNativeArm:
         on_gpu = bool(ctx.gpu_ids)
         kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
         model = str(ctx.model_dir or ctx.case.model)
-        base_env = {**ctx.env, **gpu_env(ctx), "PYTHONUNBUFFERED": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+        # Temporary files and caches stay inside the cell's directory and go with it.
+        scratch = {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+        base_env = {
+            **ctx.env, **gpu_env(ctx), **scratch, "PYTHONUNBUFFERED": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        }  # fmt: skip
         if not on_gpu:
             base_env["VLLM_TARGET_DEVICE"] = "cpu"
         base_env.update({str(k): str(v) for k, v in launch.get("env", {}).items()})
@@ -72,8 +76,11 @@ class VllmNativeArm:
                 "--enforce-eager",
                 "--max-model-len", str(launch.get("max_model_len", 512)),
                 "--kv-cache-memory-bytes", str(kv_bytes),
-                "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
             ]  # fmt: skip
+            # The control case runs its decode instance without a connector: it silently recomputes the
+            # prompt, which only the kv_transfer check can tell.
+            if not (role == "decode" and launch.get("decode_without_connector")):
+                argv += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
             if on_gpu:
                 argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", 0.02))]
             argv += [str(a) for a in launch.get("extra_args", [])]
@@ -117,4 +124,5 @@ class VllmNativeArm:
             teardown_grace_s=float(launch.get("teardown_grace_s", 15.0)),
             gpu_ids=ctx.gpu_ids,
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
+            scratch_dirs=tuple(scratch.values()),
         )
