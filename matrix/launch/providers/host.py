@@ -8,6 +8,7 @@ runtime's name, so that is a `config` failure, not a skip (DOMAIN.md section 7.4
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -65,12 +66,39 @@ def check_installed(
     return dict(detected.versions)
 
 
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+
+
+def _unset_variables(config: HostConfig) -> list[str]:
+    texts = [*(config.pythonpath), *config.env.values(), config.python or ""]
+    names = {match.group(1) for text in texts for match in _VARIABLE.finditer(text)}
+    return sorted(name for name in names if name not in os.environ)
+
+
+def _expanded(config: HostConfig) -> HostConfig:
+    """`$NAME` in the provider's python, pythonpath and env values, from this host's environment."""
+    expand = os.path.expandvars
+    return HostConfig(
+        python=expand(config.python) if config.python else None,
+        env={key: expand(value) for key, value in config.env.items()},
+        pythonpath=tuple(expand(path) for path in config.pythonpath),
+    )
+
+
 def prepare_host(runtime: RuntimeInfo) -> Environment | Unavailable:
     """This interpreter (or the provider's), with the components checked against the catalog."""
     try:
         config = parse_host(runtime.provider, runtime.label)
     except ConfigError as exc:
         return Mismatch(str(exc))
+    unset = _unset_variables(config)
+    if unset:
+        # e.g. pythonpath = ["$MATRIX_GPUKIT_SITE"]: where a prepared installation lives differs by host.
+        return Unavailable(
+            f"runtime {runtime.label} needs {', '.join('$' + name for name in unset)} (where its installation "
+            "is on this host): set it, or run elsewhere"
+        )
+    config = _expanded(config)
     python = sys.executable
     given: str | None = None
     if config.python is not None:
