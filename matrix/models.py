@@ -62,8 +62,7 @@ def tokenizer_json(vocab_size: int) -> dict[str, Any]:
         "normalizer": None,
         "pre_tokenizer": {"type": "Whitespace"},
         "post_processor": None,
-        # A real decoder: incremental detokenizers (tokenizers.decoders.DecodeStream) need one to emit text.
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+        "decoder": None,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
     }
 
@@ -110,8 +109,7 @@ def ensure_tiny_model(
     if vocab_size < 2048:
         raise ConfigError(f"tiny model vocab_size must be >= 2048 (mocker token ids reach 1999), got {vocab_size}")
     base = (root or data_dir()) / "models"
-    # "-r2": weights written by the second version of make_tiny_qwen3.py (no special-token logits).
-    target = base / (f"tiny-qwen3-v{vocab_size}" + ("-random-r2" if weights_python else "") + "-d2")
+    target = base / (f"tiny-qwen3-v{vocab_size}" + ("-random" if weights_python else ""))
     if (target / "tokenizer.json").is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
