@@ -59,6 +59,7 @@ class RunOptions:
     gpus: tuple[str, ...] | None = None
     resume: int | None = None
     rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
+    workspace: Path | None = None
 
 
 def _git_sha() -> str:
@@ -261,7 +262,10 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
     started = time.monotonic()
     scheduler = Scheduler(
         factory, campaign_id, pool, PortAllocator(port_registry_path()), reporter, stop,
-        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        SchedulerOptions(
+            jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
+            workspace=options.workspace,
+        ),
         logs_root, gpus,
     )  # fmt: skip
     try:

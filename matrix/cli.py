@@ -380,6 +380,8 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
     help="Rerun the cells whose latest attempt failed, as new attempts (default: the latest campaign).",
 )
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="A checkout (e.g. of Dynamo) that cases' launch scripts resolve against.")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
@@ -387,8 +389,8 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
-    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, json_events: bool, quiet: bool,
-    report: bool, report_dir: Path | None, **kw: Any,
+    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, workspace: Path | None,
+    json_events: bool, quiet: bool, report: bool, report_dir: Path | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -405,6 +407,7 @@ def run_cmd(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
+        workspace=workspace.resolve() if workspace else None,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
     if report and exit_code != 2:

@@ -68,6 +68,8 @@ class Resources:
     # CUDA_VISIBLE_DEVICES entries (NVML indices) and the same GPUs as NVML indices for telemetry.
     gpu_ids: tuple[str, ...] = ()
     host_gpus: int = 0
+    # A checkout that case launch scripts resolve against (`matrix run --workspace`).
+    workspace: Path | None = None
     # Held while the pair starts, so start-ups on one GPU never overlap (DOMAIN.md section 7.5).
     startup_gate: AbstractContextManager[object] = field(default_factory=nullcontext)
 
@@ -206,6 +208,7 @@ def _run(
             gpu_ids=resources.gpu_ids[:gpus_needed],
             env=environment.env,
             model_dir=model_dir,
+            workspace=resources.workspace,
         )
         try:
             plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)

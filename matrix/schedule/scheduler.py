@@ -51,6 +51,7 @@ class SchedulerOptions:
     jobs: int
     max_attempts: int = 1
     fail_fast: bool = False
+    workspace: Path | None = None
 
 
 @dataclass
@@ -179,7 +180,10 @@ class Scheduler:
         job, lease = entry.job, entry.lease
         log_dir = self._logs_root / f"{_safe_name(job.cell.key)}-{entry.uid}"
         resources = Resources(
-            gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=self._pool.startup_gate(lease)
+            gpu_ids=lease.gpu_ids,
+            host_gpus=len(self._gpus),
+            startup_gate=self._pool.startup_gate(lease),
+            workspace=self._options.workspace,
         )
         outcome = run_cell(job.cell, entry.uid, log_dir, self._allocator, resources, self._live)
         if lease.gpu_indices:

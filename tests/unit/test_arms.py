@@ -95,6 +95,45 @@ def test_gpu_engines_get_their_ports_and_pins_through_the_script_environment(tmp
         assert workers.env["PRTE_ALLOW_RUN_AS_ROOT"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("engine", "bound", "launch", "args", "env"),
+    [
+        ("vllm", {"bytes": 1119388000}, {"max_model_len": 2048},
+         ("--kv-cache-memory-bytes", "1119388000", "--gpu-memory-utilization", "0.01"), {"MAX_MODEL_LEN": "2048"}),
+        ("sglang", {"tokens": 2048}, {"disable_cuda_graph": True},
+         ("--max-total-tokens", "2048", "--disable-cuda-graph"), {}),
+        ("trtllm", {"tokens": 2048}, {}, (), {"TRTLLM_KV_MAX_TOKENS": "2048"}),
+    ],
+)  # fmt: skip
+def test_gpu_engines_get_absolute_kv_bounds(
+    tmp_path: Path, engine: str, bound: dict[str, int], launch: dict[str, object], args: tuple[str, ...],
+    env: dict[str, str],
+) -> None:  # fmt: skip
+    script = tmp_path / "disagg.sh"
+    script.write_text("#!/bin/bash\n")
+    case = _case("dynamo", {"engine": engine, "script": "disagg.sh", **launch}, source_dir=str(tmp_path),
+                 kv_bound=bound)  # fmt: skip
+    (workers,) = [
+        p for p in get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",))).processes if p.role == "workers"
+    ]
+    assert workers.argv == ("bash", str(script), *args)
+    assert env.items() <= dict(workers.env).items()
+
+
+def test_launch_scripts_resolve_against_the_workspace(tmp_path: Path) -> None:
+    checkout = tmp_path / "dynamo"
+    (checkout / "lib").mkdir(parents=True)
+    (checkout / "lib" / "disagg.sh").write_text("#!/bin/bash\n")
+    case = _case("dynamo", {"engine": "vllm", "script": "lib/disagg.sh"}, source_dir=str(tmp_path / "catalog"))
+    with pytest.raises(ConfigError, match=r"launch script lib/disagg\.sh not found .* --workspace"):
+        get_arm("dynamo").plan(_ctx(case, tmp_path))
+    ctx = _ctx(case, tmp_path)
+    from dataclasses import replace
+
+    plan = get_arm("dynamo").plan(replace(ctx, workspace=checkout))
+    assert plan.processes[0].argv[1] == str(checkout / "lib" / "disagg.sh")
+
+
 def test_gpu_engine_without_a_script_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs launch\.script"):
         get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "vllm"}), tmp_path))

@@ -41,6 +41,8 @@ class LaunchContext:
     model_dir: Path | None = None
     # matrix's own interpreter, for helper processes that are matrix code (e.g. the P/D proxy).
     matrix_python: str = sys.executable
+    # A checkout (e.g. of Dynamo) that case launch scripts resolve against, from `matrix run --workspace`.
+    workspace: Path | None = None
     # A short per-cell temporary directory: engines put Unix sockets there, whose paths must stay under
     # 108 bytes, so it cannot live inside the (deep) log directory. Created and removed by the runner.
     tmp_dir: Path | None = None

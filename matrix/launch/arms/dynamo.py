@@ -44,6 +44,31 @@ def _engine(case: CaseInfo) -> str:
     return engine
 
 
+def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
+    """Engine flags that bound the KV cache absolutely (DOMAIN.md section 5), forwarded by the launch
+    script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
+    launch, bound = case.launch, case.kv_bound
+    if engine == "vllm" and "bytes" in bound:
+        # vLLM checks the memory fraction before the byte cap, so the fraction must be tiny too.
+        utilization = str(launch.get("gpu_memory_utilization", 0.01))
+        return ("--kv-cache-memory-bytes", str(bound["bytes"]), "--gpu-memory-utilization", utilization)
+    if engine == "sglang" and "tokens" in bound:
+        graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph") else ()
+        return ("--max-total-tokens", str(bound["tokens"]), *graph)
+    return ()
+
+
+def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
+    env = {}
+    if "max_model_len" in case.launch:
+        env["MAX_MODEL_LEN"] = str(case.launch["max_model_len"])
+    if engine == "trtllm" and "tokens" in case.kv_bound:
+        # TensorRT-LLM takes its KV bound from the engine config (kv_cache_config.max_tokens); the launch
+        # script writes that config, so the bound travels as a variable.
+        env["TRTLLM_KV_MAX_TOKENS"] = str(case.kv_bound["tokens"])
+    return env
+
+
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
     """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
     return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
@@ -142,7 +167,13 @@ class DynamoArm:
                 f"case {ctx.case.name!r}: dynamo engine {engine!r} needs launch.script "
                 f"(e.g. lib/sidecar/{engine}/launch/disagg.sh of a Dynamo checkout)"
             )
-        script = Path(ctx.case.source_dir, str(script_text)).resolve()
+        base = ctx.workspace or Path(ctx.case.source_dir)
+        script = (base / str(script_text)).resolve()
+        if not script.is_file():
+            raise ConfigError(
+                f"case {ctx.case.name!r}: launch script {script_text} not found under {base}: pass "
+                "`matrix run --workspace DIR` with a checkout that has it"
+            )
         # The script sources its helpers relative to its own directory (SCRIPT_DIR), so it runs from there.
         script_env = {
             **env,
@@ -151,6 +182,7 @@ class DynamoArm:
             "DYN_SYSTEM_PORT2": str(ctx.ports["decode_system"]),
             "DYN_HTTP_PORT": str(ctx.ports["frontend"]),
             "MODEL": ctx.case.model,
+            **kv_bound_env(engine, ctx.case),
         }
         if engine == "trtllm" and ctx.gpu_ids:
             script_env |= {
@@ -162,6 +194,5 @@ class DynamoArm:
         health = tuple(
             HealthProbe(loopback_url(ctx.ports[f"{role}_system"], "/health")) for role in ("prefill", "decode")
         )
-        return ProcessSpec(
-            role="workers", argv=("bash", str(script)), env=script_env, cwd=str(script.parent), health=health
-        )
+        argv = ("bash", str(script), *kv_bound_args(engine, ctx.case))
+        return ProcessSpec(role="workers", argv=argv, env=script_env, cwd=str(script.parent), health=health)
