@@ -12,7 +12,7 @@ from typing import Protocol
 
 from matrix.hardware.gpus import CHILD_ENV
 from matrix.hardware.ports import PortRequest
-from matrix.launch.plan import LaunchPlan, RequestSpec
+from matrix.launch.plan import HealthProbe, LaunchPlan, RequestSpec
 from matrix.plan import CaseInfo, RuntimeInfo
 
 DEFAULT_PROMPT = (
@@ -72,6 +72,14 @@ def cell_tmp_dir(ctx: LaunchContext) -> Path:
 
 def loopback_url(port: int, path: str = "") -> str:
     return f"http://127.0.0.1:{port}{path}"
+
+
+def frontend_probes(port: int) -> tuple[HealthProbe, ...]:
+    """A pair is ready when its OpenAI frontend lists a model and says it is healthy."""
+    return (
+        HealthProbe(loopback_url(port, "/v1/models"), require_models=True),
+        HealthProbe(loopback_url(port, "/health")),
+    )
 
 
 def chat_request(ctx: LaunchContext, frontend_port: int) -> RequestSpec:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, chat_request, gpu_env, loopback_url
+from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
 from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -130,10 +130,7 @@ class DynamoArm:
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*workers, frontend),
-            ready_probes=(
-                HealthProbe(loopback_url(frontend_port, "/v1/models"), require_models=True),
-                HealthProbe(loopback_url(frontend_port, "/health")),
-            ),
+            ready_probes=frontend_probes(frontend_port),
             request=chat_request(ctx, frontend_port),
             ports=dict(ports),
             startup_timeout_s=ctx.case.startup_timeout_s,

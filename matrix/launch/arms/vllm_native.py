@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, chat_request, gpu_env, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, chat_request, frontend_probes, gpu_env, loopback_url
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -114,10 +114,7 @@ class VllmNativeArm:
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*instances, proxy),
-            ready_probes=(
-                HealthProbe(loopback_url(proxy_port, "/v1/models"), require_models=True),
-                HealthProbe(loopback_url(proxy_port, "/health")),
-            ),
+            ready_probes=frontend_probes(proxy_port),
             request=chat_request(ctx, proxy_port),
             ports=dict(ctx.ports),
             startup_timeout_s=ctx.case.startup_timeout_s,
