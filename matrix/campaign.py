@@ -194,6 +194,8 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
                 chosen.append((cell, attempt + 1, True))
         campaign.status = "running"
         campaign.finished_at = None
+        # The resuming runner owns the campaign now, so recovery elsewhere does not mark it interrupted.
+        campaign.host, campaign.owner_pid = socket.gethostname(), os.getpid()
         what = "resuming" if options.resume is not None else "rerunning failed cells of"
         echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
         return campaign.id, chosen
