@@ -420,9 +420,7 @@ def test_unpulled_blocks_expire_after_ttl(launcher: Launcher) -> None:
 
 def test_decode_rejects_unknown_handle_and_bad_checksum(launcher: Launcher) -> None:
     pair = launcher.pair()
-    pre = httpx.post(
-        f"{pair.worker_urls['prefill']}/prefill", json={"request_id": "r1", "prompt": PROMPT}
-    ).json()
+    pre = httpx.post(f"{pair.worker_urls['prefill']}/prefill", json={"request_id": "r1", "prompt": PROMPT}).json()
     assert pre["prompt_tokens"] == 16 and len(pre["kv"]["checksum"]) == 64
     decode_url = f"{pair.worker_urls['decode']}/decode"
 
@@ -436,9 +434,7 @@ def test_decode_rejects_unknown_handle_and_bad_checksum(launcher: Launcher) -> N
     assert resp.status_code == 502
     assert "KV transfer failed: unknown KV handle 'r1'" in resp.json()["error"]["message"]
 
-    pre2 = httpx.post(
-        f"{pair.worker_urls['prefill']}/prefill", json={"request_id": "r2", "prompt": PROMPT}
-    ).json()
+    pre2 = httpx.post(f"{pair.worker_urls['prefill']}/prefill", json={"request_id": "r2", "prompt": PROMPT}).json()
     ok = httpx.post(decode_url, json={"kv": pre2["kv"], "max_tokens": 4})
     assert ok.status_code == 200
     assert ok.json()["completion_tokens"] == 4 and ok.json()["finish_reason"] == "length"

@@ -171,9 +171,7 @@ launch = { faults = ["slow-start"], slow_start_s = 60 }
 
 
 def _start_slow_run(m: Matrix) -> tuple[object, str]:
-    assert (
-        m.subprocess("catalog", "sync", *fault_catalog(m.home / "catalog", extra=SLOW_CASE)).returncode == 0
-    )
+    assert m.subprocess("catalog", "sync", *fault_catalog(m.home / "catalog", extra=SLOW_CASE)).returncode == 0
     proc = m.popen("run", "--case", "slow_pair")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

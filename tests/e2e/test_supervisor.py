@@ -36,9 +36,7 @@ def ports(tmp_path: Path) -> Iterator[list[int]]:
 
 def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSpec:
     health = (HealthProbe(f"http://127.0.0.1:{port}/health"),) if probe else ()
-    return ProcessSpec(
-        role=role, argv=(sys.executable, FAKE_ENGINE, "--port", str(port), *options), health=health
-    )
+    return ProcessSpec(role=role, argv=(sys.executable, FAKE_ENGINE, "--port", str(port), *options), health=health)
 
 
 def python(role: str, code: str) -> ProcessSpec:
@@ -97,9 +95,7 @@ def test_readiness_is_noticed_within_the_poll_cap(tmp_path: Path, ports: list[in
 
 
 def test_process_exiting_before_ready_is_a_startup_failure(tmp_path: Path, ports: list[int]) -> None:
-    crash = python(
-        "prefill", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(1)"
-    )
+    crash = python("prefill", "import sys; print('loading weights'); print('CUDA out of memory'); sys.exit(1)")
     plan = make_plan((crash, engine("decode", ports[1])), ports, ready_probes=(models_probe(ports[1]),))
     with Supervisor(plan, tmp_path / "logs") as sup:
         sup.start()
@@ -226,9 +222,7 @@ def test_teardown_is_idempotent_and_runs_on_errors(tmp_path: Path, ports: list[i
     assert first.clean and first.exits[0].returncode == -15
 
 
-def test_port_still_listening_is_reported(
-    tmp_path: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_port_still_listening_is_reported(tmp_path: Path, ports: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor_module, "_PORT_RELEASE_S", 0.2)
     plan = make_plan((python("decode", "import time; time.sleep(60)"),), ports)
     with socket.socket() as squatter:

@@ -37,9 +37,7 @@ def test_sync_reports_changes_and_retires_without_deleting(seeded: Matrix, tmp_p
     assert "dynamo_mocker_disaggregated" not in {c["name"] for c in listed}
     # Syncing the seed again restores it.
     restored = seeded("catalog", "sync")
-    assert "restored  case     dynamo_mocker_disaggregated" in restored.output.replace(
-        "   restored", "restored"
-    )
+    assert "restored  case     dynamo_mocker_disaggregated" in restored.output.replace("   restored", "restored")
 
 
 def test_lists_as_table_and_json(seeded: Matrix) -> None:
@@ -56,9 +54,7 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
 
 
 def test_runtime_add_disable_enable(seeded: Matrix) -> None:
-    result = seeded(
-        "runtime", "add", "vllm", "v0.31.0", "--component", "vllm-rs=0.31.0", "--component", "vllm=0.31.0"
-    )
+    result = seeded("runtime", "add", "vllm", "v0.31.0", "--component", "vllm-rs=0.31.0", "--component", "vllm=0.31.0")
     assert result.exit_code == 0, result.output
     assert "added runtime vllm 0.31.0 (v0.31.0, release)" in result.output
     plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
@@ -76,10 +72,7 @@ def test_runtime_add_disable_enable(seeded: Matrix) -> None:
 
 
 def test_marker_add(seeded: Matrix) -> None:
-    assert (
-        seeded("marker", "add", "canary", "--kind", "lifecycle", "--description", "canary runs").exit_code
-        == 0
-    )
+    assert seeded("marker", "add", "canary", "--kind", "lifecycle", "--description", "canary runs").exit_code == 0
     assert "canary" in seeded("markers", "list").output
     plan = seeded("plan", "-m", "canary")
     assert plan.exit_code == 0 and "0 cells" in plan.output

@@ -39,9 +39,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append(
-            {"path": self.path, "headers": dict(self.headers), "json": json.loads(body)}
-        )
+        self.server.received.append({"path": self.path, "headers": dict(self.headers), "json": json.loads(body)})
         self.server.routes[self.path](self)
 
     def log_message(self, format: str, *args: object) -> None:  # keep test output clean
@@ -76,9 +74,7 @@ def healthy_json() -> bytes:
             "id": "chatcmpl-1",
             "object": "chat.completion",
             "model": "tiny",
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
             "nvext": {"worker_id": {"prefill_worker_id": BIG_ID, "decode_worker_id": 2**64 - 1}},
         }

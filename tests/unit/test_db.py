@@ -64,9 +64,7 @@ def test_out_of_date_schema_stops_commands(matrix) -> None:  # type: ignore[no-u
     assert "this matrix does not know" in result.output or "run `matrix db upgrade`" in result.output
 
 
-def test_behind_schema_message_names_the_upgrade_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_behind_schema_message_names_the_upgrade_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'old.db'}")
     upgrade(engine)
     current = current_revision(engine)

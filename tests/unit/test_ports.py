@@ -74,9 +74,7 @@ def test_ports_in_one_allocation_are_distinct_and_bindable(registry: Path) -> No
 
 
 def test_upper_bound_is_respected(registry: Path) -> None:
-    ports = PortAllocator(registry).allocate(
-        "cell", [PortRequest(f"p{i}", max_port=32767) for i in range(50)]
-    )
+    ports = PortAllocator(registry).allocate("cell", [PortRequest(f"p{i}", max_port=32767) for i in range(50)])
     assert all(20000 <= port <= 32767 for port in ports.values())
 
 
@@ -111,9 +109,7 @@ def test_another_process_holding_ports_is_respected(
     assert not set(ports.values()) & set(block)
 
 
-def test_ports_of_a_dead_process_are_reclaimed(
-    registry: Path, holder: tuple[subprocess.Popen[str], range]
-) -> None:
+def test_ports_of_a_dead_process_are_reclaimed(registry: Path, holder: tuple[subprocess.Popen[str], range]) -> None:
     proc, block = holder
     proc.kill()
     proc.wait()

@@ -136,8 +136,7 @@ SINGLE_FAILURES = [
     (
         "worker_ids_distinct",
         mutate("nvext.worker_id.decode_worker_id", BIG_ID),
-        f"prefill_worker_id and decode_worker_id are both {BIG_ID}: one worker served both phases "
-        "(aggregated?)",
+        f"prefill_worker_id and decode_worker_id are both {BIG_ID}: one worker served both phases (aggregated?)",
     ),
 ]
 
@@ -297,9 +296,7 @@ def test_non_200_skips_everything_and_shows_escaped_excerpt() -> None:
     assert names(result) == ["http_status"]
     assert result.skipped == CHECK_NAMES[1:]
     message = result.failures[0].message
-    assert message.startswith(
-        'HTTP status is 503; expected 200; body starts \'{"error": "no prefill worker"}\\n'
-    )
+    assert message.startswith('HTTP status is 503; expected 200; body starts \'{"error": "no prefill worker"}\\n')
     assert "\\x00" in message
     assert "\n" not in message
     assert f"({len(body)} bytes in all)" in message
@@ -315,9 +312,7 @@ def test_non_200_with_a_valid_body_still_fails() -> None:
 
 def test_no_response_at_all() -> None:
     result = validate_chat_response(None, b"")
-    assert result.failures == (
-        CheckFailure("http_status", "no HTTP response arrived; expected 200; body is empty"),
-    )
+    assert result.failures == (CheckFailure("http_status", "no HTTP response arrived; expected 200; body is empty"),)
 
 
 @pytest.mark.parametrize(
@@ -361,10 +356,6 @@ def test_runs_under_python_dash_O() -> None:
     import subprocess
     import sys
 
-    code = (
-        "from matrix.check.validate import validate_chat_response as v\n"
-        "r = v(200, b'{}')\n"
-        "print(len(r.failures))\n"
-    )
+    code = "from matrix.check.validate import validate_chat_response as v\nr = v(200, b'{}')\nprint(len(r.failures))\n"
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "3"  # one_choice, usage_object, worker_ids_present

@@ -49,9 +49,7 @@ def test_parse_version_rejects_invalid(text: str) -> None:
 
 
 def test_invalid_version_message_matches_contract() -> None:
-    with pytest.raises(
-        ConfigError, match=r"^invalid version 'x\.y': not a PEP 440 version \(e\.g\. 0\.30\.0"
-    ):
+    with pytest.raises(ConfigError, match=r"^invalid version 'x\.y': not a PEP 440 version \(e\.g\. 0\.30\.0"):
         parse_version("x.y")
 
 
