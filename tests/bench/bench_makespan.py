@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench.results import append_section  # noqa: E402
+
 TARGET_RATIO = 1.05
 SEED_FILES = ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml")
 
@@ -272,11 +274,7 @@ def main() -> None:
     )
     print(report)
     if not args.no_write:
-        out = REPO / "docs" / "benchmarks.md"
-        if not out.exists():
-            out.write_text("# Benchmarks\n\nMeasured on demand; medians from one run, side by side.\n")
-        with out.open("a") as fh:
-            fh.write(report)
+        append_section(report)
 
 
 if __name__ == "__main__":

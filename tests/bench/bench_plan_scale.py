@@ -37,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench.results import append_section  # noqa: E402
+
 BACKEND = "vllm"
 EXPRESSION = "(pre_merge or nightly) and gpu_1 and not h100"
 SINCE = "vllm=0.24.0"
@@ -317,11 +319,7 @@ def main() -> None:
     )
     print(report)
     if not args.no_write:
-        out = REPO / "docs" / "benchmarks.md"
-        if not out.exists():
-            out.write_text("# Benchmarks\n\nMeasured on demand; medians from one run, side by side.\n")
-        with out.open("a") as fh:
-            fh.write(report)
+        append_section(report)
 
 
 if __name__ == "__main__":

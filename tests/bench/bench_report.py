@@ -33,6 +33,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench.results import append_section  # noqa: E402
+
 TARGET_S = 10.0
 BACKEND = "vllm"
 MARKERS = [("pre_merge", "lifecycle"), ("nightly", "lifecycle"), ("gpu_1", "hardware"), ("e2e", "kind")]
@@ -268,8 +270,7 @@ disk cell by cell, so memory holds the summaries plus one runtime's rows, never 
 """  # noqa: E501
     print(text)
     if not args.no_append:
-        with (REPO / "docs" / "benchmarks.md").open("a", encoding="utf-8") as out:
-            out.write(text)
+        append_section(text)
 
 
 if __name__ == "__main__":

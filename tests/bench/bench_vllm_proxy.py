@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench.results import append_section  # noqa: E402
+
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -104,8 +106,7 @@ def main() -> None:
     )
     print(report)
     if not args.no_write:
-        with (REPO / "docs" / "benchmarks.md").open("a") as fh:
-            fh.write(report)
+        append_section(report)
 
 
 if __name__ == "__main__":

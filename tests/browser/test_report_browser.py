@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from matrix.cli import cli
-from matrix.cli_report import register
 from tests.browser.cdp import Browser, chromium_path
 from tests.conftest import DATA, Matrix
 
@@ -23,8 +21,6 @@ pytestmark = pytest.mark.skipif(
     chromium_path() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)"
 )
 
-if "report" not in cli.commands:  # until matrix/cli.py registers the report commands itself
-    register(cli)
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 HOSTILE = "<script>alert('pwned')</script> \"quoted\" <img src=x onerror=alert(1)> \x1b[31mred\x1b[0m"

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from matrix.cli import cli
-from matrix.cli_runtime import register
 from matrix.launch.providers import Environment, NotProvisioned, prepare
 from matrix.launch.providers.store import list_envs, prune
 from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
@@ -214,7 +212,6 @@ def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
 
 
 def test_runtime_commands(home: Path) -> None:
-    register(cli)
     m = Matrix(home=home, db_path=home / "matrix.db")
     catalog = home / "toy.toml"
     runtimes = "\n".join(

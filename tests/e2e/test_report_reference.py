@@ -20,12 +20,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from matrix.cli import cli
-from matrix.cli_report import register
 from tests.conftest import DATA, REPO, Matrix
-
-if "report" not in cli.commands:  # until matrix/cli.py registers the report commands itself
-    register(cli)
 
 HOSTILE = (
     "<script>alert('pwned')</script> \"double\" 'single' <img src=x onerror=alert(1)> </pre></details>"

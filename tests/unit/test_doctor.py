@@ -12,17 +12,10 @@ from typing import Any
 import pytest
 
 from matrix import doctor as doctor_module
-from matrix.cli import cli
-from matrix.cli_runtime import register
 from matrix.doctor import runtime_readiness
 from matrix.launch.providers import container as container_module
 from matrix.plan import load_catalog_view
 from tests.conftest import Matrix
-
-
-@pytest.fixture(autouse=True)
-def commands() -> None:
-    register(cli)  # what matrix.cli does at import time once wired; registering twice is harmless
 
 
 @pytest.fixture

@@ -7,15 +7,10 @@ import json
 import pytest
 
 from matrix.cli import cli
-from matrix.cli_runtime import register, select_runtimes
+from matrix.cli_runtime import select_runtimes
 from matrix.errors import ConfigError
 from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix
-
-
-@pytest.fixture(autouse=True)
-def commands() -> None:
-    register(cli)
 
 
 def _venv(backend: str, version: str, enabled: bool = True) -> RuntimeInfo:

@@ -16,14 +16,9 @@ from click.testing import Result
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.cli import cli
-from matrix.cli_report import register
 from matrix.db.engine import create_db_engine, session_factory, transaction
 from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
 from tests.conftest import DATA, Matrix
-
-if "report" not in cli.commands:  # until matrix/cli.py registers the report commands itself
-    register(cli)
 
 # The seed's backends, markers and fixes; runtimes and cases of our own, so that the seed catalog can
 # grow without changing what these tests expect.
