@@ -25,7 +25,13 @@ TINY = "tiny"
 # With random weights, for engines that load a real model (vLLM); built with the runtime's interpreter.
 TINY_RANDOM = "tiny-random"
 DEFAULT_VOCAB = 4096
+# Version of tools/make_tiny_qwen3.py's output, part of the cached directory's name: a generator change
+# bumps it, so a directory an older generator wrote (possibly broken weights) is never reused.
+WEIGHTS_VERSION = 2
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# The chat template's own words: without them a chat prompt ends in <unk> ("assistant"), and a random model
+# tends to repeat its last input token, so it generated only <unk>, which detokenizes to blank text.
+ROLE_WORDS = ("system", "user", "assistant")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -46,8 +52,8 @@ def _word(index: int) -> str:
 
 
 def tokenizer_json(vocab_size: int) -> dict[str, Any]:
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    for i in range(len(SPECIAL_TOKENS), vocab_size):
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + ROLE_WORDS)}
+    for i in range(len(vocab), vocab_size):
         vocab[_word(i)] = i
     added = [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
@@ -81,7 +87,8 @@ def config_json(vocab_size: int) -> dict[str, Any]:
         "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
-        "tie_word_embeddings": True,
+        # Untied: with a tied output layer a random model's logits peak at its last input token (an echo).
+        "tie_word_embeddings": False,
         "bos_token_id": SPECIAL_TOKENS.index("<|endoftext|>"),
         "eos_token_id": SPECIAL_TOKENS.index("<|im_end|>"),
         "torch_dtype": "bfloat16",
@@ -109,7 +116,7 @@ def ensure_tiny_model(
     if vocab_size < 2048:
         raise ConfigError(f"tiny model vocab_size must be >= 2048 (mocker token ids reach 1999), got {vocab_size}")
     base = (root or data_dir()) / "models"
-    target = base / (f"tiny-qwen3-v{vocab_size}" + ("-random" if weights_python else ""))
+    target = base / (f"tiny-qwen3-v{vocab_size}" + (f"-random-w{WEIGHTS_VERSION}" if weights_python else ""))
     if (target / "tokenizer.json").is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
@@ -144,7 +151,10 @@ def _write_weights(python: str, directory: Path) -> None:
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-        raise ConfigError(f"could not write random weights with {python}:\n{tail}")
+        raise ConfigError(
+            f"could not write random weights with {python} (it needs torch, transformers and safetensors; "
+            f"exit {result.returncode}):\n{tail}"
+        )
 
 
 def resolve_model_dir(spec: str | None, source_dir: str, python: str | None = None) -> Path | None:

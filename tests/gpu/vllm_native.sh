@@ -15,13 +15,15 @@ rows() {
 import json, sqlite3, sys
 db, campaign = sys.argv[1], int(sys.argv[2])
 q = ('SELECT c.name, r.status, r.failure_kind, r.ready_s, r.request_s, r.total_s, r.prefill_worker_id, '
-     'r.decode_worker_id, r.completion_tokens, r.checks, r.gpu, r.peaks, r.message FROM cell_run r '
+     'r.decode_worker_id, r.completion_tokens, r.completion_excerpt, r.checks, r.gpu, r.peaks, r.message '
+     'FROM cell_run r '
      'JOIN "case" c ON c.id = r.case_id WHERE r.campaign_id = ? ORDER BY r.id')
 for row in sqlite3.connect(db).execute(q, (campaign,)):
-    name, status, kind, ready, request, total, pid, did, tokens, checks, gpu, peaks, message = row
+    name, status, kind, ready, request, total, pid, did, tokens, excerpt, checks, gpu, peaks, message = row
     print(json.dumps({"case": name, "status": status, "kind": kind, "ready_s": ready, "request_s": request,
                       "total_s": total, "prefill_worker_id": pid, "decode_worker_id": did,
-                      "completion_tokens": tokens, "checks": json.loads(checks), "gpu": json.loads(gpu),
+                      "completion_tokens": tokens, "completion_excerpt": excerpt[:120],
+                      "checks": json.loads(checks), "gpu": json.loads(gpu),
                       "peaks": json.loads(peaks), "message": message[:400]}))
 PYEOF
 }
@@ -40,6 +42,8 @@ echo "== one cell"
 m run --case vllm_native_disaggregated --runtime vllm=0.26.0 --gpus 0 --report-dir "$OUT/report" || true
 rows 1
 echo "== GPU after the cell"; smi
+echo "== the generated model's weights, checked again with the runtime's interpreter"
+for dir in "$MATRIX_HOME"/models/tiny-qwen3-*-random*; do "$PY" matrix/tools/make_tiny_qwen3.py --check "$dir" || echo "== weights check FAILED"; done
 
 echo "== two cells packed on one GPU"
 m run --case vllm_native_disaggregated --case vllm_native_disaggregated_twin --runtime vllm=0.26.0 --gpus 0 \
