@@ -26,7 +26,9 @@ from matrix import __version__
 from matrix.db.engine import transaction
 from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
-from matrix.hardware.gpus import inventory
+from matrix.executors import EXECUTORS, CellExecutor
+from matrix.executors.local import LocalExecutor
+from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
@@ -60,6 +62,8 @@ class RunOptions:
     resume: int | None = None
     rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
     workspace: Path | None = None
+    executor: str = "local"  # local | ray
+    ray_address: str | None = None  # None: start a local Ray cluster
 
 
 def _git_sha() -> str:
@@ -204,7 +208,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         status="running",
         selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
         host=socket.gethostname(),
-        executor="local",
+        executor=options.executor,
         git_sha=_git_sha(),
         matrix_version=__version__,
         owner_pid=os.getpid(),
@@ -228,12 +232,47 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
         say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
 
 
+def _check_executor_options(options: RunOptions) -> None:
+    if options.executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {options.executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if options.executor != "ray":
+        if options.ray_address is not None:
+            raise ConfigError("--ray-address needs --executor ray")
+        return
+    if options.pack:
+        raise ConfigError("--pack is for the local executor: under Ray each cell gets whole GPUs from Ray")
+    if options.gpus is not None:
+        raise ConfigError("--gpus is for the local executor: under Ray, Ray assigns each cell its GPUs")
+
+
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
     if options.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1")
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError("--jobs must be at least 1")
-    gpus = inventory(restrict=options.gpus)
+    _check_executor_options(options)
+    if options.executor == "ray":
+        from matrix.executors.ray_cluster import RayExecutor
+
+        # Connect before anything is written, so an unreachable cluster leaves the database unchanged.
+        ray_executor = RayExecutor(options.ray_address, workspace=options.workspace)
+        try:
+            gpus, cluster_cpus, gpus_per_node = ray_executor.cluster()
+            return _run(factory, options, echo, gpus, ray_executor, cluster_cpus, gpus_per_node)
+        finally:
+            ray_executor.shutdown()  # idempotent: stops a cluster this run started, or disconnects
+    return _run(factory, options, echo, inventory(restrict=options.gpus), None, None, None)
+
+
+def _run(
+    factory: sessionmaker[Session],
+    options: RunOptions,
+    echo: Echo,
+    gpus: tuple[Gpu, ...],
+    ray_executor: CellExecutor | None,
+    cluster_cpus: int | None,
+    gpus_per_node: int | None,
+) -> int:
     recover_stale(factory, echo)
     with transaction(factory) as session:
         campaign_id, selected = _selected_cells(session, options, echo)
@@ -242,20 +281,25 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
             session.rollback()
             return EXIT_OK
         durations = _expected_durations(session)
-    cpu_slots = options.jobs or max(1, os.cpu_count() or 1)
-    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots)
+    cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)
+    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots, max_gpus_per_cell=gpus_per_node)
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
         cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
-    _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
+    if ray_executor is None:  # Ray workers build what their cells need on their own nodes
+        _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
+    executor = ray_executor or LocalExecutor(
+        pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace
+    )
+    where = f"{len(gpus)} GPU(s) in the Ray cluster" if ray_executor else f"{len(gpus)} GPU(s)"
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
     reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)
     reporter.emit(
         Event("campaign-start", detail=f"campaign {campaign_id}: {len(jobs)} cells, {jobs_limit} at once, "
-              f"{len(gpus)} GPU(s), logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
+              f"{where}, logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
     )  # fmt: skip
     stop = StopSignal()
     stop.install()
@@ -263,12 +307,9 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
     heartbeat.start()
     started = time.monotonic()
     scheduler = Scheduler(
-        factory, campaign_id, pool, PortAllocator(port_registry_path()), reporter, stop,
-        SchedulerOptions(
-            jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
-            workspace=options.workspace,
-        ),
-        logs_root, gpus,
+        factory, campaign_id, pool, executor, reporter, stop,
+        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        logs_root,
     )  # fmt: skip
     try:
         tally = scheduler.run(jobs)

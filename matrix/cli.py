@@ -382,6 +382,11 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="A checkout (e.g. of Dynamo) that cases' launch scripts resolve against.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where cells run: threads on this host, or tasks on a Ray cluster (needs disagg-matrix[ray]).")
+@click.option("--ray-address", metavar="auto|HOST:PORT",
+              help="With --executor ray: the cluster to use (`auto`: the one `ray start` left running here); "
+              "default: start a local cluster for this run.")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
@@ -390,12 +395,14 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, logs_dir: Path | None, workspace: Path | None,
-    json_events: bool, quiet: bool, report: bool, report_dir: Path | None, **kw: Any,
+    executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
+    **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
     Cells run concurrently on slots (one cell per GPU, or packed with --pack; CPU cells on CPU slots),
-    longest expected first. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
+    longest expected first. With --executor ray each cell is a Ray task asking for its GPUs; this
+    process still plans, claims and records. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
     2 on bad input, 3 when interrupted.
     """
     from matrix.campaign import RunOptions, run_campaign
@@ -407,7 +414,7 @@ def run_cmd(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
-        workspace=workspace.resolve() if workspace else None,
+        workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
     if report and exit_code != 2:
