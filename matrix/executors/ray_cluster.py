@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ INSTALL_HINT = "install it with: pip install 'disagg-matrix[ray]'"
 # Stand-ins for the cluster's GPUs in the driver's slot pool: they only count; Ray picks the device.
 _VIRTUAL_GPU_BYTES = 2**50
 _SWEEP_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT_S = 5.0
 
 
 def _import_ray() -> Any:
@@ -44,6 +46,21 @@ def _task(cell: Any, uid: str, driver_version: str, workspace: str | None) -> Re
 
     gpu_ids = [str(gpu) for gpu in ray.get_gpu_ids()]
     return run_remote_cell(cell, uid, driver_version, gpu_ids, workspace)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a HOST:PORT nobody listens on: Ray itself retries for minutes before giving up."""
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--ray-address {address!r} is not auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}. Start one there with "
+            "`ray start --head --port PORT`, or leave --ray-address out to start a local cluster"
+        ) from None
 
 
 def _sweep(uid: str) -> list[int]:
@@ -62,17 +79,20 @@ class RayExecutor:
         self._running: dict[str, Any] = {}  # uid -> ObjectRef
         self._results: list[Future[CellOutcome]] = []
         self._cancelled = False
+        # Ray resolves futures on its own threads, which must not block (a sweep waits on other tasks):
+        # outcomes are turned into rows' material on this pool instead.
+        self._landing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ray-landing")
         options: dict[str, Any] = {
             "include_dashboard": False,
             "log_to_driver": False,  # cell output comes back with the outcome, never interleaved with ours
             "logging_level": logging.WARNING,
             "configure_logging": False,
         }
+        if address not in (None, "auto"):
+            _check_reachable(address)
         try:
-            if address is None:
-                ray.init(**options)
-            else:
-                ray.init(address=address, **options)
+            # "local" always starts a fresh cluster, never attaches to one that happens to run here.
+            ray.init(address=address or "local", **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
             raise ConfigError(
@@ -114,7 +134,7 @@ class RayExecutor:
             )
             ref = task.remote(submission.cell, submission.uid, __version__, self._workspace)
             self._running[submission.uid] = ref
-        ref.future().add_done_callback(lambda done: self._land(submission, done, result))
+        ref.future().add_done_callback(lambda done: self._landing.submit(self._land, submission, done, result))
         return result
 
     def cancel_all(self) -> None:
@@ -133,6 +153,7 @@ class RayExecutor:
     def shutdown(self) -> None:
         for result in list(self._results):
             result.exception()  # waits; `_land` always resolves it
+        self._landing.shutdown(wait=True)
         self._ray.shutdown()  # stops a cluster this process started, else just disconnects
 
     # --- outcome handling (runs on a Ray thread) -----------------------------------------------------
