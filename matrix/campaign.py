@@ -26,6 +26,7 @@ from matrix import __version__
 from matrix.db.engine import transaction
 from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
+from matrix.fanout import pick_cells
 from matrix.hardware.gpus import inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
@@ -60,6 +61,12 @@ class RunOptions:
     resume: int | None = None
     rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
     workspace: Path | None = None
+    # `--cell`: run exactly these cells of the plan (stable ids or CASE@BACKEND-VERSION keys).
+    cells: tuple[str, ...] = ()
+    # Names the campaign across databases, so `matrix import` merges shards of one CI run into one campaign.
+    campaign_key: str = ""
+    # Told the campaign's id once its cells are chosen (e.g. to write `--results-out` afterwards).
+    on_campaign: Callable[[int], None] | None = None
 
 
 def _git_sha() -> str:
@@ -200,9 +207,13 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
         return campaign.id, chosen
     plan = plan_from_db(session, options.selection)
+    planned = pick_cells(plan, options.cells) if options.cells else list(plan.cells)
+    recorded = {**options.selection.as_dict(), "cells": [c.key for c in planned]}
+    if options.campaign_key:
+        recorded["campaign_key"] = options.campaign_key
     campaign = Campaign(
         status="running",
-        selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
+        selection=recorded,
         host=socket.gethostname(),
         executor="local",
         git_sha=_git_sha(),
@@ -211,7 +222,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     )
     session.add(campaign)
     session.flush()
-    return campaign.id, [(cell, 1, False) for cell in plan.cells]
+    return campaign.id, [(cell, 1, False) for cell in planned]
 
 
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
@@ -242,6 +253,8 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
             session.rollback()
             return EXIT_OK
         durations = _expected_durations(session)
+    if options.on_campaign is not None:
+        options.on_campaign(campaign_id)
     cpu_slots = options.jobs or max(1, os.cpu_count() or 1)
     pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots)
     jobs_limit = options.jobs or pool.slots
