@@ -31,8 +31,10 @@ from matrix.fanout import cell_id, check_campaign_key
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
-# Bounds on carried logs: the last 16 KiB of each role log, at most 8 logs per attempt.
+# Bounds on carried logs: the last 16 KiB of each role log of an attempt that did not pass (where the
+# cause is), 4 KiB of one that passed or was skipped, at most 8 logs per attempt.
 LOG_TAIL_BYTES = 16 * 1024
+LOG_TAIL_BYTES_OK = 4 * 1024
 MAX_LOGS_PER_ATTEMPT = 8
 
 _NONE = type(None)
@@ -105,8 +107,8 @@ def _iso(value: dt.datetime | None) -> str | None:
 # --- writing ------------------------------------------------------------------------------------------------
 
 
-def log_tails(log_dir: str) -> dict[str, dict[str, Any]]:
-    """role -> {"tail": last LOG_TAIL_BYTES of the log (from a line start), "bytes": full size}."""
+def log_tails(log_dir: str, limit: int = LOG_TAIL_BYTES) -> dict[str, dict[str, Any]]:
+    """role -> {"tail": the last `limit` bytes of the log (from a line start), "bytes": its full size}."""
     directory = Path(log_dir) if log_dir else None
     if directory is None or not directory.is_dir():
         return {}
@@ -114,9 +116,9 @@ def log_tails(log_dir: str) -> dict[str, dict[str, Any]]:
     for path in sorted(p for p in directory.glob("*.log") if p.is_file())[:MAX_LOGS_PER_ATTEMPT]:
         size = path.stat().st_size
         with path.open("rb") as fh:
-            fh.seek(max(0, size - LOG_TAIL_BYTES))
-            data = fh.read(LOG_TAIL_BYTES)
-        if size > LOG_TAIL_BYTES and b"\n" in data:
+            fh.seek(max(0, size - limit))
+            data = fh.read(limit)
+        if size > limit and b"\n" in data:
             data = data[data.index(b"\n") + 1 :]  # start at a whole line
         tails[path.stem] = {"tail": data.decode("utf-8", errors="replace"), "bytes": size}
     return tails
@@ -136,7 +138,7 @@ def _cell_entry(row: CellRun) -> dict[str, Any]:
         value = getattr(row, name)
         entry[name] = _iso(value) if name in _TIME_FIELDS else value
     entry["source_log_dir"] = row.log_dir
-    entry["logs"] = log_tails(row.log_dir)
+    entry["logs"] = log_tails(row.log_dir, LOG_TAIL_BYTES_OK if row.status in ("passed", "skipped") else LOG_TAIL_BYTES)
     return entry
 
 

@@ -163,7 +163,7 @@ def test_history_from_the_import_drives_the_next_plan(fanout: Fanout) -> None:
     entries = json.loads(result.stdout)["include"]
     # Before any history the expected time is the timeouts (20 + 10 s per cell); now it is measured.
     assert all(e["expected_s"] < 2 * 30 for e in entries)
-    assert "expected_s\":60" in fanout.plan_stdout
+    assert 'expected_s":60' in fanout.plan_stdout
 
 
 def _variant(fanout: Fanout, name: str, change: Any) -> Path:
