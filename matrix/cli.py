@@ -445,6 +445,10 @@ def run_cmd(
         raise click.UsageError("--cell starts a new campaign; it cannot be combined with --resume or --rerun-failed")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None:
+        from matrix.cli_fanout import check_results_path
+
+        check_results_path(results_out)
     ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from matrix.plan import Plan
 
-__all__ = ["print_github_matrix", "register", "write_results_file"]
+__all__ = ["check_results_path", "print_github_matrix", "register", "write_results_file"]
 
 
 def print_github_matrix(session: Session, plan: Plan, max_jobs: int) -> None:
@@ -42,6 +42,21 @@ def print_github_matrix(session: Session, plan: Plan, max_jobs: int) -> None:
         f"max {max(loads):.0f}, mean {mean:.0f} (max/mean {max(loads) / mean:.2f})",
         err=True,
     )
+
+
+def check_results_path(path: Path) -> None:
+    """Fail before the run, not after an hour of cells, when the results file cannot be written."""
+    import os
+
+    from matrix.errors import ConfigError
+
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--results-out {path}: cannot create {directory} ({exc.strerror})") from None
+    if path.is_dir() or not os.access(directory, os.W_OK):
+        raise ConfigError(f"--results-out {path}: not a writable file path; give a file in a writable directory")
 
 
 def write_results_file(

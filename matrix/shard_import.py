@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime
+from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
 from matrix.errors import ConfigError
 from matrix.schedule.scheduler import _safe_name
 from matrix.shard_results import OUTCOME_FIELDS, ShardAttempt, ShardCampaign, ShardResults, to_utc
@@ -155,7 +155,7 @@ def _campaign_for(session: Session, key: str, sources: Sequence[ShardCampaign], 
             status="finished", executor=IMPORT_EXECUTOR, host="", git_sha=first.git_sha,
             matrix_version=first.matrix_version, owner_pid=None,
             selection={k: v for k, v in first.selection.items() if k not in ("cells", "campaign_key")},
-            started_at=min((s.started_at for s in sources if s.started_at), default=None),
+            started_at=min((s.started_at for s in sources if s.started_at), default=None) or utcnow(),
         )  # fmt: skip
         session.add(campaign)
     selection = dict(campaign.selection)

@@ -276,3 +276,33 @@ def test_a_results_file_copied_around_imports_like_the_original(fanout: Fanout, 
     assert result.exit_code == 0, result.output
     assert "2 attempts imported" in result.output
     assert central.sql("SELECT count(*) FROM cell_run") == [(2,)]
+
+
+def _other_key(data: dict[str, Any]) -> None:
+    data["campaign"]["key"] = "github:org/repo/9999"
+
+
+def _other_message(data: dict[str, Any]) -> None:
+    data["cells"][0]["message"] = "edited by hand"
+
+
+def test_one_attempt_under_two_keys_or_with_two_outcomes_is_refused(fanout: Fanout) -> None:
+    central = fanout.central
+    before = central.dump()
+    result = central("import", str(_variant(fanout, "other-key.json", _other_key)))
+    assert result.exit_code == 2
+    assert "is already in campaign 1 here, whose key is 'github:org/repo/4242'" in result.output
+    edited = _variant(fanout, "other-message.json", _other_message)
+    result = central("import", str(fanout.files[0]), str(edited))
+    assert result.exit_code == 2 and "differs between" in result.output
+    assert central.dump() == before
+
+
+def test_results_out_in_an_unwritable_place_fails_before_running(tmp_path: Path) -> None:
+    runner = _home(tmp_path, "runner")
+    assert runner("catalog", "sync", *_catalog(tmp_path / "catalog")).exit_code == 0
+    (tmp_path / "file").write_text("")
+    before = runner.dump()
+    result = runner("run", "--cell", "ref_copy_1@reference-0.1.0", "--results-out", str(tmp_path / "file" / "x.json"))
+    assert result.exit_code == 2 and "--results-out" in result.output
+    assert runner.dump() == before
