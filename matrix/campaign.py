@@ -28,6 +28,7 @@ from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.executors import EXECUTORS, CellExecutor
 from matrix.executors.local import LocalExecutor
+from matrix.fanout import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
@@ -64,6 +65,12 @@ class RunOptions:
     workspace: Path | None = None
     executor: str = "local"  # local | ray
     ray_address: str | None = None  # None: start a local Ray cluster
+    # `--cell`: run exactly these cells of the plan (stable ids or CASE@BACKEND-VERSION keys).
+    cells: tuple[str, ...] = ()
+    # Names the campaign across databases, so `matrix import` merges shards of one CI run into one campaign.
+    campaign_key: str = ""
+    # Told the campaign's id once its cells are chosen (e.g. to write `--results-out` afterwards).
+    on_campaign: Callable[[int], None] | None = None
 
 
 def _git_sha() -> str:
@@ -204,9 +211,13 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
         return campaign.id, chosen
     plan = plan_from_db(session, options.selection)
+    planned = pick_cells(plan, options.cells) if options.cells else list(plan.cells)
+    recorded = {**options.selection.as_dict(), "cells": [c.key for c in planned]}
+    if options.campaign_key:
+        recorded["campaign_key"] = options.campaign_key
     campaign = Campaign(
         status="running",
-        selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
+        selection=recorded,
         host=socket.gethostname(),
         executor=options.executor,
         git_sha=_git_sha(),
@@ -215,7 +226,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     )
     session.add(campaign)
     session.flush()
-    return campaign.id, [(cell, 1, False) for cell in plan.cells]
+    return campaign.id, [(cell, 1, False) for cell in planned]
 
 
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
@@ -281,6 +292,8 @@ def _run(
             session.rollback()
             return EXIT_OK
         durations = _expected_durations(session)
+    if options.on_campaign is not None:
+        options.on_campaign(campaign_id)
     cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)
     pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots, max_gpus_per_cell=gpus_per_node)
     jobs_limit = options.jobs or pool.slots

@@ -320,22 +320,47 @@ def marker_add(session: Session, name: str, kind: str, description: str, paramet
 @selection_options
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
 @json_option
+@click.option(
+    "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
+    help="github-matrix: one line of JSON for a GitHub Actions `strategy.matrix` (`fromJSON`), a job per shard.",
+)  # fmt: skip
+@click.option(
+    "--max-jobs", type=int, metavar="N",
+    help="github-matrix: at most N shards (1-256, default 256); more cells are packed by expected duration.",
+)  # fmt: skip
 @with_session
-def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
+def plan_cmd(
+    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None, **kw: Any
+) -> None:
     """Expand cases x runtimes into cells and print them.
 
     `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
     Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
+    `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
     """
+    from matrix.fanout import cell_id
     from matrix.output import print_json, print_table
     from matrix.plan import plan_from_db
 
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError("--json is --format json; give one of them")
+    output_format = output_format or ("json" if as_json else "table")
+    if max_jobs is not None and output_format != "github-matrix":
+        raise click.UsageError("--max-jobs applies to --format github-matrix")
+    if explain and output_format == "github-matrix":
+        raise click.UsageError("--explain applies to --format table or json")
     plan = plan_from_db(session, make_selection(**kw))
-    if as_json:
+    if output_format == "github-matrix":
+        from matrix.cli_fanout import print_github_matrix
+
+        print_github_matrix(session, plan, 256 if max_jobs is None else max_jobs)
+        return
+    if output_format == "json":
         data: dict[str, Any] = {
             "cells": [
                 {
-                    "cell": c.key, "case": c.case.name, "backend": c.runtime.backend, "version": c.runtime.version,
+                    "cell": c.key, "id": cell_id(c.key), "case": c.case.name, "backend": c.runtime.backend,
+                    "version": c.runtime.version,
                     "tag": c.runtime.tag, "arm": c.case.arm, "gpus": c.case.gpus_needed,
                     "markers": list(c.case.marker_texts), "missing_fixes": list(c.missing_fixes),
                     "note": c.expected_failure,
@@ -391,12 +416,20 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
+@click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
+              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix`, or "
+              "CASE@BACKEND-VERSION. Repeatable.")
+@click.option("--results-out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="After the run, write the campaign's outcomes (with log tails) to FILE for `matrix import`.")
+@click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
+              help="Shards with one key import into one campaign. Default: $MATRIX_CAMPAIGN_KEY, else the GitHub "
+              "run (repository and run id), else a new uuid.")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
-    **kw: Any,
+    cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -406,17 +439,35 @@ def run_cmd(
     2 on bad input, 3 when interrupted.
     """
     from matrix.campaign import RunOptions, run_campaign
+    from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
+    cells = split_cell_args(cell_args)
+    if cell_args and not cells:
+        raise click.UsageError("--cell needs at least one cell id")
+    if cells and (resume is not None or rerun_failed is not None):
+        raise click.UsageError("--cell starts a new campaign; it cannot be combined with --resume or --rerun-failed")
+    if campaign_key is not None or results_out is not None:
+        campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None:
+        from matrix.cli_fanout import check_results_path
+
+        check_results_path(results_out)
+    ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
+        cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
+    if results_out is not None:
+        from matrix.cli_fanout import write_results_file
+
+        write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
     if report and exit_code != 2:
         from matrix.db.engine import transaction
         from matrix.paths import data_dir
@@ -472,8 +523,10 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
 
 # Commands that live in their own modules (kept out of this file so it stays a thin table of contents).
+from matrix.cli_fanout import register as _register_fanout_commands  # noqa: E402
 from matrix.cli_report import register as _register_report_commands  # noqa: E402
 from matrix.cli_runtime import register as _register_runtime_commands  # noqa: E402
 
 _register_runtime_commands(cli)
 _register_report_commands(cli)
+_register_fanout_commands(cli)
