@@ -76,8 +76,21 @@ def _session_processes(sid: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_token_auth() -> Iterator[None]:
+    """Ray 2.5x turns token auth on for a new local cluster and writes ~/.ray/auth_token, which later heads
+    then require: keep these tests off the user's home and independent of their order."""
+    previous = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    yield
+    if previous is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = previous
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory, _no_ray_token_auth: None) -> Iterator[str]:
     """A local Ray head with 2 fake GPUs and 4 CPUs, in its own session so teardown can prove it is gone."""
     ray_cli = Path(sys.executable).with_name("ray")
     port = _free_port()
@@ -89,22 +102,24 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ]  # fmt: skip
     with log.open("w") as out:
         head = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while "Ray runtime started" not in log.read_text():
-        assert head.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, f"Ray head did not start:\n{log.read_text()}"
-        time.sleep(0.5)
     try:
-        yield address
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"Ray head did not start:\n{log.read_text()}"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
     finally:
         head.send_signal(signal.SIGTERM)  # `ray start --block` drains and stops what it started
         try:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             head.kill()
-        for proc in _session_processes(head.pid):
+        leftovers = _session_processes(head.pid)
+        for proc in leftovers:
             proc.kill()
+        psutil.wait_procs(leftovers, timeout=10)
+        assert _session_processes(head.pid) == [], "the Ray head left processes behind"
 
 
 @pytest.fixture(scope="module")
