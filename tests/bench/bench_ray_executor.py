@@ -36,6 +36,8 @@ sys.path.insert(0, str(REPO))
 from tests.bench.results import append_section  # noqa: E402
 
 SEED_FILES = ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml")
+# Ray >= 2.5x would write a token to ~/.ray/auth_token for the private cluster; a benchmark leaves no trace.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def write_catalog(directory: Path, cells: int, slow_start_s: float) -> list[str]:
