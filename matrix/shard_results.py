@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ OUTCOME_FIELDS: dict[str, tuple[type, ...]] = {
     "components": (dict,),
 }
 _TIME_FIELDS = ("started_at", "finished_at")
+_UID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CELL_FIELDS: dict[str, tuple[type, ...]] = {
     "case": (str,),
     "backend": (str,),
@@ -266,8 +268,9 @@ def _attempt(path: Path, index: int, data: Any) -> ShardAttempt:
             path, f"{where}: status {data['status']!r} is not a finished status "
             f"({', '.join(sorted(FINISHED_STATUSES))})",
         )  # fmt: skip
-    if data["attempt"] < 1 or not data["uid"].strip():
-        raise _fail(path, f"{where}: attempt must be 1 or more and uid non-empty")
+    if data["attempt"] < 1 or not _UID.fullmatch(data["uid"]):
+        # The uid names the attempt's log directory on import: never let it be a path.
+        raise _fail(path, f"{where}: attempt must be 1 or more and uid 1-64 letters, digits, '_' or '-'")
     outcome = {name: data[name] for name in OUTCOME_FIELDS}
     for name in _TIME_FIELDS:
         outcome[name] = _time(path, f"{where} {name}", data[name])

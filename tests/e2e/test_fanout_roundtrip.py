@@ -191,6 +191,14 @@ def _running(data: dict[str, Any]) -> None:
     data["cells"][0]["status"] = "running"
 
 
+def _uid_path(data: dict[str, Any]) -> None:
+    data["cells"][0]["uid"] = "../../../escaped"  # names the log directory on import: must not be a path
+
+
+def _role_path(data: dict[str, Any]) -> None:
+    data["cells"][0]["logs"] = {"../escaped": {"tail": "hostile", "bytes": 7}}
+
+
 @pytest.mark.parametrize(
     ("variant", "message"),
     [
@@ -199,6 +207,8 @@ def _running(data: dict[str, Any]) -> None:
         ("format-version", "format_version 99 is not supported"),
         ("missing-field", "lacks 'status'"),
         ("unfinished", "status 'running' is not a finished status"),
+        ("uid-path", "uid 1-64 letters, digits"),
+        ("role-path", "is not a plain file name"),
     ],
 )
 def test_a_bad_file_exits_2_and_writes_nothing(fanout: Fanout, variant: str, message: str) -> None:
@@ -208,7 +218,7 @@ def test_a_bad_file_exits_2_and_writes_nothing(fanout: Fanout, variant: str, mes
         bad.write_text(fanout.files[0].read_text()[:500])
     else:
         change = {"unknown-case": _rename_case, "format-version": _bump_version, "missing-field": _drop_status,
-                  "unfinished": _running}[variant]  # fmt: skip
+                  "unfinished": _running, "uid-path": _uid_path, "role-path": _role_path}[variant]  # fmt: skip
         bad = _variant(fanout, f"{variant}.json", change)
     fresh = _home(fanout.root, f"fresh-{variant}")
     assert fresh("catalog", "sync", *fanout.catalog).exit_code == 0
