@@ -8,6 +8,7 @@ running campaign: runners claim pending cells without duplicates (`matrix.schedu
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import statistics
@@ -260,6 +261,8 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
         raise ConfigError("--max-attempts must be at least 1")
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError("--jobs must be at least 1")
+    if options.json_events:  # stdout carries only JSON events then
+        echo = functools.partial(print, file=sys.stderr, flush=True)
     gpus = inventory(restrict=options.gpus)
     recover_stale(factory, echo)
     with transaction(factory) as session:
