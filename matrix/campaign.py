@@ -35,19 +35,11 @@ from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db
 from matrix.progress import Event, make_reporter
-from matrix.schedule.claims import (
-    STALE_AFTER_S,
-    add_pending_rows,
-    latest_statuses,
-    leave_campaign,
-    owner_alive,
-    owner_gone,
-)
+from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, owner_alive, owner_gone
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
 
 HEARTBEAT_S = 5.0
-__all__ = ["STALE_AFTER_S", "RunOptions", "recover_stale", "run_campaign"]
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3
 
