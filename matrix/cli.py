@@ -404,6 +404,11 @@ def plan_cmd(
     flag_value=0,
     help="Rerun the cells whose latest attempt failed, as new attempts (default: the latest campaign).",
 )
+@click.option(
+    "--join", type=int, metavar="CAMPAIGN",
+    help="Help with running CAMPAIGN (e.g. from another host on a shared PostgreSQL database): run its "
+    "cells no runner has claimed yet.",
+)  # fmt: skip
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="A checkout (e.g. of Dynamo) that cases' launch scripts resolve against.")
@@ -427,7 +432,7 @@ def plan_cmd(
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
-    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, workspace: Path | None,
+    resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, **kw: Any,
 ) -> None:  # fmt: skip
@@ -444,6 +449,8 @@ def run_cmd(
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
+    if join is not None:
+        _check_join_options(resume, rerun_failed, kw)
     cells = split_cell_args(cell_args)
     if cell_args and not cells:
         raise click.UsageError("--cell needs at least one cell id")
@@ -460,7 +467,7 @@ def run_cmd(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
-        workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
+        join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
@@ -477,6 +484,19 @@ def run_cmd(
             index = write_report(session, report_dir or data_dir() / "report", options.selection)
         click.echo(f"report: {index}", err=json_events)
     raise SystemExit(exit_code)
+
+
+def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:
+    """`--join` runs the joined campaign's own cells: other ways of choosing cells contradict it."""
+    if resume is not None or rerun_failed is not None:
+        raise click.UsageError(
+            "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
+        )
+    flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
+             "cases": "--case", "runtimes": "--runtime"}  # fmt: skip
+    given = [flag for key, flag in flags.items() if kw.get(key)]
+    if given:
+        raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")
 
 
 @cli.command("gpus")

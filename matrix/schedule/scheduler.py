@@ -1,31 +1,29 @@
 """Run jobs (attempts of cells) concurrently on slots, longest expected first, and record each outcome.
 
 Worker threads only run cells (processes, HTTP, waiting); the driver thread alone claims rows and writes
-outcomes, so every database write happens in one place and in short transactions. A claim is an insert
-of the attempt's row: the unique (campaign, case, runtime, attempt) key makes two runners racing for
-the same attempt fail on the database, never run it twice.
+outcomes, so every database write happens in one place and in short transactions. A claim turns the
+attempt's pending row into a running one (or inserts a retry's row), atomically on the database, so two
+runners sharing a campaign never run an attempt twice (`matrix.schedule.claims`).
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.db.engine import transaction
-from matrix.db.models import Campaign, CellRun
+from matrix.db.models import CellRun
 from matrix.executors import CellExecutor, Submission
 from matrix.interrupts import StopSignal
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
-from matrix.results import new_cell_row, record_outcome
+from matrix.results import record_outcome
 from matrix.runner import CellOutcome
+from matrix.schedule.claims import claim_attempt
 from matrix.schedule.slots import Demand, Lease, SlotPool
 
 RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
@@ -205,29 +203,10 @@ class Scheduler:
         return None
 
     def _claim(self, job: Job) -> tuple[str, int] | None:
-        """Insert the attempt's row as `running`; None when another runner already has it or finished it."""
-        if job.cell.case.id is None or job.cell.runtime.id is None:
-            raise RuntimeError(f"cell {job.cell.key} was not planned from the database")
-        uid = f"c{uuid.uuid4().hex[:12]}"
-        try:
-            with transaction(self._factory) as session:
-                taken = session.scalar(
-                    select(CellRun.id).where(
-                        CellRun.campaign_id == self._campaign_id,
-                        CellRun.case_id == job.cell.case.id,
-                        CellRun.runtime_id == job.cell.runtime.id,
-                        CellRun.attempt >= job.attempt,
-                    )
-                )
-                if taken is not None:
-                    return None
-                campaign = session.get_one(Campaign, self._campaign_id)
-                row = new_cell_row(session, campaign, job.cell.case.id, job.cell.runtime.id, uid, job.attempt)
-                row.log_dir = str(self._log_dir(job, uid))
-                session.flush()
-                return uid, row.id
-        except IntegrityError:
-            return None
+        """Own the job's attempt (its pending row, or a new row for a retry); None when another runner has it."""
+        return claim_attempt(
+            self._factory, self._campaign_id, job.cell, job.attempt, lambda uid: str(self._log_dir(job, uid))
+        )
 
     def _log_dir(self, job: Job, uid: str) -> Path:
         return self._logs_root / f"{_safe_name(job.cell.key)}-{uid}"
