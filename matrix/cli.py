@@ -454,8 +454,10 @@ def run_cmd(
     cells = split_cell_args(cell_args)
     if cell_args and not cells:
         raise click.UsageError("--cell needs at least one cell id")
-    if cells and (resume is not None or rerun_failed is not None):
-        raise click.UsageError("--cell starts a new campaign; it cannot be combined with --resume or --rerun-failed")
+    if cells and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError(
+            "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
+        )
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
     if results_out is not None:

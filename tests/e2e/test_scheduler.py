@@ -233,6 +233,7 @@ def test_join_refuses_what_it_cannot_join_and_leaves_the_database_unchanged(matr
         ("--join", "1", "--resume", "1"): ["--join helps with a running campaign"],
         ("--join", "1", "--rerun-failed"): ["--join helps with a running campaign"],
         ("--join", "1", "-m", "e2e", "--backend", "reference"): ["drop -m, --backend"],
+        ("--join", "1", "--cell", "reference_disaggregated@reference-0.1.0"): ["cannot be combined with --resume"],
     }
     for args, needles in cases.items():
         result = matrix.subprocess("run", *args)
