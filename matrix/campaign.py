@@ -1,12 +1,14 @@
 """One `matrix run`: plan, record a campaign, run its cells one after another, write every outcome.
 
-The database is written in short transactions (campaign row, each cell's start, each outcome), so a
-crash loses at most the cell in flight, and that one is found and cleaned up by the next run through
-its owner and heartbeat (`recover_stale`).
+The database is written in short transactions (campaign row with a pending row per cell, each cell's
+claim, each outcome), so a crash loses at most the cells in flight, and those are found and cleaned up
+by the next run through their owner and heartbeat (`recover_stale`). `--join` adds a runner to a
+running campaign: runners claim pending cells without duplicates (`matrix.schedule.claims`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import statistics
@@ -18,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,7 +27,10 @@ from matrix import __version__
 from matrix.db.engine import transaction
 from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
-from matrix.hardware.gpus import inventory
+from matrix.executors import EXECUTORS, CellExecutor
+from matrix.executors.local import LocalExecutor
+from matrix.fanout import pick_cells
+from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
@@ -34,12 +38,11 @@ from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db
 from matrix.progress import Event, make_reporter
+from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, owner_alive, owner_gone
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
 
 HEARTBEAT_S = 5.0
-# A running row whose heartbeat is older than this belongs to a runner that is gone.
-STALE_AFTER_S = 60.0
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3
 
@@ -59,7 +62,16 @@ class RunOptions:
     gpus: tuple[str, ...] | None = None
     resume: int | None = None
     rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
+    join: int | None = None  # a running campaign to help with
     workspace: Path | None = None
+    executor: str = "local"  # local | ray
+    ray_address: str | None = None  # None: start a local Ray cluster
+    # `--cell`: run exactly these cells of the plan (stable ids or CASE@BACKEND-VERSION keys).
+    cells: tuple[str, ...] = ()
+    # Names the campaign across databases, so `matrix import` merges shards of one CI run into one campaign.
+    campaign_key: str = ""
+    # Told the campaign's id once its cells are chosen (e.g. to write `--results-out` afterwards).
+    on_campaign: Callable[[int], None] | None = None
 
 
 def _git_sha() -> str:
@@ -72,25 +84,14 @@ def _git_sha() -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def _owner_alive(host: str, pid: int | None) -> bool | None:
-    """True/False on this host; None when the owner is on another host (only the heartbeat can tell)."""
-    if host != socket.gethostname():
-        return None
-    return pid is not None and psutil.pid_exists(pid) and pid != os.getpid()
-
-
 def recover_stale(factory: sessionmaker[Session], echo: Echo) -> int:
     """Mark cells of dead runners `interrupted` and kill any process still carrying their cell id."""
     now = utcnow()
     recovered = 0
     with transaction(factory) as session:
         for row in session.scalars(select(CellRun).where(CellRun.status == "running")):
-            alive = _owner_alive(row.owner_host, row.owner_pid)
-            heartbeat = row.heartbeat_at
-            if heartbeat is not None and heartbeat.tzinfo is None:
-                heartbeat = heartbeat.replace(tzinfo=now.tzinfo)
-            stale = heartbeat is None or (now - heartbeat).total_seconds() > STALE_AFTER_S
-            if alive is False or (alive is None and stale):
+            if owner_gone(row, now):
+                alive = owner_alive(row.owner_host, row.owner_pid)
                 killed = kill_cell_processes(row.uid) if alive is False else []
                 row.status = "interrupted"
                 row.failure_kind = "infra"
@@ -101,10 +102,17 @@ def recover_stale(factory: sessionmaker[Session], echo: Echo) -> int:
                 recovered += 1
                 echo(f"recovered {row.uid} ({row.cell_key}): owner gone, marked interrupted")
         for campaign in session.scalars(select(Campaign).where(Campaign.status == "running")):
-            alive = _owner_alive(campaign.host, campaign.owner_pid)
-            if alive is False:
-                campaign.status = "interrupted"
-                campaign.finished_at = campaign.finished_at or now
+            if owner_alive(campaign.host, campaign.owner_pid) is not False:
+                continue
+            # Its owner is gone, but a runner that joined may still run cells: it owns the campaign now.
+            live = session.scalars(
+                select(CellRun).where(CellRun.campaign_id == campaign.id, CellRun.status == "running").limit(1)
+            ).first()
+            if live is not None:
+                campaign.host, campaign.owner_pid = live.owner_host, live.owner_pid
+                continue
+            campaign.status = "interrupted"
+            campaign.finished_at = campaign.finished_at or now
     return recovered
 
 
@@ -121,7 +129,11 @@ class _Heartbeat(threading.Thread):
             with transaction(self._factory) as session:
                 session.execute(
                     update(CellRun)
-                    .where(CellRun.status == "running", CellRun.owner_pid == os.getpid())
+                    .where(
+                        CellRun.status == "running",
+                        CellRun.owner_host == socket.gethostname(),
+                        CellRun.owner_pid == os.getpid(),
+                    )
                     .values(heartbeat_at=utcnow())
                 )
 
@@ -144,19 +156,6 @@ def _expected_durations(session: Session) -> dict[int, float]:
     return {case_id: statistics.median(values) for case_id, values in samples.items()}
 
 
-def _attempt_state(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:
-    """(case id, runtime id) -> (latest attempt, its status) within a campaign."""
-    state: dict[tuple[int, int], tuple[int, str]] = {}
-    rows = session.execute(
-        select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
-        .where(CellRun.campaign_id == campaign_id)
-        .order_by(CellRun.attempt)
-    )
-    for case_id, runtime_id, attempt, status in rows:
-        state[(case_id, runtime_id)] = (attempt, status)
-    return state
-
-
 def _latest_campaign(session: Session) -> Campaign:
     campaign = session.scalar(select(Campaign).order_by(Campaign.id.desc()))
     if campaign is None:
@@ -164,31 +163,62 @@ def _latest_campaign(session: Session) -> Campaign:
     return campaign
 
 
+def _stored_cells(session: Session, campaign: Campaign) -> list[Cell]:
+    """The cells of a campaign, planned again from the selection it stored."""
+    stored = campaign.selection
+    selection = Selection(
+        marker_expression=stored.get("marker_expression"),
+        since=tuple(stored.get("since", ())),
+        until=tuple(stored.get("until", ())),
+        backends=tuple(stored.get("backends", ())),
+        cases=tuple(stored.get("cases", ())),
+        runtimes=tuple(stored.get("runtimes", ())),
+        strict_markers=False,
+    )
+    keys = set(stored.get("cells", ()))
+    return [c for c in plan_from_db(session, selection).cells if c.key in keys]
+
+
+def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[Cell, int, bool]]:
+    """The cells of a running campaign that no runner has claimed yet, for `--join`."""
+    campaign = session.get(Campaign, campaign_id)
+    if campaign is None:
+        raise ConfigError(f"no campaign {campaign_id} to join: give the id `matrix run` printed for it")
+    if campaign.status != "running":
+        raise ConfigError(
+            f"campaign {campaign_id} is {campaign.status}, not running: only a running campaign can be joined; "
+            f"run its unfinished cells with `matrix run --resume {campaign_id}`"
+        )
+    cells = _stored_cells(session, campaign)
+    state = latest_statuses(session, campaign.id)
+    chosen = []
+    for cell in cells:
+        assert cell.case.id is not None and cell.runtime.id is not None
+        attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
+        if status in ("", "pending"):
+            chosen.append((cell, max(attempt, 1), False))
+    echo(f"joining campaign {campaign.id}: {len(chosen)} of {len(cells)} cells not claimed yet")
+    return chosen
+
+
 def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[int, list[tuple[Cell, int, bool]]]:
     """The campaign to write into and its (cell, attempt, failed before) list; creates a campaign if new."""
+    if options.join is not None:
+        return options.join, _joined_cells(session, options.join, echo)
     if options.resume is not None or options.rerun_failed is not None:
         wanted = options.resume if options.resume is not None else options.rerun_failed
         campaign = session.get(Campaign, wanted) if wanted else _latest_campaign(session)
         if campaign is None:
             raise ConfigError(f"no campaign {wanted}; see `matrix campaigns list`")
-        stored = campaign.selection
-        selection = Selection(
-            marker_expression=stored.get("marker_expression"),
-            since=tuple(stored.get("since", ())),
-            until=tuple(stored.get("until", ())),
-            backends=tuple(stored.get("backends", ())),
-            cases=tuple(stored.get("cases", ())),
-            runtimes=tuple(stored.get("runtimes", ())),
-            strict_markers=False,
-        )
-        keys = set(stored.get("cells", ()))
-        cells = [c for c in plan_from_db(session, selection).cells if c.key in keys]
-        state = _attempt_state(session, campaign.id)
+        cells = _stored_cells(session, campaign)
+        state = latest_statuses(session, campaign.id)
         chosen = []
         for cell in cells:
             assert cell.case.id is not None and cell.runtime.id is not None
             attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
-            if options.resume is not None and status in ("", "interrupted", "not-run"):
+            if options.resume is not None and status == "pending":  # never started: claim that row
+                chosen.append((cell, attempt, False))
+            elif options.resume is not None and status in ("", "interrupted", "not-run"):
                 chosen.append((cell, attempt + 1, False))
             elif options.rerun_failed is not None and status in FAILED_STATUSES:
                 chosen.append((cell, attempt + 1, True))
@@ -200,18 +230,23 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
         return campaign.id, chosen
     plan = plan_from_db(session, options.selection)
+    planned = pick_cells(plan, options.cells) if options.cells else list(plan.cells)
+    recorded = {**options.selection.as_dict(), "cells": [c.key for c in planned]}
+    if options.campaign_key:
+        recorded["campaign_key"] = options.campaign_key
     campaign = Campaign(
         status="running",
-        selection={**options.selection.as_dict(), "cells": [c.key for c in plan.cells]},
+        selection=recorded,
         host=socket.gethostname(),
-        executor="local",
+        executor=options.executor,
         git_sha=_git_sha(),
         matrix_version=__version__,
         owner_pid=os.getpid(),
     )
     session.add(campaign)
     session.flush()
-    return campaign.id, [(cell, 1, False) for cell in plan.cells]
+    add_pending_rows(session, campaign.id, planned)
+    return campaign.id, [(cell, 1, False) for cell in planned]
 
 
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
@@ -228,34 +263,78 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
         say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
 
 
+def _check_executor_options(options: RunOptions) -> None:
+    if options.executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {options.executor!r}; choose one of {', '.join(EXECUTORS)}")
+    if options.executor != "ray":
+        if options.ray_address is not None:
+            raise ConfigError("--ray-address needs --executor ray")
+        return
+    if options.pack:
+        raise ConfigError("--pack is for the local executor: under Ray each cell gets whole GPUs from Ray")
+    if options.gpus is not None:
+        raise ConfigError("--gpus is for the local executor: under Ray, Ray assigns each cell its GPUs")
+
+
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
     if options.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1")
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError("--jobs must be at least 1")
-    gpus = inventory(restrict=options.gpus)
+    if options.json_events:  # stdout carries only JSON events then
+        echo = functools.partial(print, file=sys.stderr, flush=True)
+    _check_executor_options(options)
+    if options.executor == "ray":
+        from matrix.executors.ray_cluster import RayExecutor
+
+        # Connect before anything is written, so an unreachable cluster leaves the database unchanged.
+        ray_executor = RayExecutor(options.ray_address, workspace=options.workspace)
+        try:
+            gpus, cluster_cpus, gpus_per_node = ray_executor.cluster()
+            return _run(factory, options, echo, gpus, ray_executor, cluster_cpus, gpus_per_node)
+        finally:
+            ray_executor.shutdown()  # idempotent: stops a cluster this run started, or disconnects
+    return _run(factory, options, echo, inventory(restrict=options.gpus), None, None, None)
+
+
+def _run(
+    factory: sessionmaker[Session],
+    options: RunOptions,
+    echo: Echo,
+    gpus: tuple[Gpu, ...],
+    ray_executor: CellExecutor | None,
+    cluster_cpus: int | None,
+    gpus_per_node: int | None,
+) -> int:
     recover_stale(factory, echo)
     with transaction(factory) as session:
         campaign_id, selected = _selected_cells(session, options, echo)
-        if not selected and options.resume is None and options.rerun_failed is None:
+        if not selected and options.resume is None and options.rerun_failed is None and options.join is None:
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()
             return EXIT_OK
         durations = _expected_durations(session)
-    cpu_slots = options.jobs or max(1, os.cpu_count() or 1)
-    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots)
+    if options.on_campaign is not None:
+        options.on_campaign(campaign_id)
+    cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)
+    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots, max_gpus_per_cell=gpus_per_node)
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
         cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
-    _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
+    if ray_executor is None:  # Ray workers build what their cells need on their own nodes
+        _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
+    executor = ray_executor or LocalExecutor(
+        pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace
+    )
+    where = f"{len(gpus)} GPU(s) in the Ray cluster" if ray_executor else f"{len(gpus)} GPU(s)"
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
     reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)
     reporter.emit(
         Event("campaign-start", detail=f"campaign {campaign_id}: {len(jobs)} cells, {jobs_limit} at once, "
-              f"{len(gpus)} GPU(s), logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
+              f"{where}, logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
     )  # fmt: skip
     stop = StopSignal()
     stop.install()
@@ -263,26 +342,21 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
     heartbeat.start()
     started = time.monotonic()
     scheduler = Scheduler(
-        factory, campaign_id, pool, PortAllocator(port_registry_path()), reporter, stop,
-        SchedulerOptions(
-            jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
-            workspace=options.workspace,
-        ),
-        logs_root, gpus,
+        factory, campaign_id, pool, executor, reporter, stop,
+        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        logs_root,
     )  # fmt: skip
     try:
         tally = scheduler.run(jobs)
     finally:
         heartbeat.stop()
         stop.restore()
-        with transaction(factory) as session:
-            row = session.get_one(Campaign, campaign_id)
-            row.status = "interrupted" if stop.requested else "finished"
-            row.finished_at = utcnow()
+        state = leave_campaign(factory, campaign_id, interrupted=stop.requested)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
-    state = "interrupted" if stop.requested else "finished"
+    # Other runners still at work: this runner's part is done, the campaign is not.
+    what = f"{state} in" if state != "running" else "still running on other runners; this runner done after"
     reporter.emit(
-        Event("campaign-end", status=state, detail=f"campaign {campaign_id} {state} in "
+        Event("campaign-end", status=state, detail=f"campaign {campaign_id} {what} "
               f"{time.monotonic() - started:.1f}s: {summary}", data={"campaign": campaign_id, "counts": tally.counts})
     )  # fmt: skip
     reporter.close()

@@ -320,22 +320,47 @@ def marker_add(session: Session, name: str, kind: str, description: str, paramet
 @selection_options
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
 @json_option
+@click.option(
+    "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
+    help="github-matrix: one line of JSON for a GitHub Actions `strategy.matrix` (`fromJSON`), a job per shard.",
+)  # fmt: skip
+@click.option(
+    "--max-jobs", type=int, metavar="N",
+    help="github-matrix: at most N shards (1-256, default 256); more cells are packed by expected duration.",
+)  # fmt: skip
 @with_session
-def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
+def plan_cmd(
+    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None, **kw: Any
+) -> None:
     """Expand cases x runtimes into cells and print them.
 
     `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
     Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
+    `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
     """
+    from matrix.fanout import cell_id
     from matrix.output import print_json, print_table
     from matrix.plan import plan_from_db
 
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError("--json is --format json; give one of them")
+    output_format = output_format or ("json" if as_json else "table")
+    if max_jobs is not None and output_format != "github-matrix":
+        raise click.UsageError("--max-jobs applies to --format github-matrix")
+    if explain and output_format == "github-matrix":
+        raise click.UsageError("--explain applies to --format table or json")
     plan = plan_from_db(session, make_selection(**kw))
-    if as_json:
+    if output_format == "github-matrix":
+        from matrix.cli_fanout import print_github_matrix
+
+        print_github_matrix(session, plan, 256 if max_jobs is None else max_jobs)
+        return
+    if output_format == "json":
         data: dict[str, Any] = {
             "cells": [
                 {
-                    "cell": c.key, "case": c.case.name, "backend": c.runtime.backend, "version": c.runtime.version,
+                    "cell": c.key, "id": cell_id(c.key), "case": c.case.name, "backend": c.runtime.backend,
+                    "version": c.runtime.version,
                     "tag": c.runtime.tag, "arm": c.case.arm, "gpus": c.case.gpus_needed,
                     "markers": list(c.case.marker_texts), "missing_fixes": list(c.missing_fixes),
                     "note": c.expected_failure,
@@ -379,37 +404,79 @@ def plan_cmd(session: Session, explain: bool, as_json: bool, **kw: Any) -> None:
     flag_value=0,
     help="Rerun the cells whose latest attempt failed, as new attempts (default: the latest campaign).",
 )
+@click.option(
+    "--join", type=int, metavar="CAMPAIGN",
+    help="Help with running CAMPAIGN (e.g. from another host on a shared PostgreSQL database): run its "
+    "cells no runner has claimed yet.",
+)  # fmt: skip
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="A checkout (e.g. of Dynamo) that cases' launch scripts resolve against.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where cells run: threads on this host, or tasks on a Ray cluster (needs disagg-matrix[ray]).")
+@click.option("--ray-address", metavar="auto|HOST:PORT",
+              help="With --executor ray: the cluster to use (`auto`: the one `ray start` left running here); "
+              "default: start a local cluster for this run.")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
+@click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
+              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix`, or "
+              "CASE@BACKEND-VERSION. Repeatable.")
+@click.option("--results-out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="After the run, write the campaign's outcomes (with log tails) to FILE for `matrix import`.")
+@click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
+              help="Shards with one key import into one campaign. Default: $MATRIX_CAMPAIGN_KEY, else the GitHub "
+              "run (repository and run id), else a new uuid.")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
-    resume: int | None, rerun_failed: int | None, logs_dir: Path | None, workspace: Path | None,
-    json_events: bool, quiet: bool, report: bool, report_dir: Path | None, **kw: Any,
+    resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
+    executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
+    cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
     Cells run concurrently on slots (one cell per GPU, or packed with --pack; CPU cells on CPU slots),
-    longest expected first. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
+    longest expected first. With --executor ray each cell is a Ray task asking for its GPUs; this
+    process still plans, claims and records. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
     2 on bad input, 3 when interrupted.
     """
     from matrix.campaign import RunOptions, run_campaign
+    from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
+    if join is not None:
+        _check_join_options(resume, rerun_failed, kw)
+    cells = split_cell_args(cell_args)
+    if cell_args and not cells:
+        raise click.UsageError("--cell needs at least one cell id")
+    if cells and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError(
+            "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
+        )
+    if campaign_key is not None or results_out is not None:
+        campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None:
+        from matrix.cli_fanout import check_results_path
+
+        check_results_path(results_out)
+    ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
-        workspace=workspace.resolve() if workspace else None,
+        join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
+        cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
+    if results_out is not None:
+        from matrix.cli_fanout import write_results_file
+
+        write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
     if report and exit_code != 2:
         from matrix.db.engine import transaction
         from matrix.paths import data_dir
@@ -419,6 +486,19 @@ def run_cmd(
             index = write_report(session, report_dir or data_dir() / "report", options.selection)
         click.echo(f"report: {index}", err=json_events)
     raise SystemExit(exit_code)
+
+
+def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:
+    """`--join` runs the joined campaign's own cells: other ways of choosing cells contradict it."""
+    if resume is not None or rerun_failed is not None:
+        raise click.UsageError(
+            "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
+        )
+    flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
+             "cases": "--case", "runtimes": "--runtime"}  # fmt: skip
+    given = [flag for key, flag in flags.items() if kw.get(key)]
+    if given:
+        raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")
 
 
 @cli.command("gpus")
@@ -465,8 +545,10 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
 
 # Commands that live in their own modules (kept out of this file so it stays a thin table of contents).
+from matrix.cli_fanout import register as _register_fanout_commands  # noqa: E402
 from matrix.cli_report import register as _register_report_commands  # noqa: E402
 from matrix.cli_runtime import register as _register_runtime_commands  # noqa: E402
 
 _register_runtime_commands(cli)
 _register_report_commands(cli)
+_register_fanout_commands(cli)

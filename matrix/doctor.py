@@ -7,6 +7,7 @@ normal host that can run fewer cells, and the report says which ones.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -51,6 +52,8 @@ class HostFacts:
     uv: str | None
     data_dir: str
     disk_free_bytes: int | None
+    # Optional extras for running beyond one host: package -> installed version, or None.
+    scale_out: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,17 @@ def _uv() -> str | None:
     return f"{done.stdout.strip() or 'uv'} ({path})"
 
 
+# extra -> the distribution that provides it (checked without importing it: `ray` takes seconds to import).
+SCALE_OUT_EXTRAS = {"ray": "ray", "postgres": "psycopg"}
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def host_facts() -> HostFacts:
     """Look at this host (NVML, container engines, /dev/shm, uv, disk); never raises."""
     nvml, driver, cuda = _driver_versions()
@@ -159,6 +173,7 @@ def host_facts() -> HostFacts:
         uv=_uv(),
         data_dir=str(data_dir()),
         disk_free_bytes=_disk_free(envs_dir()),
+        scale_out={extra: _installed(dist) for extra, dist in SCALE_OUT_EXTRAS.items()},
     )
 
 
@@ -284,4 +299,12 @@ def host_lines(host: HostFacts) -> list[tuple[str, str]]:
         ("uv", uv),
         ("data directory", host.data_dir),
         ("free disk (envs)", _gib(host.disk_free_bytes)),
+        *((f"{extra} extra", _extra_line(extra, version)) for extra, version in host.scale_out.items()),
     ]
+
+
+def _extra_line(extra: str, version: str | None) -> str:
+    what = {"ray": "--executor ray", "postgres": "postgresql:// databases"}.get(extra, extra)
+    if version is None:
+        return f"not installed: pip install 'disagg-matrix[{extra}]' for {what}"
+    return f"{SCALE_OUT_EXTRAS[extra]} {version} ({what})"

@@ -1,4 +1,9 @@
-"""Shared fixtures: an isolated data directory and database per test, and ways to run the real CLI."""
+"""Shared fixtures: an isolated data directory and database per test, and ways to run the real CLI.
+
+Tests marked `all_databases` run once on SQLite and once on PostgreSQL. The PostgreSQL variant needs
+`MATRIX_TEST_POSTGRES_URL` (a database URL whose user may create databases; `.ci/postgres start` prints
+one) and gets a fresh database of its own, dropped afterwards; without the variable it is skipped.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +11,80 @@ import os
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import make_url
 
 from matrix.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data"
+POSTGRES_ENV = "MATRIX_TEST_POSTGRES_URL"
+DATABASES = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "all_databases: run the test on SQLite and on PostgreSQL")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "database" in metafunc.fixturenames and metafunc.definition.get_closest_marker("all_databases"):
+        metafunc.parametrize("database", DATABASES, indirect=True)
+
+
+@pytest.fixture
+def database(request: pytest.FixtureRequest) -> str:
+    """Which database the test's `db_url` is on: SQLite unless the test is marked `all_databases`."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def db_url(database: str, tmp_path: Path) -> Iterator[str]:
+    """A URL to an empty database of the test's own."""
+    if database == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    admin = os.environ.get(POSTGRES_ENV)
+    if not admin:
+        pytest.skip(f"{POSTGRES_ENV} is not set (`.ci/postgres start DIR` prints one)")
+    name = f"matrix_test_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield make_url(admin).set(database=name).render_as_string(hide_password=False)
+        with engine.connect() as conn:
+            # FORCE: a runner a failed test left behind must not keep the database alive.
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        engine.dispose()
 
 
 @dataclass
 class Matrix:
-    """Runs `matrix` against one test's own database."""
+    """Runs `matrix` against one test's own database (a SQLite file unless `db_url` says otherwise)."""
 
     home: Path
     db_path: Path
+    db_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.db_url or f"sqlite:///{self.db_path}"
+
+    @property
+    def on_sqlite(self) -> bool:
+        return self.db_url is None or self.db_url.startswith("sqlite")
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "MATRIX_HOME": str(self.home), "MATRIX_DB": str(self.db_path)}
+        return {**os.environ, "MATRIX_HOME": str(self.home), "MATRIX_DB": self.db_url or str(self.db_path)}
 
     def __call__(self, *args: str) -> Result:
         """In-process (fast), for commands that start no processes."""
@@ -56,25 +112,58 @@ class Matrix:
             text=True,
         )
 
+    def exists(self) -> bool:
+        """Whether the database has been created (has any table)."""
+        if self.on_sqlite:
+            return self.db_path.exists()
+        return bool(self.sql("SELECT 1 FROM information_schema.tables WHERE table_schema = 'public' LIMIT 1"))
+
     def dump(self) -> str:
         """Every row of every table, for "the database is unchanged" checks."""
-        if not self.db_path.exists():
-            return ""
-        with sqlite3.connect(self.db_path) as conn:
-            return "\n".join(conn.iterdump())
+        if self.on_sqlite:
+            if not self.db_path.exists():
+                return ""
+            with sqlite3.connect(self.db_path) as conn:
+                return "\n".join(conn.iterdump())
+        engine = create_engine(self.url)
+        try:
+            lines = []
+            with engine.connect() as conn:
+                for table in sorted(inspect(conn).get_table_names()):
+                    lines.append(f"TABLE {table}")
+                    rows = conn.execute(text(f'SELECT * FROM "{table}"')).all()
+                    lines += sorted(repr(tuple(row)) for row in rows)
+            return "\n".join(lines)
+        finally:
+            engine.dispose()
 
     def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
-        with sqlite3.connect(self.db_path) as conn:
-            return conn.execute(query, params).fetchall()
+        """Run one statement with `?` placeholders on either database; the rows it returns."""
+        if self.on_sqlite:
+            with sqlite3.connect(self.db_path) as conn:
+                return conn.execute(query, params).fetchall()
+        engine = create_engine(self.url)
+        try:
+            with engine.begin() as conn:
+                # psycopg's placeholder is %s; without parameters the query is sent as written.
+                result = (
+                    conn.exec_driver_sql(query.replace("?", "%s"), tuple(params))
+                    if params
+                    else conn.exec_driver_sql(query)
+                )
+                return [tuple(row) for row in result.all()] if result.returns_rows else []
+        finally:
+            engine.dispose()
 
 
 @pytest.fixture
-def matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Matrix]:
+def matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str, request: pytest.FixtureRequest) -> Matrix:
     home = tmp_path / "home"
     home.mkdir()
+    db_url = None if database == "sqlite" else str(request.getfixturevalue("db_url"))
     monkeypatch.setenv("MATRIX_HOME", str(home))
-    monkeypatch.setenv("MATRIX_DB", str(home / "matrix.db"))
-    yield Matrix(home=home, db_path=home / "matrix.db")
+    monkeypatch.setenv("MATRIX_DB", db_url or str(home / "matrix.db"))
+    return Matrix(home=home, db_path=home / "matrix.db", db_url=db_url)
 
 
 @pytest.fixture

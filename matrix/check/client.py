@@ -20,6 +20,7 @@ from typing import Literal
 
 import httpx
 
+from matrix.check.http import loopback_client
 from matrix.launch.plan import RequestSpec
 
 __all__ = ["ERROR_KINDS", "ErrorKind", "Response", "build_payload", "send_chat"]
@@ -87,7 +88,7 @@ def send_chat(spec: RequestSpec, *, stream: bool = False, client: httpx.Client |
     payload = build_payload(spec, stream=stream)
     started = time.perf_counter()
     own_client = client is None
-    http = client if client is not None else httpx.Client(trust_env=False, timeout=spec.timeout_s)
+    http = client if client is not None else loopback_client(spec.timeout_s)
     try:
         return _exchange(http, spec, payload, stream=stream, started=started)
     finally:

@@ -6,6 +6,7 @@ import math
 
 import httpx
 
+from matrix.check.http import loopback_client
 from matrix.check.validate import CheckFailure
 from matrix.launch.plan import MetricsCheck
 
@@ -36,7 +37,7 @@ def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
 def snapshot(checks: tuple[MetricsCheck, ...], timeout_s: float = 5.0) -> list[dict[str, float] | str]:
     """Counters of every check, or the error text when an endpoint cannot be read."""
     results: list[dict[str, float] | str] = []
-    with httpx.Client(trust_env=False, timeout=timeout_s) as client:
+    with loopback_client(timeout_s) as client:
         for check in checks:
             try:
                 response = client.get(check.url)

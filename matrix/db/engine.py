@@ -2,7 +2,8 @@
 
 A brand-new database (no tables at all) is created and upgraded on first use. A database whose schema
 is behind (or ahead of) this matrix stops every command except `matrix db upgrade` with a message that
-says what to run.
+says what to run. PostgreSQL URLs without a driver (`postgresql://`, `postgres://`) use psycopg 3, the
+driver the `postgres` extra installs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from matrix.errors import DatabaseError
 from matrix.paths import default_db_path
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Seconds to wait for a database server before saying it cannot be reached (instead of the OS's minutes).
+CONNECT_TIMEOUT_S = 10
+POSTGRES_DRIVER_HINT = "for psycopg 3: pip install 'disagg-matrix[postgres]' and a postgresql+psycopg:// URL"
 
 
 def resolve_url(url: str | None) -> str:
@@ -43,18 +47,27 @@ def display_url(url: str) -> str:
     """The URL with any password hidden, safe for logs and reports."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return "<invalid database URL>"
 
 
 def _parse(url: str) -> URL:
     try:
-        return make_url(url)
-    except ArgumentError as exc:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        # The URL itself may hold a password: the message names the expected shape, not the input.
         raise DatabaseError(
-            f"invalid database URL {url!r}: {exc}. Use a SQLAlchemy URL such as "
+            "invalid database URL: use a SQLAlchemy URL such as "
             "sqlite:////path/to/matrix.db or postgresql+psycopg://user@host/db"
         ) from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def _without_secret(text: str, parsed: URL) -> str:
+    password = parsed.password
+    return text.replace(str(password), "***") if password else text
 
 
 def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -79,12 +92,19 @@ def create_db_engine(url: str) -> Engine:
                 f"cannot open database {shown}: directory {parent} does not exist. "
                 "Create it, or pass another --db / MATRIX_DB"
             )
+    options: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        # Shared databases sit behind networks that drop idle connections: check before use.
+        options["pool_pre_ping"] = True
+        if "connect_timeout" not in parsed.query:
+            options["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     try:
-        engine = create_engine(parsed, future=True)
+        engine = create_engine(parsed, **options)
     except (NoSuchModuleError, ImportError) as exc:
+        hint = POSTGRES_DRIVER_HINT if parsed.get_backend_name() == "postgresql" else "or use a SQLite URL"
         raise DatabaseError(
-            f"cannot open database {shown}: the driver is not installed ({exc}). "
-            "Install it (e.g. pip install psycopg) or use a SQLite URL"
+            f"cannot open database {shown}: the driver is not installed ({_without_secret(str(exc), parsed)}). "
+            f"Install it ({hint})"
         ) from None
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _set_sqlite_pragmas)
@@ -94,9 +114,9 @@ def create_db_engine(url: str) -> Engine:
     except SQLAlchemyError as exc:
         engine.dispose()
         orig = getattr(exc, "orig", None)
-        reason = str(orig) if orig is not None else str(exc)
+        reason = _without_secret(str(orig) if orig is not None else str(exc), parsed)
         raise DatabaseError(
-            f"cannot open database {shown}: {reason.splitlines()[0]}. "
+            f"cannot open database {shown}: {reason.strip().splitlines()[0]}. "
             "Check the URL, permissions and that the server is running"
         ) from None
     return engine

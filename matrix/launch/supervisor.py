@@ -33,6 +33,7 @@ from typing import IO, Any
 import httpx
 import psutil
 
+from matrix.check.http import loopback_client
 from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
 from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
@@ -205,7 +206,7 @@ class Supervisor:
         pending += [(None, probe) for probe in self._plan.ready_probes]
         last_answer = "no answer yet"
         delay = _POLL_FIRST_S
-        with httpx.Client(trust_env=False, timeout=_PROBE_TIMEOUT_S) as client:
+        with loopback_client(_PROBE_TIMEOUT_S) as client:
             while True:
                 dead = next((child for child in self._children if child.popen.poll() is not None), None)
                 if dead is not None:

@@ -219,7 +219,10 @@ def run_worker(cfg: WorkerConfig) -> int:
     faults = cfg.faults & (PREFILL_FAULTS if cfg.role == "prefill" else DECODE_FAULTS)
     cfg = WorkerConfig(**{**cfg.__dict__, "faults": faults})
     stop = StopSignal(ignore_sigterm="ignore-sigterm" in faults)
-    log(f"starting role={cfg.role} device={cfg.device} faults={','.join(sorted(faults)) or '-'}")
+    # The devices it was pinned to, as an engine would see them: lets a run prove its GPU placement.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    log(f"starting role={cfg.role} device={cfg.device} CUDA_VISIBLE_DEVICES={visible} "
+        f"faults={','.join(sorted(faults)) or '-'}")  # fmt: skip
     if "ignore-sigterm" in faults:
         log("ignoring SIGTERM (fault ignore-sigterm)")
     if "crash-at-start" in faults:

@@ -1,39 +1,33 @@
 """Run jobs (attempts of cells) concurrently on slots, longest expected first, and record each outcome.
 
 Worker threads only run cells (processes, HTTP, waiting); the driver thread alone claims rows and writes
-outcomes, so every database write happens in one place and in short transactions. A claim is an insert
-of the attempt's row: the unique (campaign, case, runtime, attempt) key makes two runners racing for
-the same attempt fail on the database, never run it twice.
+outcomes, so every database write happens in one place and in short transactions. A claim turns the
+attempt's pending row into a running one (or inserts a retry's row), atomically on the database, so two
+runners sharing a campaign never run an attempt twice (`matrix.schedule.claims`).
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.db.engine import transaction
-from matrix.db.models import Campaign, CellRun
-from matrix.hardware.gpus import Gpu, memory_used
-from matrix.hardware.ports import PortAllocator
+from matrix.db.models import CellRun
+from matrix.executors import CellExecutor, Submission
 from matrix.interrupts import StopSignal
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
-from matrix.results import new_cell_row, record_outcome
-from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.results import record_outcome
+from matrix.runner import CellOutcome
+from matrix.schedule.claims import claim_attempt
 from matrix.schedule.slots import Demand, Lease, SlotPool
 
 RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
 FAILING = frozenset({"failed", "error", "timeout"})
-# After a GPU cell, how long to wait for NVML to show the GPU back near its baseline, and how near.
-GPU_SETTLE_S = 30.0
-GPU_SETTLE_TOLERANCE_BYTES = 256 * 2**20
 _POLL_S = 0.1
 
 
@@ -51,7 +45,6 @@ class SchedulerOptions:
     jobs: int
     max_attempts: int = 1
     fail_fast: bool = False
-    workspace: Path | None = None
 
 
 @dataclass
@@ -86,24 +79,20 @@ class Scheduler:
         factory: sessionmaker[Session],
         campaign_id: int,
         pool: SlotPool,
-        allocator: PortAllocator,
+        executor: CellExecutor,
         reporter: Reporter,
         stop: StopSignal,
         options: SchedulerOptions,
         logs_root: Path,
-        gpus: tuple[Gpu, ...] = (),
     ) -> None:
         self._factory = factory
         self._campaign_id = campaign_id
         self._pool = pool
-        self._allocator = allocator
+        self._executor = executor
         self._reporter = reporter
         self._stop = stop
         self._options = options
         self._logs_root = logs_root
-        self._gpus = {gpu.index: gpu for gpu in gpus}
-        self._baseline = {gpu.index: gpu.memory_used for gpu in gpus}
-        self._live = LiveCells()
         self.tally = Tally()
 
     # --- the driver loop ---------------------------------------------------------------------------
@@ -112,13 +101,13 @@ class Scheduler:
         # Cells this host can never run are recorded as skipped at once, not after everything else.
         pending = self._skip_impossible(sorted(jobs, key=lambda job: -job.expected_s), wait_if_none=False)
         running: dict[Future[CellOutcome], _Running] = {}
-        with ThreadPoolExecutor(max_workers=max(1, self._options.jobs), thread_name_prefix="cell") as executor:
+        try:
             while pending or running:
-                if self._stop.requested and not self._live.cancelled:
-                    self._live.cancel_all()
+                if self._stop.requested and not self._executor.cancelled:
+                    self._executor.cancel_all()
                     self.tally.interrupted = True
                 if not self._stop.requested and not self.tally.failed_fast:
-                    pending = self._start_what_fits(pending, running, executor)
+                    pending = self._start_what_fits(pending, running)
                 elif not running:
                     break
                 if not running:
@@ -130,14 +119,14 @@ class Scheduler:
                     retry = self._finish(running.pop(future), future)
                     if retry is not None:
                         pending.insert(0, retry)
+        finally:
+            self._executor.shutdown()
         if self.tally.failed_fast:
             for job in pending:
                 self._record_not_run(job)
         return self.tally
 
-    def _start_what_fits(
-        self, pending: list[Job], running: dict[Future[CellOutcome], _Running], executor: ThreadPoolExecutor
-    ) -> list[Job]:
+    def _start_what_fits(self, pending: list[Job], running: dict[Future[CellOutcome], _Running]) -> list[Job]:
         left = []
         for job in pending:
             if len(running) >= self._options.jobs:
@@ -154,7 +143,8 @@ class Scheduler:
             uid, row_id = claimed
             entry = _Running(job, uid, row_id, lease)
             self._reporter.emit(Event("cell-start", job.cell.key, uid, job.attempt))
-            running[executor.submit(self._work, entry)] = entry
+            submission = Submission(job.cell, uid, job.attempt, self._log_dir(job, uid), lease)
+            running[self._executor.submit(submission)] = entry
         return left
 
     def _skip_impossible(self, pending: list[Job], *, wait_if_none: bool = True) -> list[Job]:
@@ -174,50 +164,6 @@ class Scheduler:
             time.sleep(_POLL_S)  # something else holds the slots (another runner's reservation): wait
         return left
 
-    # --- worker side ---------------------------------------------------------------------------------
-
-    def _work(self, entry: _Running) -> CellOutcome:
-        job, lease = entry.job, entry.lease
-        log_dir = self._logs_root / f"{_safe_name(job.cell.key)}-{entry.uid}"
-        resources = Resources(
-            gpu_ids=lease.gpu_ids,
-            host_gpus=len(self._gpus),
-            startup_gate=self._pool.startup_gate(lease),
-            workspace=self._options.workspace,
-        )
-        outcome = run_cell(job.cell, entry.uid, log_dir, self._allocator, resources, self._live)
-        if lease.gpu_indices:
-            settle = self._settle(lease)
-            outcome = replace(outcome, gpu={**outcome.gpu, **settle, "startup_queue_s": round(outcome.queued_s, 3)})
-        return outcome
-
-    def _settle(self, lease: Lease) -> dict[str, object]:
-        """Wait until the lease's GPUs are back near baseline; quarantine a GPU that does not clear."""
-        info: dict[str, object] = {
-            "indices": list(lease.gpu_indices),
-            "uuids": [self._gpus[i].uuid for i in lease.gpu_indices if i in self._gpus],
-            "names": [self._gpus[i].name for i in lease.gpu_indices if i in self._gpus],
-        }
-        after: dict[str, int | None] = {}
-        for index in lease.gpu_indices:
-            if any(index in other.gpu_indices for other in self._pool.active_leases if other != lease):
-                continue  # still shared with a running cell: the last one out checks the baseline
-            deadline = time.monotonic() + GPU_SETTLE_S
-            used = memory_used(index)
-            while used is not None and used > self._baseline[index] + GPU_SETTLE_TOLERANCE_BYTES:
-                if time.monotonic() > deadline:
-                    baseline = self._baseline[index] / 2**30
-                    self._pool.quarantine(
-                        index, f"memory stayed at {used / 2**30:.2f} GiB, baseline {baseline:.2f} GiB"
-                    )
-                    break
-                time.sleep(_POLL_S)
-                used = memory_used(index)
-            after[str(index)] = used
-        info["memory_used_after"] = after
-        info["baseline"] = {str(i): self._baseline.get(i) for i in lease.gpu_indices}
-        return info
-
     # --- driver-side bookkeeping --------------------------------------------------------------------
 
     def _finish(self, entry: _Running, future: Future[CellOutcome]) -> Job | None:
@@ -227,13 +173,14 @@ class Scheduler:
             outcome = future.result()
         except Exception as exc:  # a bug in our own code path: record it, keep the campaign going
             outcome = CellOutcome("error", "infra", f"internal error: {exc!r}")
-        if self._live.cancelled and outcome.status != "passed":
+        if self._executor.cancelled and outcome.status != "passed":
             outcome = replace(
                 outcome, status="interrupted", failure_kind="infra",
                 message=f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down",
             )  # fmt: skip
+        # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
         retry = (
-            outcome.status in FAILING
+            (outcome.status in FAILING or outcome.status == "interrupted")
             and outcome.failure_kind in RETRYABLE_KINDS
             and job.attempt < self._options.max_attempts
             and not self._stop.requested
@@ -256,29 +203,13 @@ class Scheduler:
         return None
 
     def _claim(self, job: Job) -> tuple[str, int] | None:
-        """Insert the attempt's row as `running`; None when another runner already has it or finished it."""
-        if job.cell.case.id is None or job.cell.runtime.id is None:
-            raise RuntimeError(f"cell {job.cell.key} was not planned from the database")
-        uid = f"c{uuid.uuid4().hex[:12]}"
-        try:
-            with transaction(self._factory) as session:
-                taken = session.scalar(
-                    select(CellRun.id).where(
-                        CellRun.campaign_id == self._campaign_id,
-                        CellRun.case_id == job.cell.case.id,
-                        CellRun.runtime_id == job.cell.runtime.id,
-                        CellRun.attempt >= job.attempt,
-                    )
-                )
-                if taken is not None:
-                    return None
-                campaign = session.get_one(Campaign, self._campaign_id)
-                row = new_cell_row(session, campaign, job.cell.case.id, job.cell.runtime.id, uid, job.attempt)
-                row.log_dir = str(self._logs_root / f"{_safe_name(job.cell.key)}-{uid}")
-                session.flush()
-                return uid, row.id
-        except IntegrityError:
-            return None
+        """Own the job's attempt (its pending row, or a new row for a retry); None when another runner has it."""
+        return claim_attempt(
+            self._factory, self._campaign_id, job.cell, job.attempt, lambda uid: str(self._log_dir(job, uid))
+        )
+
+    def _log_dir(self, job: Job, uid: str) -> Path:
+        return self._logs_root / f"{_safe_name(job.cell.key)}-{uid}"
 
     def _write(self, row_id: int, outcome: CellOutcome, *, flaky: bool = False) -> None:
         with transaction(self._factory) as session:

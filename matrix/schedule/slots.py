@@ -168,8 +168,16 @@ class SlotPool:
     """
 
     def __init__(
-        self, gpus: Sequence[Gpu], *, pack: bool, cpu_slots: int, headroom_bytes: int = DEFAULT_HEADROOM_BYTES
+        self,
+        gpus: Sequence[Gpu],
+        *,
+        pack: bool,
+        cpu_slots: int,
+        headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+        max_gpus_per_cell: int | None = None,
     ) -> None:
+        """`max_gpus_per_cell` bounds one cell when `gpus` span several hosts (a Ray cluster): a cell's
+        pair runs on one node, so it can never get more GPUs than the largest node has."""
         if cpu_slots < 0:
             raise ValueError(f"cpu_slots must be >= 0, got {cpu_slots}")
         if headroom_bytes < 0:
@@ -181,6 +189,7 @@ class SlotPool:
         self._pack = pack
         self._cpu_slots = cpu_slots
         self._headroom = headroom_bytes
+        self._max_gpus_per_cell = max_gpus_per_cell
         # Bytes each GPU can give to cells in total: free at start minus headroom.
         self._capacity = {index: gpu.memory_free - headroom_bytes for index, gpu in self._gpus.items()}
         self._lock = threading.Lock()
@@ -311,6 +320,9 @@ class SlotPool:
             if demand.gpus == 0:
                 return "needs a CPU slot, the run allows 0 CPU cells at once"
             return f"needs {demand.gpus} GPU{_s(demand.gpus)}, host has 0 (and no CPU slot to fall back to)"
+        if self._max_gpus_per_cell is not None and demand.gpus > self._max_gpus_per_cell:
+            most = self._max_gpus_per_cell
+            return f"needs {demand.gpus} GPU{_s(demand.gpus)} on one node, the largest node has {most}"
         usable = [index for index in self._gpus if index not in quarantined]
         if len(usable) < demand.gpus:
             reason = f"needs {demand.gpus} GPU{_s(demand.gpus)}, host has {len(usable)}"

@@ -77,7 +77,8 @@ def cell_processes(uid: str) -> list[psutil.Process]:
 def assert_nothing_left(m: Matrix, uid: str) -> None:
     assert cell_processes(uid) == [], f"processes of {uid} survived"
     (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
-    for port in json.loads(str(ports_json)).values():
+    ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
+    for port in ports.values():
         assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
 
 

@@ -1,4 +1,7 @@
-"""The scheduler on real reference pairs: concurrency, retries, fail-fast, kill -9 and resume, two runners."""
+"""The scheduler on real reference pairs: concurrency, retries, fail-fast, kill -9 and resume, two runners.
+
+Tests of claims shared between runners (resume, join) run on SQLite and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,9 @@ import datetime as dt
 import json
 import signal
 import time
+
+import psutil
+import pytest
 
 from tests.conftest import DATA, Matrix
 from tests.e2e.test_run_reference import assert_nothing_left, cell_processes
@@ -105,12 +111,13 @@ def test_fail_fast_marks_the_rest_not_run(matrix: Matrix) -> None:
 def _wait_for(m: Matrix, predicate: object, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if m.db_path.exists() and predicate():  # type: ignore[operator]
+        if m.exists() and predicate():  # type: ignore[operator]
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached")
 
 
+@pytest.mark.all_databases
 def test_kill_9_then_resume_finishes_every_cell_exactly_once(matrix: Matrix) -> None:
     write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 1.0} for i in range(6)})
     proc = matrix.popen("run", "--backend", "reference", "--jobs", "2")
@@ -120,9 +127,12 @@ def test_kill_9_then_resume_finishes_every_cell_exactly_once(matrix: Matrix) -> 
         return states.count("passed") >= 2 and states.count("running") >= 1
 
     _wait_for(matrix, progressed)
-    running = [str(r["uid"]) for r in rows(matrix) if r["status"] == "running"]
     proc.kill()
     proc.wait(timeout=10)
+    at_kill = rows(matrix)
+    running = [str(r["uid"]) for r in at_kill if r["status"] == "running"]
+    never_started = {str(r["name"]) for r in at_kill if r["status"] == "pending"}
+    assert never_started  # the campaign recorded every planned cell up front
     result = matrix.subprocess("run", "--resume", "1", "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     final = rows(matrix)
@@ -132,9 +142,13 @@ def test_kill_9_then_resume_finishes_every_cell_exactly_once(matrix: Matrix) -> 
     passed = [str(r["name"]) for r in final if r["status"] == "passed"]
     assert sorted(passed) == [f"slow{i}" for i in range(6)]  # every cell exactly once
     assert {r["status"] for r in final} <= {"passed", "interrupted"}
+    # A cell that never started keeps its first attempt; an interrupted one gets a second.
+    assert {r["attempt"] for r in final if r["name"] in never_started} == {1}
+    assert matrix.sql("SELECT status FROM campaign") == [("finished",)]
     assert all(not cell_processes(str(r["uid"])) for r in final)
 
 
+@pytest.mark.all_databases
 def test_two_runners_on_one_database_never_run_a_cell_twice(matrix: Matrix) -> None:
     write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 0.8} for i in range(8)})
     first = matrix.popen("run", "--backend", "reference", "--jobs", "2")
@@ -162,3 +176,69 @@ def test_sigterm_with_concurrent_cells_interrupts_all_and_leaves_nothing(matrix:
     assert {r["status"] for r in rows(matrix)} == {"interrupted"}
     for uid in uids:
         assert_nothing_left(matrix, uid)
+
+
+def passed_count(output: str) -> int:
+    """The passed cells a `--json-events` runner counted in its campaign-end event."""
+    ends = [json.loads(line) for line in output.splitlines() if line.startswith('{"') and "campaign-end" in line]
+    assert len(ends) == 1, output
+    return int(ends[0]["counts"].get("passed", 0))
+
+
+def owners(m: Matrix) -> list[tuple[object, ...]]:
+    return m.sql("SELECT owner_pid, count(*) FROM cell_run GROUP BY owner_pid ORDER BY owner_pid")
+
+
+@pytest.mark.all_databases
+def test_join_shares_a_campaign_and_every_cell_finishes_exactly_once(matrix: Matrix) -> None:
+    names = [f"slow{i}" for i in range(8)]
+    write_catalog(matrix, {name: {"faults": ["slow-start"], "slow_start_s": 1.5} for name in names})
+    owner = matrix.popen("run", "--backend", "reference", "--jobs", "2", "--no-report", "--json-events")
+    _wait_for(matrix, lambda: any(r["status"] == "running" for r in rows(matrix)))
+    # Every planned cell has its row from the start: the joiner claims pending ones.
+    assert sorted(str(r["name"]) for r in rows(matrix)) == names
+    joiner = matrix.popen("run", "--join", "1", "--jobs", "2", "--no-report", "--json-events")
+    owner_out, _ = owner.communicate(timeout=180)
+    joiner_out, _ = joiner.communicate(timeout=180)
+    assert owner.returncode == 0, owner_out
+    assert joiner.returncode == 0, joiner_out
+    assert "joining campaign 1" in joiner_out
+    final = rows(matrix)
+    assert sorted(str(r["name"]) for r in final) == names  # one row per cell: nothing ran twice
+    assert {(r["status"], r["attempt"]) for r in final} == {("passed", 1)}
+    # ... and no runner ran a cell another one ran: the passes both runners counted add up to the cells.
+    ran = [passed_count(out) for out in (owner_out, joiner_out)]
+    assert sum(ran) == len(names) and min(ran) > 0, ran
+    # Both runners ran cells, and each row names the runner that ran it.
+    assert {pid for pid, _ in owners(matrix)} == {owner.pid, joiner.pid}
+    assert matrix.sql("SELECT status, finished_at IS NOT NULL FROM campaign") == [("finished", True)]
+    for r in final:
+        assert_nothing_left(matrix, str(r["uid"]))
+    assert not psutil.pid_exists(owner.pid) and not psutil.pid_exists(joiner.pid)
+
+
+@pytest.mark.all_databases
+def test_join_refuses_what_it_cannot_join_and_leaves_the_database_unchanged(matrix: Matrix) -> None:
+    write_catalog(matrix, {"quick": {"faults": []}})
+    before = matrix.dump()
+    missing = matrix.subprocess("run", "--join", "7")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert "no campaign 7 to join" in missing.stderr
+    assert matrix.dump() == before
+    done = matrix.subprocess("run", "--backend", "reference", "--no-report")
+    assert done.returncode == 0, done.stdout + done.stderr
+    before = matrix.dump()
+    cases = {
+        ("--join", "1"): ["campaign 1 is finished", "matrix run --resume 1"],
+        ("--join", "1", "--resume", "1"): ["--join helps with a running campaign"],
+        ("--join", "1", "--rerun-failed"): ["--join helps with a running campaign"],
+        ("--join", "1", "-m", "e2e", "--backend", "reference"): ["drop -m, --backend"],
+        ("--join", "1", "--cell", "reference_disaggregated@reference-0.1.0"): ["cannot be combined with --resume"],
+    }
+    for args, needles in cases.items():
+        result = matrix.subprocess("run", *args)
+        assert result.returncode == 2, (args, result.stdout + result.stderr)
+        for needle in needles:
+            assert needle in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert matrix.dump() == before, args

@@ -204,6 +204,11 @@ def test_logs_are_timestamped_and_carry_the_environment(tmp_path: Path, ports: l
     with Supervisor(plan, tmp_path / "logs", base_env={"FROM_BASE": "base", "FROM_SPEC": "base"}) as sup:
         sup.start()
         sup.wait_ready()
+        # Teardown would kill a child still starting up (a loaded host can take seconds to start Python):
+        # let it print first, since this test is about what the log holds, not about teardown.
+        deadline = time.monotonic() + 60
+        while plan.cell_id not in sup.log_paths()["decode"].read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
     lines = sup.log_paths()["decode"].read_text().splitlines()
     assert lines and all(TIMESTAMPED.match(line) for line in lines), lines
     assert any(line.endswith(f"{plan.cell_id} base spec") for line in lines)

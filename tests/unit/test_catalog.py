@@ -1,4 +1,4 @@
-"""`matrix catalog sync`, lists and hand edits, on a real SQLite database through the real CLI."""
+"""`matrix catalog sync`, lists and hand edits, on real SQLite and PostgreSQL databases through the real CLI."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA, Matrix
+
+pytestmark = pytest.mark.all_databases
 
 
 def test_sync_is_idempotent(matrix: Matrix) -> None:

@@ -1,13 +1,14 @@
-"""Migrations, schema checks and database URLs, on real SQLite files."""
+"""Migrations, schema checks and database URLs, on real SQLite files and (marked tests) real PostgreSQL."""
 
 from __future__ import annotations
 
-import sqlite3
+import socket
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.util.exc import CommandError
+from sqlalchemy import inspect, text
 
 from matrix.db.engine import create_db_engine, display_url
 from matrix.db.migrate import (
@@ -21,8 +22,9 @@ from matrix.db.migrate import (
 from matrix.errors import DatabaseError
 
 
-def test_new_database_is_created_and_upgraded_on_first_use(tmp_path: Path) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'new.db'}")
+@pytest.mark.all_databases
+def test_new_database_is_created_and_upgraded_on_first_use(db_url: str) -> None:
+    engine = create_db_engine(db_url)
     assert current_revision(engine) is None
     ensure_schema(engine)
     assert current_revision(engine) == head_revision(engine)
@@ -36,36 +38,38 @@ def test_sqlite_pragmas(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
 
 
-def test_alembic_check_finds_no_drift(tmp_path: Path) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'drift.db'}")
+@pytest.mark.all_databases
+def test_alembic_check_finds_no_drift(db_url: str) -> None:
+    engine = create_db_engine(db_url)
     upgrade(engine)
     # Raises CommandError "New upgrade operations detected" when the models and migrations disagree.
     command.check(alembic_config(engine))
 
 
-def test_downgrade_to_base_and_upgrade_again(tmp_path: Path) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'round.db'}")
+@pytest.mark.all_databases
+def test_downgrade_to_base_and_upgrade_again(db_url: str) -> None:
+    engine = create_db_engine(db_url)
     upgrade(engine)
+    assert "cell_run" in inspect(engine).get_table_names()
     downgrade(engine, "base")
-    with engine.connect() as conn:
-        tables = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables <= {"alembic_version"}
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     upgrade(engine)
     assert current_revision(engine) == head_revision(engine)
 
 
+@pytest.mark.all_databases
 def test_out_of_date_schema_stops_commands(matrix) -> None:  # type: ignore[no-untyped-def]
     assert matrix("catalog", "sync").exit_code == 0
-    with sqlite3.connect(matrix.db_path) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = '0000'")
+    matrix.sql("UPDATE alembic_version SET version_num = '0000'")
     result = matrix("plan")
     assert result.exit_code == 2
     assert "database schema is at 0000" in result.output
     assert "this matrix does not know" in result.output or "run `matrix db upgrade`" in result.output
 
 
-def test_behind_schema_message_names_the_upgrade_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'old.db'}")
+@pytest.mark.all_databases
+def test_behind_schema_message_names_the_upgrade_command(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = create_db_engine(db_url)
     upgrade(engine)
     current = current_revision(engine)
     # Pretend this matrix ships a newer migration than the database has.
@@ -77,11 +81,11 @@ def test_behind_schema_message_names_the_upgrade_command(tmp_path: Path, monkeyp
         ensure_schema(engine)
 
 
-def test_foreign_database_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "other.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE users (id INTEGER)")
-    engine = create_db_engine(f"sqlite:///{path}")
+@pytest.mark.all_databases
+def test_foreign_database_is_refused(db_url: str) -> None:
+    engine = create_db_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE users (id INTEGER)"))
     with pytest.raises(DatabaseError, match="not a matrix database"):
         ensure_schema(engine)
 
@@ -99,7 +103,56 @@ def test_passwords_are_hidden() -> None:
     assert "s3cret" not in display_url("postgresql://matrix:s3cret@db.example/matrix")
 
 
-def test_unknown_revision_is_an_error(tmp_path: Path) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'r.db'}")
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_postgres_server_is_a_clear_error_without_the_password() -> None:
+    with pytest.raises(DatabaseError) as caught:
+        create_db_engine(f"postgresql://matrix:s3cret@127.0.0.1:{_closed_port()}/matrix")
+    message = str(caught.value)
+    assert "s3cret" not in message
+    assert "cannot open database postgresql://matrix:***@127.0.0.1" in message
+    assert "that the server is running" in message
+
+
+def test_missing_postgres_driver_names_the_extra() -> None:
+    # pg8000 is a real PostgreSQL driver that matrix does not install.
+    with pytest.raises(DatabaseError) as caught:
+        create_db_engine(f"postgresql+pg8000://matrix:s3cret@127.0.0.1:{_closed_port()}/matrix")
+    assert "s3cret" not in str(caught.value)
+    assert "driver is not installed" in str(caught.value)
+    assert "disagg-matrix[postgres]" in str(caught.value)
+
+
+def test_invalid_url_error_does_not_echo_the_url() -> None:
+    with pytest.raises(DatabaseError, match="invalid database URL") as caught:
+        create_db_engine("postgresql+psycopg://matrix:s3cret@host:notaport/db")
+    assert "s3cret" not in str(caught.value)
+
+
+def test_cli_with_unreachable_postgres_exits_2_without_the_password(matrix) -> None:  # type: ignore[no-untyped-def]
+    result = matrix("--db", f"postgresql://matrix:s3cret@127.0.0.1:{_closed_port()}/matrix", "plan")
+    assert result.exit_code == 2
+    assert "s3cret" not in result.output
+    assert "cannot open database" in result.output
+
+
+@pytest.mark.parametrize("database", ["postgresql"], indirect=True)
+def test_wrong_postgres_password_is_not_printed(db_url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    wrong = make_url(db_url).set(password="not-the-password-xyz").render_as_string(hide_password=False)
+    with pytest.raises(DatabaseError) as caught:
+        create_db_engine(wrong)
+    assert "not-the-password-xyz" not in str(caught.value)
+    assert "password authentication failed" in str(caught.value)
+
+
+@pytest.mark.all_databases
+def test_unknown_revision_is_an_error(db_url: str) -> None:
+    engine = create_db_engine(db_url)
     with pytest.raises(CommandError):
         upgrade(engine, "nope")

@@ -127,3 +127,17 @@ def test_readiness_with_a_gpu_and_a_disabled_runtime(seeded: Matrix) -> None:
     }
     assert (ready["reference-0.1.0"].runnable, ready["reference-0.1.0"].runnable_cells) == ("yes", 2)
     assert ready["reference-0.1.0"].reasons == ()
+
+
+def test_scale_out_extras_are_reported_with_how_to_get_them(seeded: Matrix, no_gpus_no_engine: None) -> None:
+    import importlib.metadata
+
+    host = _doctor(seeded)["host"]
+    # The dev extra installs both, so the real installed versions must show.
+    assert host["scale_out"] == {
+        "ray": importlib.metadata.version("ray"),
+        "postgres": importlib.metadata.version("psycopg"),
+    }
+    assert doctor_module._extra_line("ray", None) == (
+        "not installed: pip install 'disagg-matrix[ray]' for --executor ray"
+    )

@@ -1,0 +1,98 @@
+"""Cells as threads of this process, on the slots of this host's `SlotPool`."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from matrix.executors import Submission
+from matrix.hardware.gpus import Gpu, memory_used
+from matrix.hardware.ports import PortAllocator
+from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.schedule.slots import Lease, SlotPool
+
+# After a GPU cell, how long to wait for NVML to show the GPU back near its baseline, and how near.
+GPU_SETTLE_S = 30.0
+GPU_SETTLE_TOLERANCE_BYTES = 256 * 2**20
+_POLL_S = 0.1
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(
+        self,
+        pool: SlotPool,
+        allocator: PortAllocator,
+        *,
+        max_workers: int,
+        gpus: tuple[Gpu, ...] = (),
+        workspace: Path | None = None,
+    ) -> None:
+        self._pool = pool
+        self._allocator = allocator
+        self._workspace = workspace
+        self._gpus = {gpu.index: gpu for gpu in gpus}
+        self._baseline = {gpu.index: gpu.memory_used for gpu in gpus}
+        self._live = LiveCells()
+        self._threads = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="cell")
+
+    def submit(self, submission: Submission) -> Future[CellOutcome]:
+        return self._threads.submit(self._work, submission)
+
+    def cancel_all(self) -> None:
+        self._live.cancel_all()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._live.cancelled
+
+    def shutdown(self) -> None:
+        self._threads.shutdown(wait=True)
+
+    def _work(self, submission: Submission) -> CellOutcome:
+        lease = submission.lease
+        resources = Resources(
+            gpu_ids=lease.gpu_ids,
+            host_gpus=len(self._gpus),
+            startup_gate=self._pool.startup_gate(lease),
+            workspace=self._workspace,
+        )
+        outcome = run_cell(submission.cell, submission.uid, submission.log_dir, self._allocator, resources, self._live)
+        if lease.gpu_indices:
+            settle = self._settle(lease)
+            outcome = replace(outcome, gpu={**outcome.gpu, **settle, "startup_queue_s": round(outcome.queued_s, 3)})
+        return outcome
+
+    def _settle(self, lease: Lease) -> dict[str, object]:
+        """Wait until the lease's GPUs are back near baseline; quarantine a GPU that does not clear."""
+        info: dict[str, object] = {
+            "indices": list(lease.gpu_indices),
+            "uuids": [self._gpus[i].uuid for i in lease.gpu_indices if i in self._gpus],
+            "names": [self._gpus[i].name for i in lease.gpu_indices if i in self._gpus],
+        }
+        after: dict[str, int | None] = {}
+        for index in lease.gpu_indices:
+            if any(index in other.gpu_indices for other in self._pool.active_leases if other != lease):
+                continue  # still shared with a running cell: the last one out checks the baseline
+            used = wait_for_baseline(index, self._baseline[index])
+            if used is not None and used > self._baseline[index] + GPU_SETTLE_TOLERANCE_BYTES:
+                baseline = self._baseline[index] / 2**30
+                self._pool.quarantine(index, f"memory stayed at {used / 2**30:.2f} GiB, baseline {baseline:.2f} GiB")
+            after[str(index)] = used
+        info["memory_used_after"] = after
+        info["baseline"] = {str(i): self._baseline.get(i) for i in lease.gpu_indices}
+        return info
+
+
+def wait_for_baseline(index: int, baseline: int, timeout_s: float = GPU_SETTLE_S) -> int | None:
+    """NVML's used memory of GPU `index` once it is back near `baseline`, or the last reading at the
+    deadline (None without NVML). Engines free device memory a moment after their process is reaped."""
+    deadline = time.monotonic() + timeout_s
+    used = memory_used(index)
+    while used is not None and used > baseline + GPU_SETTLE_TOLERANCE_BYTES and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        used = memory_used(index)
+    return used
