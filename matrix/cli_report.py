@@ -78,8 +78,31 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
 
 
 def register(cli: click.Group) -> None:
-    """Add `report`, `compare`, `gate` and `export` to the `matrix` group."""
+    """Add `campaigns`, `report`, `compare`, `gate` and `export` to the `matrix` group."""
     from matrix.cli import MatrixGroup, json_option, make_selection, selection_options, with_session
+
+    @cli.group("campaigns", cls=MatrixGroup)
+    def campaigns() -> None:
+        """Show campaigns: the ids that --resume, --join and --rerun-failed take."""
+
+    @campaigns.command("list")
+    @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest first.")
+    @json_option
+    @with_session
+    def campaigns_list_cmd(session: Session, limit: int, as_json: bool) -> None:
+        """List the latest campaigns with their cells counted by the status of their latest attempt."""
+        from matrix.output import print_json, print_table
+        from matrix.results import campaign_rows
+
+        rows = campaign_rows(session, limit)
+        if as_json:
+            print_json(rows)
+            return
+        print_table(
+            ("id", "status", "started", "finished", "executor", "host", "cells", "outcomes", "key"),
+            [(r["id"], r["status"], r["started_at"] or "", r["finished_at"] or "", r["executor"], r["host"], r["cells"],
+              ", ".join(f"{n} {status}" for status, n in r["outcomes"].items()), r["key"]) for r in rows],
+        )  # fmt: skip
 
     @cli.command("report")
     @selection_options

@@ -127,3 +127,39 @@ def new_cell_row(
     )
     session.add(row)
     return row
+
+
+def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
+    """The latest `limit` campaigns, newest first, with their cells counted by latest-attempt status.
+
+    What a user needs to pick a campaign for `--resume`, `--join` or `--rerun-failed`.
+    """
+    campaigns = list(session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(limit)))
+    latest: dict[int, dict[tuple[int, int], tuple[int, str]]] = {c.id: {} for c in campaigns}
+    if campaigns:
+        rows = session.execute(
+            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
+            .where(CellRun.campaign_id.in_(latest))
+            .order_by(CellRun.attempt)
+        )
+        for campaign_id, case_id, runtime_id, attempt, status in rows:
+            latest[campaign_id][(case_id, runtime_id)] = (attempt, status)
+    out = []
+    for campaign in campaigns:
+        counts: dict[str, int] = {}
+        for _, status in latest[campaign.id].values():
+            counts[status] = counts.get(status, 0) + 1
+        out.append(
+            {
+                "id": campaign.id,
+                "status": campaign.status,
+                "started_at": _iso(campaign.started_at),
+                "finished_at": _iso(campaign.finished_at),
+                "executor": campaign.executor,
+                "host": campaign.host,
+                "key": str(campaign.selection.get("campaign_key", "")),
+                "cells": len(campaign.selection.get("cells", ())),
+                "outcomes": dict(sorted(counts.items())),
+            }
+        )
+    return out

@@ -1,0 +1,71 @@
+"""`matrix campaigns list`: the ids --resume, --join and --rerun-failed take, with what each campaign holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from matrix.db.engine import create_db_engine, resolve_url, session_factory, transaction
+from matrix.db.models import Campaign, Case, CellRun, Runtime
+from tests.conftest import Matrix
+
+
+def _campaign(m: Matrix, statuses: list[tuple[str, int, str]], key: str = "", **fields: object) -> int:
+    """A campaign whose rows are (case name, attempt, status) on the reference runtime."""
+    engine = create_db_engine(resolve_url(m.db_url or str(m.db_path)))
+    try:
+        with transaction(session_factory(engine)) as session:
+            runtime = session.scalars(select(Runtime).where(Runtime.version == "0.1.0")).one()
+            cells = sorted({name for name, _, _ in statuses})
+            selection: dict[str, object] = {"cells": [f"{c}@reference-0.1.0" for c in cells]}
+            if key:
+                selection["campaign_key"] = key
+            campaign = Campaign(selection=selection, **fields)
+            session.add(campaign)
+            session.flush()
+            for index, (name, attempt, status) in enumerate(statuses):
+                case = session.scalars(select(Case).where(Case.name == name)).one()
+                session.add(CellRun(uid=f"u{campaign.id}x{index}", campaign_id=campaign.id, case_id=case.id,
+                                    runtime_id=runtime.id, attempt=attempt, status=status, checks=[]))  # fmt: skip
+            return campaign.id
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.all_databases
+def test_newest_first_counted_by_latest_attempt(seeded: Matrix) -> None:
+    first = _campaign(seeded, [("reference_disaggregated", 1, "passed")], status="finished", executor="local")
+    second = _campaign(
+        seeded,
+        [("reference_disaggregated", 1, "failed"), ("reference_disaggregated", 2, "passed"),
+         ("reference_disaggregated_gpu", 1, "pending")],
+        status="running", executor="ray", key="github:o/r/7",
+    )  # fmt: skip
+    result = seeded("campaigns", "list", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["id"] for r in rows] == [second, first]
+    assert rows[0]["outcomes"] == {"passed": 1, "pending": 1}  # the retry's pass replaces attempt 1's failure
+    assert (rows[0]["status"], rows[0]["executor"], rows[0]["key"]) == ("running", "ray", "github:o/r/7")
+    assert rows[1]["outcomes"] == {"passed": 1} and rows[1]["cells"] == 1
+
+    limited = json.loads(seeded("campaigns", "list", "--json", "--limit", "1").output)
+    assert [r["id"] for r in limited] == [second]
+    table = seeded("campaigns", "list").output
+    assert "1 passed, 1 pending" in table and "github:o/r/7" in table
+
+
+def test_no_campaign_is_an_empty_list_and_a_bad_limit_exits_2(seeded: Matrix) -> None:
+    assert json.loads(seeded("campaigns", "list", "--json").output) == []
+    before = seeded.dump()
+    result = seeded("campaigns", "list", "--limit", "0")
+    assert result.exit_code == 2 and "--limit" in result.output
+    assert seeded.dump() == before
+
+
+def test_resume_of_an_unknown_campaign_points_at_the_list(seeded: Matrix) -> None:
+    result = seeded.subprocess("run", "--resume", "99")
+    assert result.returncode == 2
+    assert "no campaign 99" in result.stderr and "matrix campaigns list" in result.stderr
