@@ -148,7 +148,9 @@ def results_document(session: Session, campaign_id: int, key: str) -> dict[str, 
     campaign = session.get_one(Campaign, campaign_id)
     rows = session.scalars(
         select(CellRun)
-        .where(CellRun.campaign_id == campaign_id)
+        # Only finished attempts travel: an interrupted shard leaves `pending` rows (never started) that
+        # mean nothing elsewhere; the campaign's `cells` still lists them as planned.
+        .where(CellRun.campaign_id == campaign_id, CellRun.status.in_(FINISHED_STATUSES))
         .options(selectinload(CellRun.case), selectinload(CellRun.runtime).selectinload(Runtime.backend))
         .order_by(CellRun.id)
     ).all()

@@ -5,39 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select
 
-from matrix.db.engine import create_db_engine, resolve_url, session_factory, transaction
-from matrix.db.models import Campaign, Case, CellRun, Runtime
 from tests.conftest import Matrix
-
-
-def _campaign(m: Matrix, statuses: list[tuple[str, int, str]], key: str = "", **fields: object) -> int:
-    """A campaign whose rows are (case name, attempt, status) on the reference runtime."""
-    engine = create_db_engine(resolve_url(m.db_url or str(m.db_path)))
-    try:
-        with transaction(session_factory(engine)) as session:
-            runtime = session.scalars(select(Runtime).where(Runtime.version == "0.1.0")).one()
-            cells = sorted({name for name, _, _ in statuses})
-            selection: dict[str, object] = {"cells": [f"{c}@reference-0.1.0" for c in cells]}
-            if key:
-                selection["campaign_key"] = key
-            campaign = Campaign(selection=selection, **fields)
-            session.add(campaign)
-            session.flush()
-            for index, (name, attempt, status) in enumerate(statuses):
-                case = session.scalars(select(Case).where(Case.name == name)).one()
-                session.add(CellRun(uid=f"u{campaign.id}x{index}", campaign_id=campaign.id, case_id=case.id,
-                                    runtime_id=runtime.id, attempt=attempt, status=status, checks=[]))  # fmt: skip
-            return campaign.id
-    finally:
-        engine.dispose()
+from tests.unit.campaign_rows import add_campaign
 
 
 @pytest.mark.all_databases
 def test_newest_first_counted_by_latest_attempt(seeded: Matrix) -> None:
-    first = _campaign(seeded, [("reference_disaggregated", 1, "passed")], status="finished", executor="local")
-    second = _campaign(
+    first = add_campaign(seeded, [("reference_disaggregated", 1, "passed")], status="finished", executor="local")
+    second = add_campaign(
         seeded,
         [("reference_disaggregated", 1, "failed"), ("reference_disaggregated", 2, "passed"),
          ("reference_disaggregated_gpu", 1, "pending")],

@@ -1,0 +1,39 @@
+"""A shard stopped part-way still gives an importable results file: rows never started stay behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from matrix.db.engine import create_db_engine, resolve_url, session_factory
+from matrix.shard_results import read_results, write_results
+from tests.conftest import Matrix
+from tests.unit.campaign_rows import add_campaign
+
+
+@pytest.mark.all_databases
+def test_pending_and_running_rows_are_left_out_and_the_file_imports(seeded: Matrix, tmp_path: Path) -> None:
+    campaign = add_campaign(
+        seeded,
+        [("reference_disaggregated", 1, "interrupted"), ("reference_disaggregated", 2, "running"),
+         ("reference_disaggregated_gpu", 1, "pending")],
+        key="ci:run-7", status="interrupted",
+    )  # fmt: skip
+    path = tmp_path / "shard.json"
+    engine = create_db_engine(resolve_url(seeded.db_url or str(seeded.db_path)))
+    try:
+        with session_factory(engine)() as session:
+            written = write_results(session, campaign, path, "ci:run-7")
+    finally:
+        engine.dispose()
+    assert written == 1
+    results = read_results(path)  # refuses unfinished statuses: it must not see any
+    assert [(a.key, a.attempt, a.outcome["status"]) for a in results.attempts] == [
+        ("reference_disaggregated@reference-0.1.0", 1, "interrupted")
+    ]
+    assert "reference_disaggregated_gpu@reference-0.1.0" in results.campaign.selection["cells"]  # still planned
+
+    imported = seeded("import", str(path))  # into the database it came from: the attempt is already here
+    assert imported.exit_code == 0, imported.output
+    assert "1 already present" in imported.output or "present" in imported.output, imported.output
