@@ -142,7 +142,7 @@ class _Heartbeat(threading.Thread):
         self.join(timeout=HEARTBEAT_S)
 
 
-def _expected_durations(session: Session) -> dict[int, float]:
+def expected_durations(session: Session) -> dict[int, float]:
     """Median total time of each case over earlier finished attempts."""
     samples: dict[int, list[float]] = {}
     rows = session.execute(
@@ -179,6 +179,17 @@ def _stored_cells(session: Session, campaign: Campaign) -> list[Cell]:
     return [c for c in plan_from_db(session, selection).cells if c.key in keys]
 
 
+def _cells_with_latest(session: Session, campaign: Campaign) -> list[tuple[Cell, int, str]]:
+    """Every cell of the campaign with its latest attempt number and status ((0, "") if it has no row)."""
+    state = latest_statuses(session, campaign.id)
+    out = []
+    for cell in _stored_cells(session, campaign):
+        assert cell.case.id is not None and cell.runtime.id is not None
+        attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
+        out.append((cell, attempt, status))
+    return out
+
+
 def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[Cell, int, bool]]:
     """The cells of a running campaign that no runner has claimed yet, for `--join`."""
     campaign = session.get(Campaign, campaign_id)
@@ -189,14 +200,8 @@ def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[
             f"campaign {campaign_id} is {campaign.status}, not running: only a running campaign can be joined; "
             f"run its unfinished cells with `matrix run --resume {campaign_id}`"
         )
-    cells = _stored_cells(session, campaign)
-    state = latest_statuses(session, campaign.id)
-    chosen = []
-    for cell in cells:
-        assert cell.case.id is not None and cell.runtime.id is not None
-        attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
-        if status in ("", "pending"):
-            chosen.append((cell, max(attempt, 1), False))
+    cells = _cells_with_latest(session, campaign)
+    chosen = [(cell, max(attempt, 1), False) for cell, attempt, status in cells if status in ("", "pending")]
     echo(f"joining campaign {campaign.id}: {len(chosen)} of {len(cells)} cells not claimed yet")
     return chosen
 
@@ -210,12 +215,9 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         campaign = session.get(Campaign, wanted) if wanted else _latest_campaign(session)
         if campaign is None:
             raise ConfigError(f"no campaign {wanted}; see `matrix campaigns list`")
-        cells = _stored_cells(session, campaign)
-        state = latest_statuses(session, campaign.id)
+        cells = _cells_with_latest(session, campaign)
         chosen = []
-        for cell in cells:
-            assert cell.case.id is not None and cell.runtime.id is not None
-            attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
+        for cell, attempt, status in cells:
             if options.resume is not None and status == "pending":  # never started: claim that row
                 chosen.append((cell, attempt, False))
             elif options.resume is not None and status in ("", "interrupted", "not-run"):
@@ -313,7 +315,7 @@ def _run(
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()
             return EXIT_OK
-        durations = _expected_durations(session)
+        durations = expected_durations(session)
     if options.on_campaign is not None:
         options.on_campaign(campaign_id)
     cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)

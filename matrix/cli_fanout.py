@@ -21,10 +21,10 @@ __all__ = ["check_results_path", "print_github_matrix", "register", "write_resul
 
 def print_github_matrix(session: Session, plan: Plan, max_jobs: int) -> None:
     """One line of compact JSON on stdout (for `$GITHUB_OUTPUT`); the summary goes to stderr."""
-    from matrix.campaign import _expected_durations
+    from matrix.campaign import expected_durations
     from matrix.fanout import expected_seconds, github_matrix, shard_cells
 
-    history = _expected_durations(session)
+    history = expected_durations(session)
     expected = {cell.key: expected_seconds(cell, history) for cell in plan.cells}
     shards = shard_cells(plan.cells, expected, max_jobs)
     click.echo(json.dumps(github_matrix(shards), separators=(",", ":")))

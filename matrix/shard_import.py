@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
 from matrix.errors import ConfigError
-from matrix.schedule.scheduler import _safe_name
+from matrix.schedule.scheduler import attempt_log_dir
 from matrix.shard_results import OUTCOME_FIELDS, ShardAttempt, ShardCampaign, ShardResults, to_utc
 
 IMPORT_EXECUTOR = "import"
@@ -247,7 +247,7 @@ def import_results(session: Session, files: Sequence[ShardResults], logs_root: P
             numbers.add(number)
             log_dir = a.source_log_dir
             if a.logs:
-                directory = logs_root / f"campaign-{summary.id}" / f"{_safe_name(a.key)}-{a.uid}"
+                directory = attempt_log_dir(logs_root / f"campaign-{summary.id}", a.key, a.uid)
                 _write_logs(directory, a, a.outcome["owner_host"])
                 log_dir = str(directory)
             session.add(

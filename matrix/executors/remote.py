@@ -16,7 +16,7 @@ from pathlib import Path
 
 from matrix import __version__
 from matrix.executors.local import wait_for_baseline
-from matrix.hardware.gpus import inventory, memory_used
+from matrix.hardware.gpus import Gpu, inventory, memory_used
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path
@@ -54,9 +54,10 @@ def run_remote_cell(
     log_dir = scratch / "logs"
     indices = [int(gpu) for gpu in gpu_ids if gpu.isdigit()]
     baseline = {index: memory_used(index) for index in indices}
+    node_gpus = {gpu.index: gpu for gpu in inventory()}
     resources = Resources(
         gpu_ids=tuple(gpu_ids),
-        host_gpus=len(inventory()) or len(gpu_ids),
+        host_gpus=len(node_gpus) or len(gpu_ids),
         workspace=Path(workspace) if workspace else None,
     )
     try:
@@ -70,7 +71,7 @@ def run_remote_cell(
         if indices:
             after = {str(i): wait_for_baseline(i, before) for i, before in baseline.items() if before is not None}
             gpu = {**outcome.gpu, "node": node, "ray_gpu_ids": list(gpu_ids), "baseline": baseline,
-                   "memory_used_after": after, **_gpu_names(indices)}  # fmt: skip
+                   "memory_used_after": after, **_gpu_names(indices, node_gpus)}  # fmt: skip
             outcome = replace(outcome, gpu=gpu)
         logs, truncated = collect_logs(log_dir)
         return RemoteResult(replace(outcome, log_dir=""), node, logs, truncated)
@@ -78,8 +79,7 @@ def run_remote_cell(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _gpu_names(indices: list[int]) -> dict[str, object]:
-    gpus = {gpu.index: gpu for gpu in inventory()}
+def _gpu_names(indices: list[int], gpus: dict[int, Gpu]) -> dict[str, object]:
     return {
         "indices": indices,
         "uuids": [gpus[i].uuid for i in indices if i in gpus],

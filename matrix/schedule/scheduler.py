@@ -69,8 +69,10 @@ class _Running:
     lease: Lease
 
 
-def _safe_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "_.@+-" else "_" for c in text)
+def attempt_log_dir(logs_root: Path, cell_key: str, uid: str) -> Path:
+    """Where one attempt's logs live under a campaign's log directory (also for imported attempts)."""
+    safe = "".join(c if c.isalnum() or c in "_.@+-" else "_" for c in cell_key)
+    return logs_root / f"{safe}-{uid}"
 
 
 class Scheduler:
@@ -209,7 +211,7 @@ class Scheduler:
         )
 
     def _log_dir(self, job: Job, uid: str) -> Path:
-        return self._logs_root / f"{_safe_name(job.cell.key)}-{uid}"
+        return attempt_log_dir(self._logs_root, job.cell.key, uid)
 
     def _write(self, row_id: int, outcome: CellOutcome, *, flaky: bool = False) -> None:
         with transaction(self._factory) as session:

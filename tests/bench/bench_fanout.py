@@ -131,7 +131,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="matrix-bench-fanout-"))
     os.environ["MATRIX_HOME"] = str(root / "planner")
-    from matrix.campaign import _expected_durations
+    from matrix.campaign import expected_durations
     from matrix.db.engine import transaction
     from matrix.fanout import expected_seconds, github_matrix, shard_cells
     from matrix.plan import Selection, plan_from_db
@@ -153,7 +153,7 @@ def main() -> None:
 
     def from_db() -> Any:
         with transaction(factory) as session:
-            return plan_from_db(session, Selection()), _expected_durations(session)
+            return plan_from_db(session, Selection()), expected_durations(session)
 
     db_s, (plan, history) = median_time(from_db, args.repeat)
     expected = {c.key: expected_seconds(c, history) for c in plan.cells}

@@ -7,6 +7,7 @@ asking for one GPU and both workers must be pinned, through Ray's assignment, to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -220,17 +221,24 @@ def _running_uids(m: Matrix) -> list[str]:
     return [str(uid) for (uid,) in m.sql("SELECT uid FROM cell_run WHERE status = 'running'")]
 
 
-def test_ctrl_c_cancels_remote_cells_and_leaves_no_process(ray_cluster: str, ray_home: Matrix) -> None:
-    runner = ray_home.popen("run", "--case", "ray_slow", "--executor", "ray", "--ray-address", ray_cluster,
-                            "--no-report")  # fmt: skip
+@contextlib.contextmanager
+def _runner_with_a_live_pair(m: Matrix, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A `matrix run` whose one cell's pair is up: (the runner, the cell's uid); killed if still running."""
+    runner = m.popen("run", *args, "--no-report")
     try:
-        _wait_for(lambda: any(find_cell_processes(uid) for uid in _running_uids(ray_home)), 60, "the slow pair")
-        (uid,) = _running_uids(ray_home)
-        runner.send_signal(signal.SIGINT)
-        output, _ = runner.communicate(timeout=60)
+        _wait_for(lambda: any(find_cell_processes(uid) for uid in _running_uids(m)), 60, "the pair")
+        (uid,) = _running_uids(m)
+        yield runner, uid
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_ctrl_c_cancels_remote_cells_and_leaves_no_process(ray_cluster: str, ray_home: Matrix) -> None:
+    args = ("--case", "ray_slow", "--executor", "ray", "--ray-address", ray_cluster)
+    with _runner_with_a_live_pair(ray_home, *args) as (runner, uid):
+        runner.send_signal(signal.SIGINT)
+        output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 3, output
     rows = _rows(ray_home, _latest_campaign(ray_home))
     (row,) = rows.values()
@@ -239,19 +247,13 @@ def test_ctrl_c_cancels_remote_cells_and_leaves_no_process(ray_cluster: str, ray
 
 
 def test_a_lost_worker_interrupts_the_cell_and_the_retry_runs_it(ray_cluster: str, ray_home: Matrix) -> None:
-    runner = ray_home.popen("run", "--case", "ray_slow_once", "--executor", "ray", "--ray-address", ray_cluster,
-                            "--max-attempts", "2", "--no-report")  # fmt: skip
-    try:
-        _wait_for(lambda: any(find_cell_processes(uid) for uid in _running_uids(ray_home)), 60, "the first pair")
-        (uid,) = _running_uids(ray_home)
+    args = ("--case", "ray_slow_once", "--executor", "ray", "--ray-address", ray_cluster, "--max-attempts", "2")
+    with _runner_with_a_live_pair(ray_home, *args) as (runner, uid):
         # The pair's processes are children of the Ray worker running the task: kill that worker outright.
         worker = find_cell_processes(uid)[0].parent()
         assert worker is not None and "ray" in " ".join(worker.cmdline()).lower()
         worker.kill()
         output, _ = runner.communicate(timeout=120)
-    finally:
-        if runner.poll() is None:
-            runner.kill()
     assert runner.returncode == 0, output
     rows = _rows(ray_home, _latest_campaign(ray_home))
     first, second = rows["ray_slow_once#1"], rows["ray_slow_once#2"]
