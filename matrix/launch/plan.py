@@ -27,6 +27,9 @@ class ProcessSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     health: tuple[HealthProbe, ...] = ()
+    # Roles (earlier in the plan) whose probes must pass before this process is started: a sidecar that
+    # connects to its engine's gRPC port once, at start, must not start before the engine listens.
+    start_after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

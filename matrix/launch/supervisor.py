@@ -111,6 +111,10 @@ class Supervisor:
         roles = [spec.role for spec in plan.processes]
         if len(set(roles)) != len(roles):
             raise ValueError(f"roles must be unique, they name the log files: {roles}")
+        for index, spec in enumerate(plan.processes):
+            unknown = set(spec.start_after) - set(roles[:index])
+            if unknown:
+                raise ValueError(f"{spec.role} starts after {sorted(unknown)}, which are not earlier roles")
         self._plan = plan
         self._log_dir = log_dir
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -142,14 +146,17 @@ class Supervisor:
             raise RuntimeError("Supervisor.start() may only be called once")
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._spawned_at = time.monotonic()
-        paths = self.log_paths()
         for spec in self._plan.processes:
-            # Spawning holds the teardown lock, so a teardown from another thread (cancellation) either
-            # sees this child or stops the start before it is spawned: nothing starts unowned.
-            with self._teardown_lock:
-                if self._report is not None:
-                    raise MatrixError("cell cancelled before all its processes started")
-                self._spawn(spec, paths[spec.role])
+            if not spec.start_after:
+                self._spawn_owned(spec)
+
+    def _spawn_owned(self, spec: ProcessSpec) -> None:
+        # Spawning holds the teardown lock, so a teardown from another thread (cancellation) either
+        # sees this child or stops the start before it is spawned: nothing starts unowned.
+        with self._teardown_lock:
+            if self._report is not None:
+                raise MatrixError("cell cancelled before all its processes started")
+            self._spawn(spec, self.log_paths()[spec.role])
 
     def _spawn(self, spec: ProcessSpec, log_path: Path) -> None:
         log = log_path.open("wb")
@@ -199,11 +206,13 @@ class Supervisor:
             raise RuntimeError("Supervisor.wait_ready() called before start()")
         deadline = self._spawned_at + self._plan.startup_timeout_s
         # Each process's own probes first (in plan order), then the plan's: once a probe has passed it
-        # is not asked again; a process dying later is still caught by the liveness check.
+        # is not asked again; a process dying later is still caught by the liveness check. Processes
+        # that start after others are spawned once every started process's probes have passed.
         pending: list[tuple[_Child | None, HealthProbe]] = [
             (child, probe) for child in self._children for probe in child.spec.health
         ]
-        pending += [(None, probe) for probe in self._plan.ready_probes]
+        deferred = [spec for spec in self._plan.processes if spec.start_after]
+        plan_probes: list[tuple[_Child | None, HealthProbe]] = [(None, probe) for probe in self._plan.ready_probes]
         last_answer = "no answer yet"
         delay = _POLL_FIRST_S
         with loopback_client(_PROBE_TIMEOUT_S) as client:
@@ -212,6 +221,18 @@ class Supervisor:
                 if dead is not None:
                     return self._died(dead)
                 last_answer = _advance(client, pending, deadline) or last_answer
+                if not pending and deferred:
+                    healthy = {child.role for child in self._children}
+                    # Never empty: the first deferred process only waits on earlier roles, all started.
+                    due = [spec for spec in deferred if healthy.issuperset(spec.start_after)]
+                    for spec in due:
+                        deferred.remove(spec)
+                        self._spawn_owned(spec)
+                        pending += [(self._children[-1], probe) for probe in spec.health]
+                    continue
+                if not pending and plan_probes:
+                    pending, plan_probes = plan_probes, []
+                    continue
                 if not pending:
                     return ReadyResult(True, None, "ready", self._elapsed(), "")
                 if time.monotonic() >= deadline:

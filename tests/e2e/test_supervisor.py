@@ -249,3 +249,48 @@ def test_unstartable_process_raises_and_earlier_ones_are_stopped(tmp_path: Path,
     assert [exit_.role for exit_ in report.exits] == ["prefill"]
     assert report.clean
     assert "cannot start decode" in sup.log_paths()["decode"].read_text()
+
+
+def test_a_process_that_starts_after_another_waits_for_its_probes(tmp_path: Path, ports: list[int]) -> None:
+    engine_ready = tmp_path / "engine-ready"
+    sidecar_started = tmp_path / "sidecar-started"
+    sidecar = ProcessSpec(
+        role="sidecar",
+        argv=(sys.executable, FAKE_ENGINE, "--port", str(ports[1]), "--ready-file", str(sidecar_started)),
+        health=(HealthProbe(f"http://127.0.0.1:{ports[1]}/health"),),
+        start_after=("engine",),
+    )
+    plan = make_plan(
+        (engine("engine", ports[0], "--delay", "0.5", "--ready-file", str(engine_ready)), sidecar),
+        ports,
+        ready_probes=(models_probe(ports[1]),),
+    )
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        assert set(sup.pids()) == {"engine"}  # the sidecar waits
+        result = sup.wait_ready()
+        assert result.ok, result.message
+        assert set(sup.pids()) == {"engine", "sidecar"}
+        assert float(sidecar_started.read_text()) >= float(engine_ready.read_text())
+    report = sup.teardown()
+    assert report.clean and {exit_.role for exit_ in report.exits} == {"engine", "sidecar"}
+
+
+def test_a_process_that_dies_before_its_dependents_start_fails_the_cell_without_them(
+    tmp_path: Path, ports: list[int]
+) -> None:
+    sidecar = ProcessSpec(role="sidecar", argv=(sys.executable, FAKE_ENGINE, "--port", str(ports[1])),
+                          start_after=("engine",))  # fmt: skip
+    crash = ProcessSpec(role="engine", argv=(sys.executable, "-c", "import sys; sys.exit(3)"),
+                        health=(HealthProbe(f"http://127.0.0.1:{ports[0]}/health"),))  # fmt: skip
+    with Supervisor(make_plan((crash, sidecar), ports), tmp_path / "logs") as sup:
+        sup.start()
+        result = sup.wait_ready()
+    assert not result.ok and result.kind == "startup" and "engine exited with code 3" in result.message
+    assert {exit_.role for exit_ in sup.teardown().exits} == {"engine"}
+
+
+def test_start_after_must_name_an_earlier_role(tmp_path: Path, ports: list[int]) -> None:
+    late = ProcessSpec(role="a", argv=(sys.executable, "-c", "pass"), start_after=("b",))
+    with pytest.raises(ValueError, match="not earlier roles"):
+        Supervisor(make_plan((late, python("b", "pass")), ports), tmp_path / "logs")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,15 +130,91 @@ def test_launch_scripts_resolve_against_the_workspace(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"launch script lib/disagg\.sh not found .* --workspace"):
         get_arm("dynamo").plan(_ctx(case, tmp_path))
     ctx = _ctx(case, tmp_path)
-    from dataclasses import replace
-
     plan = get_arm("dynamo").plan(replace(ctx, workspace=checkout))
     assert plan.processes[0].argv[1] == str(checkout / "lib" / "disagg.sh")
 
 
 def test_gpu_engine_without_a_script_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs launch\.script"):
-        get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "vllm"}), tmp_path))
+        get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "sglang"}), tmp_path))
+
+
+def _flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+SIDECAR_CASE = {"engine": "vllm", "max_model_len": 2048, "gpu_memory_utilization": 0.01,
+                "workspace_script": "lib/sidecar/vllm/launch/disagg.sh"}  # fmt: skip
+
+
+def test_vllm_sidecar_plan_runs_five_processes_on_one_gpu(tmp_path: Path) -> None:
+    case = _case("dynamo", SIDECAR_CASE, kv_bound={"bytes": 1119388000})
+    plan = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("3",)))
+    by_role = {p.role: p for p in plan.processes}
+    assert list(by_role) == ["prefill", "decode", "prefill_sidecar", "decode_sidecar", "frontend"]
+    assert len(set(plan.ports.values())) == len(plan.ports)  # every port the allocator's, none shared
+    for role in ("prefill", "decode"):
+        engine, sidecar = by_role[role], by_role[f"{role}_sidecar"]
+        head, python_args = engine.argv[: engine.argv.index("--")], engine.argv[engine.argv.index("--") + 1 :]
+        assert head[:3] == ("vllm-rs", "serve", str(tmp_path))
+        assert _flag(head, "--python") == "/py" and _flag(head, "--host") == "127.0.0.1"
+        http, grpc = plan.ports[f"VLLM_{role.upper()}_HTTP_PORT"], plan.ports[f"VLLM_{role.upper()}_GRPC_PORT"]
+        assert _flag(head, "--port") == str(http) and _flag(head, "--grpc-port") == str(grpc)
+        assert _flag(head, "--max-model-len") == "2048" and _flag(head, "--reasoning-parser") == "none"
+        assert "--enforce-eager" in python_args
+        assert json.loads(_flag(python_args, "--kv-transfer-config")) == {
+            "kv_connector": "NixlConnector", "kv_role": "kv_both"}  # fmt: skip
+        assert _flag(python_args, "--kv-cache-memory-bytes") == "1119388000"
+        assert _flag(python_args, "--gpu-memory-utilization") == "0.01"
+        side = plan.ports[f"VLLM_{role.upper()}_NIXL_SIDE_CHANNEL_PORT"]
+        assert engine.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(side)
+        assert engine.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+        assert engine.health[0].url == f"http://127.0.0.1:{http}/health"
+        # The sidecar registers its own engine, and only once that engine answers.
+        assert sidecar.argv[:3] == ("/py", "-m", "dynamo.vllm.sidecar")
+        assert _flag(sidecar.argv, "--grpc-endpoint") == f"127.0.0.1:{grpc}"
+        assert _flag(sidecar.argv, "--disaggregation-mode") == role
+        assert sidecar.start_after == (role,)
+        system = int(sidecar.env["DYN_SYSTEM_PORT"])
+        assert system == plan.ports[f"{role}_system"] <= SYSTEM_PORT_MAX
+        assert sidecar.health[0].url == f"http://127.0.0.1:{system}/health"
+    assert _flag(by_role["prefill_sidecar"].argv, "--component") == "prefill"
+    assert "--component" not in by_role["decode_sidecar"].argv
+    assert {p.env["CUDA_VISIBLE_DEVICES"] for p in plan.processes} == {"3"}
+    assert {p.env["DYN_NAMESPACE"] for p in plan.processes} == {"matrix-cell1"}
+    (metrics,) = plan.metrics_checks
+    assert metrics.url == f"http://127.0.0.1:{plan.ports['VLLM_DECODE_HTTP_PORT']}/metrics"
+    assert metrics.counters == ("vllm:nixl_xfer_time_seconds_count",)
+    assert plan.ready_probes[0].url == f"http://127.0.0.1:{plan.ports['frontend']}/v1/models"
+
+
+def test_vllm_sidecar_plan_on_cpu_keeps_kv_in_host_memory_and_splits_the_cores(tmp_path: Path) -> None:
+    case = _case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound={"bytes": 268435456})
+    assert get_arm("dynamo").runs_on_cpu(case)
+    assert not get_arm("dynamo").runs_on_cpu(_case("dynamo", {"engine": "vllm"}))
+    ctx = replace(_ctx(case, tmp_path), cpu_ids=(0, 1))
+    by_role = {p.role: p for p in get_arm("dynamo").plan(ctx).processes}
+    prefill, decode = by_role["prefill"], by_role["decode"]
+    python_args = prefill.argv[prefill.argv.index("--") + 1 :]
+    assert json.loads(_flag(python_args, "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
+    assert "--gpu-memory-utilization" not in python_args
+    assert prefill.env["VLLM_TARGET_DEVICE"] == "cpu" and prefill.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert (prefill.env["VLLM_CPU_OMP_THREADS_BIND"], decode.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    assert "VLLM_TARGET_DEVICE" not in by_role["decode_sidecar"].env
+
+
+def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path) -> None:
+    checkout = tmp_path / "dynamo"
+    script = checkout / "lib" / "sidecar" / "vllm" / "launch" / "disagg.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/bash\n")
+    case = _case("dynamo", SIDECAR_CASE, kv_bound={"bytes": 1119388000}, source_dir=str(tmp_path / "catalog"))
+    native = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",)))
+    assert "workers" not in {p.role for p in native.processes}
+    scripted = get_arm("dynamo").plan(replace(_ctx(case, tmp_path, gpu_ids=("0",)), workspace=checkout))
+    (workers,) = [p for p in scripted.processes if p.role == "workers"]
+    assert workers.argv[:2] == ("bash", str(script))
+    assert workers.env["VLLM_DECODE_GRPC_PORT"] == str(scripted.ports["VLLM_DECODE_GRPC_PORT"])
 
 
 def test_reference_plan(tmp_path: Path) -> None:

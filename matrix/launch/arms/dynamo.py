@@ -1,8 +1,11 @@
 """Dynamo: a frontend plus a prefill and a decode worker, discovered through files, talking over TCP.
 
-Engines: `mocker` runs the workers as `python -m dynamo.mocker` (CPU only, DOMAIN.md section 6); the GPU
-engines (vllm, sglang, trtllm) run the case's upstream launch script, which reads its ports and GPU from
-the environment (DOMAIN.md section 5). The script path resolves against the case's declared directory.
+Engines: `mocker` runs the workers as `python -m dynamo.mocker` (CPU only); `vllm` runs Dynamo's native
+sidecar over two `vllm-rs` engines as matrix's own five-process plan (`vllm_sidecar`), on a GPU or, with
+`launch.cpu`, over vLLM's CPU build. A case may instead name an upstream launch script: `launch.script`
+always runs it; `launch.workspace_script` runs it when `matrix run --workspace DIR` gives a checkout. The
+script reads its ports and GPU from the environment and resolves against the workspace or the case's
+declared directory. sglang and trtllm run through their scripts only.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from pathlib import Path
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
@@ -74,6 +78,16 @@ def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
     return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
 
 
+def _script_text(ctx: LaunchContext) -> str | None:
+    """The launch script this attempt runs, if any: `script` always, `workspace_script` with --workspace."""
+    launch = ctx.case.launch
+    if launch.get("script"):
+        return str(launch["script"])
+    if ctx.workspace is not None and launch.get("workspace_script"):
+        return str(launch["workspace_script"])
+    return None
+
+
 class DynamoArm:
     name = "dynamo"
 
@@ -86,7 +100,8 @@ class DynamoArm:
         )
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return _engine(case) == "mocker"
+        engine = _engine(case)
+        return engine == "mocker" or (engine == "vllm" and bool(case.launch.get("cpu", False)))
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)
@@ -123,10 +138,17 @@ class DynamoArm:
             ),
             env=env,
         )
+        metrics: tuple[MetricsCheck, ...] = ()
+        scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
+        script = _script_text(ctx)
         if engine == "mocker":
             workers = tuple(self._mocker(ctx, role, env) for role in _worker_roles(ctx.case))
+        elif script is None and engine == "vllm":
+            workers = vllm_sidecar_processes(ctx, env)
+            metrics = (decode_metrics(ctx),)
+            scratch += scratch_env(ctx).values()
         else:
-            workers = (self._script(ctx, engine, env),)
+            workers = (self._script(ctx, engine, env, script),)
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*workers, frontend),
@@ -136,7 +158,8 @@ class DynamoArm:
             startup_timeout_s=ctx.case.startup_timeout_s,
             teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 10.0)),
             gpu_ids=ctx.gpu_ids,
-            scratch_dirs=(env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]),
+            metrics_checks=metrics,
+            scratch_dirs=tuple(scratch),
         )
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
@@ -157,8 +180,7 @@ class DynamoArm:
         health = (HealthProbe(loopback_url(system_port, "/health")),)
         return ProcessSpec(role=role, argv=argv, env=role_env, health=health)
 
-    def _script(self, ctx: LaunchContext, engine: str, env: dict[str, str]) -> ProcessSpec:
-        script_text = ctx.case.launch.get("script")
+    def _script(self, ctx: LaunchContext, engine: str, env: dict[str, str], script_text: str | None) -> ProcessSpec:
         if not script_text:
             raise ConfigError(
                 f"case {ctx.case.name!r}: dynamo engine {engine!r} needs launch.script "

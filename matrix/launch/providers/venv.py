@@ -517,6 +517,8 @@ class _Builder:
             except KeyError:
                 raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
         target = self.tmp / "bin" / PurePosixPath(step.member).name
+        # Never write through a link an earlier step made: that would overwrite an installed package's file.
+        target.unlink(missing_ok=True)
         target.write_bytes(data)
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")

@@ -1,0 +1,105 @@
+"""Dynamo's native sidecar over vLLM's bundled `vllm-rs`: the system the sidecar tests exist for.
+
+Five processes per cell: two engines (`vllm-rs serve`, each launching its own headless Python engine with
+NixlConnector), one Dynamo sidecar per engine that registers it with the frontend over the engine's gRPC
+port, and Dynamo's frontend. A sidecar starts only once its engine answers `/health`, so it never races
+the engine's gRPC listener. Every port comes from the allocator; the KV cache is bounded absolutely
+(`--kv-cache-memory-bytes`, with a tiny `--gpu-memory-utilization`, which vLLM checks first) because two
+engines share one GPU. On a CPU host `vllm-rs` drives vLLM's CPU build with its KV buffer in host memory.
+The decode engine's `/metrics` proves the KV really moved.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
+from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
+
+ROLES = ("prefill", "decode")
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.01
+
+
+def engine_port(role: str, kind: str) -> str:
+    """The allocator's name of one engine port, as upstream's launch script reads it from the environment
+    (`VLLM_PREFILL_GRPC_PORT`...), so the script mode and this plan share one port layout."""
+    return f"VLLM_{role.upper()}_{kind}_PORT"
+
+
+def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding: Mapping[str, str]) -> ProcessSpec:
+    launch, on_gpu = ctx.case.launch, bool(ctx.gpu_ids)
+    connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    if not on_gpu:
+        connector["kv_buffer_device"] = "cpu"
+    kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
+    http = ctx.ports[engine_port(role, "HTTP")]
+    argv = [
+        "vllm-rs", "serve", str(ctx.model_dir or ctx.case.model),
+        # The managed engine runs with the runtime's interpreter, not whichever python3 is first on PATH.
+        "--python", ctx.python,
+        "--host", "127.0.0.1",
+        "--port", str(http),
+        "--grpc-port", str(ctx.ports[engine_port(role, "GRPC")]),
+        "--max-model-len", str(launch.get("max_model_len", 2048)),
+        "--served-model-name", ctx.case.model,
+        # "auto" picks parsers from the model's config; a tiny generated qwen3 has no <think> token for them.
+        "--reasoning-parser", str(launch.get("reasoning_parser", "none")),
+        "--tool-call-parser", str(launch.get("tool_call_parser", "none")),
+        "--",
+        "--enforce-eager",
+        "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
+        "--kv-cache-memory-bytes", str(kv_bytes),
+    ]  # fmt: skip
+    if on_gpu:
+        argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))]
+    argv += [str(a) for a in launch.get("extra_args", [])]
+    env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(role, "NIXL_SIDE_CHANNEL")])}
+    if role in binding:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
+    env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
+    return ProcessSpec(role=role, argv=tuple(argv), env=env, health=(HealthProbe(loopback_url(http, "/health")),))
+
+
+def _sidecar(ctx: LaunchContext, role: str, dynamo_env: Mapping[str, str]) -> ProcessSpec:
+    system_port = ctx.ports[f"{role}_system"]
+    grpc = ctx.ports[engine_port(role, "GRPC")]
+    argv = [ctx.python, "-m", "dynamo.vllm.sidecar", "--grpc-endpoint", f"127.0.0.1:{grpc}"]
+    if role == "prefill":
+        argv += ["--component", "prefill"]
+    argv += ["--disaggregation-mode", role]
+    env = {**dynamo_env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]'}
+    return ProcessSpec(
+        role=f"{role}_sidecar",
+        argv=tuple(argv),
+        env=env,
+        health=(HealthProbe(loopback_url(system_port, "/health")),),
+        start_after=(role,),
+    )
+
+
+def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) -> tuple[ProcessSpec, ...]:
+    """Both engines first, then their sidecars (each after its own engine)."""
+    on_gpu = bool(ctx.gpu_ids)
+    base_env = {
+        **dynamo_env,
+        **scratch_env(ctx),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+    }
+    if not on_gpu:
+        base_env["VLLM_TARGET_DEVICE"] = "cpu"
+    base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+    binding = {} if on_gpu else omp_binding(ctx.cpu_ids)
+    engines = tuple(_engine(ctx, role, base_env, binding) for role in ROLES)
+    return (*engines, *(_sidecar(ctx, role, dynamo_env) for role in ROLES))
+
+
+def scratch_env(ctx: LaunchContext) -> dict[str, str]:
+    """Temporary files and caches of the engines stay inside the cell and go with it."""
+    return {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+
+
+def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
+    counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", DEFAULT_KV_COUNTERS))
+    return MetricsCheck(loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics"), counters)
