@@ -17,6 +17,7 @@ noticed within about 50 ms and a dead one is reported at once, with the end of i
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -276,9 +277,14 @@ class Supervisor:
 
     def _teardown(self) -> TeardownReport:
         started = time.monotonic()
-        for child in self._children:
-            _signal_group(child.popen.pid, signal.SIGTERM)
-        _wait_until(lambda: not any(_group_alive(child) for child in self._children), self._plan.teardown_grace_s)
+        # Dependents stop before what they depend on: a Dynamo sidecar drains against its engine on
+        # SIGTERM, and with the engine already gone it waits out its whole drain timeout instead.
+        needed = {role for child in self._children for role in child.spec.start_after}
+        stages = [[c for c in self._children if c.role not in needed], [c for c in self._children if c.role in needed]]
+        for stage in (group for group in stages if group):
+            for child in stage:
+                _signal_group(child.popen.pid, signal.SIGTERM)
+            _wait_until(functools.partial(_all_gone, stage), self._plan.teardown_grace_s)
         stubborn = [child for child in self._children if _group_alive(child)]
         for child in stubborn:
             _signal_group(child.popen.pid, signal.SIGKILL)
@@ -418,6 +424,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
     # already; a member that changed user cannot be signalled and will be reported by the sweep.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _all_gone(children: list[_Child]) -> bool:
+    return not any(_group_alive(child) for child in children)
 
 
 def _group_alive(child: _Child) -> bool:

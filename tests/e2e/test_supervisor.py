@@ -294,3 +294,29 @@ def test_start_after_must_name_an_earlier_role(tmp_path: Path, ports: list[int])
     late = ProcessSpec(role="a", argv=(sys.executable, "-c", "pass"), start_after=("b",))
     with pytest.raises(ValueError, match="not earlier roles"):
         Supervisor(make_plan((late, python("b", "pass")), ports), tmp_path / "logs")
+
+
+def test_dependents_are_stopped_before_what_they_depend_on(tmp_path: Path, ports: list[int]) -> None:
+    # The sidecar, on SIGTERM, checks that its engine still answers (as Dynamo's sidecar drains against
+    # its engine) and says so in its log before exiting.
+    engine_url = f"http://127.0.0.1:{ports[0]}/health"
+    drain = (
+        "import signal, sys, time, urllib.request\n"
+        "def stop(*_):\n"
+        f"    with urllib.request.urlopen({engine_url!r}, timeout=2) as r: print('engine' + ' answered', r.status)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('sidecar' + ' up', flush=True)\n"  # split: the log's first line repeats the argv
+        "while True: time.sleep(0.05)\n"
+    )
+    sidecar = ProcessSpec(role="sidecar", argv=(sys.executable, "-c", drain), start_after=("engine",))
+    plan = make_plan((engine("engine", ports[0]), sidecar), ports)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        assert sup.wait_ready().ok
+        deadline = time.monotonic() + 10
+        while "sidecar up" not in (tmp_path / "logs" / "sidecar.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    report = sup.teardown()
+    assert report.clean and not report.needed_sigkill
+    assert "engine answered 200" in (tmp_path / "logs" / "sidecar.log").read_text()

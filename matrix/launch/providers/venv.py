@@ -528,10 +528,11 @@ class _Builder:
         found = distribution_versions(self.python, [step.of], _build_env(self.tmp)).get(step.of)
         if found is None:
             raise ProvisionError(f"alias: {step.of} is not installed, so {step.name} cannot stand for it")
-        folder = self.site_packages / f"{canonicalize_name(step.name).replace('-', '_')}-{found}.dist-info"
+        version = f"{found}+{step.local}" if step.local else found
+        folder = self.site_packages / f"{canonicalize_name(step.name).replace('-', '_')}-{version}.dist-info"
         folder.mkdir(exist_ok=True)
         (folder / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {step.name}\nVersion: {found}\nSummary: matrix alias of {step.of}\n"
+            f"Metadata-Version: 2.1\nName: {step.name}\nVersion: {version}\nSummary: matrix alias of {step.of}\n"
         )
         (folder / "INSTALLER").write_text("matrix\n")
         self.note(f"alias: {folder.name} stands for {step.of} {found}")
