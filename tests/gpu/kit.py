@@ -1,0 +1,124 @@
+"""Carry a wheelhouse to a GPU host that only takes uploads of a bounded size.
+
+    python tests/gpu/kit.py split WHEELHOUSE CHUNKS_DIR [--chunk-mib 60]
+        cut WHEELHOUSE (made by `matrix runtime wheelhouse`, plus any extra wheels in it) into folders
+        CHUNKS_DIR/c000, c001... of at most --chunk-mib each; a file larger than that is cut into parts
+        NAME.part000, NAME.part001...; CHUNKS_DIR/index.json lists every file with its size and sha256.
+    python tests/gpu/kit.py join STAGING WHEELHOUSE
+        on the GPU host, after every chunk folder's content was copied into STAGING: put each file back
+        together, check its size and sha256 against the index, and write it into WHEELHOUSE.
+
+Upload one chunk folder per call and copy it into one staging folder there; `join` says which files are
+still missing, so an interrupted upload is resumed by sending only the chunks it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+PART = ".part"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def split(wheelhouse: Path, chunks: Path, chunk_bytes: int) -> int:
+    files = sorted(p for p in wheelhouse.iterdir() if p.is_file())
+    index: dict[str, dict[str, object]] = {}
+    pieces: list[tuple[str, Path, int, int]] = []  # (name in staging, source, offset, length)
+    for path in files:
+        size = path.stat().st_size
+        index[path.name] = {"size": size, "sha256": _sha256(path), "parts": max(1, -(-size // chunk_bytes))}
+        if size <= chunk_bytes:
+            pieces.append((path.name, path, 0, size))
+        else:
+            for number, offset in enumerate(range(0, size, chunk_bytes)):
+                pieces.append((f"{path.name}{PART}{number:03d}", path, offset, min(chunk_bytes, size - offset)))
+    # First fit, largest first: few chunks, each close to the limit.
+    bins: list[list[tuple[str, Path, int, int]]] = []
+    loads: list[int] = []
+    for piece in sorted(pieces, key=lambda p: -p[3]):
+        for number, load in enumerate(loads):
+            if load + piece[3] <= chunk_bytes:
+                bins[number].append(piece)
+                loads[number] += piece[3]
+                break
+        else:
+            bins.append([piece])
+            loads.append(piece[3])
+    shutil.rmtree(chunks, ignore_errors=True)
+    chunks.mkdir(parents=True)
+    for number, content in enumerate(bins):
+        folder = chunks / f"c{number:03d}"
+        folder.mkdir()
+        for name, source, offset, length in content:
+            with source.open("rb") as handle:
+                handle.seek(offset)
+                (folder / name).write_bytes(handle.read(length))
+    (chunks / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    shutil.copy(chunks / "index.json", chunks / "c000" / "index.json")
+    total = sum(loads)
+    print(f"{len(files)} files, {total / 2**20:.0f} MiB in {len(bins)} chunks of at most {chunk_bytes / 2**20:.0f} MiB")
+    return 0
+
+
+def join(staging: Path, wheelhouse: Path) -> int:
+    index = json.loads((staging / "index.json").read_text())
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    missing: list[str] = []
+    for name, entry in sorted(index.items()):
+        target = wheelhouse / name
+        if target.is_file() and target.stat().st_size == entry["size"]:
+            continue
+        parts = [staging / name] if entry["parts"] == 1 else [
+            staging / f"{name}{PART}{n:03d}" for n in range(entry["parts"])
+        ]  # fmt: skip
+        absent = [p.name for p in parts if not p.is_file()]
+        if absent:
+            missing += absent
+            continue
+        with target.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 20)
+        if target.stat().st_size != entry["size"] or _sha256(target) != entry["sha256"]:
+            target.unlink()
+            print(f"checksum mismatch: {name}", file=sys.stderr)
+            return 1
+        for part in parts:
+            part.unlink()
+    if missing:
+        print(f"{len(missing)} pieces missing: {' '.join(missing)}", file=sys.stderr)
+        return 1
+    print(f"{len(index)} files complete in {wheelhouse}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    cut = commands.add_parser("split")
+    cut.add_argument("wheelhouse", type=Path)
+    cut.add_argument("chunks", type=Path)
+    cut.add_argument("--chunk-mib", type=int, default=60)
+    glue = commands.add_parser("join")
+    glue.add_argument("staging", type=Path)
+    glue.add_argument("wheelhouse", type=Path)
+    args = parser.parse_args()
+    if args.command == "split":
+        return split(args.wheelhouse, args.chunks, args.chunk_mib * 2**20)
+    return join(args.staging, args.wheelhouse)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
