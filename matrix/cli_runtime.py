@@ -96,7 +96,9 @@ def select_runtimes(
 def runtime_selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--runtime, --backend, --since, --until: which venv runtimes (see `select_runtimes`)."""
     options = [
-        click.option("--runtime", "wanted", multiple=True, metavar="BACKEND=V", help="Only these runtimes."),
+        click.option(
+            "--runtime", "wanted", multiple=True, metavar="BACKEND=V", help="Only these runtimes; repeatable."
+        ),
         click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only runtimes of these backends."),
         click.option("--since", multiple=True, metavar="V|BACKEND=V", help="Oldest version (inclusive); repeatable."),
         click.option("--until", multiple=True, metavar="V|BACKEND=V", help="Newest version (inclusive); repeatable."),
