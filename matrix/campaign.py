@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select, update
@@ -34,6 +34,7 @@ from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
+from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db
@@ -72,6 +73,8 @@ class RunOptions:
     campaign_key: str = ""
     # Told the campaign's id once its cells are chosen (e.g. to write `--results-out` afterwards).
     on_campaign: Callable[[int], None] | None = None
+    # Where venv runtimes are provisioned from (`--find-links`, `--offline`); the index by default.
+    provision_source: ProvisionSource = field(default_factory=ProvisionSource)
 
 
 def _git_sha() -> str:
@@ -261,7 +264,7 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
         elif not options.quiet:
             echo(line)
 
-    for label, error in ensure_provisioned([cell.runtime for cell in cells], say).items():
+    for label, error in ensure_provisioned([cell.runtime for cell in cells], say, options.provision_source).items():
         say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
 
 

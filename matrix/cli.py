@@ -429,12 +429,16 @@ def plan_cmd(
 @click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
               help="Shards with one key import into one campaign. Default: $MATRIX_CAMPAIGN_KEY, else the GitHub "
               "run (repository and run id), else a new uuid.")
+@click.option("--find-links", type=click.Path(path_type=Path), metavar="DIR",
+              help="A wheelhouse (`matrix runtime wheelhouse --out DIR`) that provisioning also takes wheels from.")
+@click.option("--offline", is_flag=True, help="Provision venv runtimes from the --find-links wheelhouse only.")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
-    cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, **kw: Any,
+    cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
+    offline: bool, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -444,6 +448,7 @@ def run_cmd(
     2 on bad input, 3 when interrupted.
     """
     from matrix.campaign import RunOptions, run_campaign
+    from matrix.cli_runtime import provision_source
     from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
 
@@ -464,13 +469,14 @@ def run_cmd(
         from matrix.cli_fanout import check_results_path
 
         check_results_path(results_out)
+    source = provision_source(find_links, offline)  # checked before a campaign exists
     ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
-        cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append,
+        cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
     )  # fmt: skip
     exit_code = run_campaign(app.sessions(), options, echo=click.echo)
     if results_out is not None:

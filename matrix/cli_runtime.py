@@ -1,4 +1,5 @@
-"""Commands about runtime environments: `matrix runtime provision|envs|prune` and `matrix doctor`.
+"""Commands about runtime environments: `matrix runtime provision|envs|prune` and `matrix doctor`
+(`matrix runtime wheelhouse` is in `matrix.cli_wheelhouse`).
 
 `matrix.cli` calls `register(cli)` once its own commands exist. This module does not import `matrix.cli`
 at module level, so either module may be imported first.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,6 +18,7 @@ from matrix.errors import ConfigError, MatrixError
 
 if TYPE_CHECKING:
     from matrix.cli import App
+    from matrix.launch.providers.wheelhouse import ProvisionSource
     from matrix.plan import CaseInfo, RuntimeInfo
 
 CatalogView = tuple[list["CaseInfo"], list["RuntimeInfo"], set[str], set[str]]
@@ -90,11 +93,43 @@ def select_runtimes(
     return chosen
 
 
+def runtime_selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--runtime, --backend, --since, --until: which venv runtimes (see `select_runtimes`)."""
+    options = [
+        click.option(
+            "--runtime", "wanted", multiple=True, metavar="BACKEND=V", help="Only these runtimes; repeatable."
+        ),
+        click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only runtimes of these backends."),
+        click.option("--since", multiple=True, metavar="V|BACKEND=V", help="Oldest version (inclusive); repeatable."),
+        click.option("--until", multiple=True, metavar="V|BACKEND=V", help="Newest version (inclusive); repeatable."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--find-links DIR and --offline: where provisioning takes packages from."""
+    func = click.option(
+        "--offline", is_flag=True,
+        help="Build venv runtimes from the wheelhouse given with --find-links only (no index; its exact files).",
+    )(func)  # fmt: skip
+    return click.option(
+        "--find-links", type=click.Path(path_type=Path), metavar="DIR",
+        help="A wheelhouse (`matrix runtime wheelhouse --out DIR`): pip also looks there; with --offline only there.",
+    )(func)  # fmt: skip
+
+
+def provision_source(find_links: Path | None, offline: bool) -> ProvisionSource:
+    """The checked --find-links/--offline options (`ConfigError`, exit 2, before anything is built)."""
+    from matrix.launch.providers.wheelhouse import ProvisionSource
+
+    return ProvisionSource.of(find_links, offline)
+
+
 @click.command("provision")
-@click.option("--runtime", "wanted", multiple=True, metavar="BACKEND=V", help="Only these runtimes; repeatable.")
-@click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only runtimes of these backends.")
-@click.option("--since", multiple=True, metavar="V|BACKEND=V", help="Oldest version (inclusive); repeatable.")
-@click.option("--until", multiple=True, metavar="V|BACKEND=V", help="Newest version (inclusive); repeatable.")
+@runtime_selection_options
+@source_options
 @_with_catalog
 def provision_cmd(
     view: CatalogView,
@@ -102,33 +137,40 @@ def provision_cmd(
     backends: tuple[str, ...],
     since: tuple[str, ...],
     until: tuple[str, ...],
+    find_links: Path | None,
+    offline: bool,
 ) -> None:
     """Build the virtual environments of the selected venv runtimes (all enabled ones by default).
 
     Each recipe is built once in the data directory (envs/) and shared by every runner; a second runner
-    waits for a build in progress and reuses it. Exit code 1 when any environment could not be built.
+    waits for a build in progress and reuses it. With --offline each is built from the wheelhouse --find-links
+    names, from exactly the files its manifest locks. Exit code 1 when any environment could not be built, 2
+    when the input was wrong (among them a wheelhouse lacking a runtime or a file).
     """
     from matrix.launch.providers.venv import provision_target
 
     _cases, runtimes, _markers, known_backends = view
+    source = provision_source(find_links, offline)
     chosen = select_runtimes(runtimes, known_backends, wanted=wanted, backends=backends, since=since, until=until)
     if not chosen:
         venvs = ", ".join(r.label for r in runtimes if r.provider.get("kind") == "venv") or "none"
         click.echo(f"no venv runtime in the selection (venv runtimes of the catalog: {venvs})")
         return
     failed = []
+    config_errors = 0
     for runtime in chosen:
         try:
-            result = provision_target(runtime, echo=click.echo)
+            result = provision_target(runtime, echo=click.echo, source=source)
         except MatrixError as exc:  # a bad recipe or a failed build: report it and go on with the others
             failed.append(runtime.label)
+            config_errors += isinstance(exc, ConfigError)
             click.secho(str(exc), err=True, fg="red")  # the message names the runtime
             continue
         how = "built" if result.built else ("built by another runner" if result.waited else "already provisioned")
         click.echo(f"{runtime.label}: {how}: {result.path}")
     click.echo(f"{len(chosen) - len(failed)} of {len(chosen)} runtime(s) provisioned")
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(2 if config_errors else 1)
 
 
 @click.command("envs")
@@ -238,13 +280,15 @@ def _brief(reasons: Sequence[str]) -> str:
 
 
 def register(cli: click.Group) -> None:
-    """Add `runtime provision|envs|prune` to the `runtime` group of `cli` (made if absent) and `doctor`."""
+    """Add `runtime provision|envs|prune|wheelhouse` to the `runtime` group of `cli` (made if absent) and `doctor`."""
     from matrix.cli import MatrixGroup
 
     group = cli.commands.get("runtime")
     if not isinstance(group, click.Group):
         group = MatrixGroup("runtime", help="Runtime versions and their environments.")
         cli.add_command(group)
-    for command in (provision_cmd, envs_cmd, prune_cmd):
+    from matrix.cli_wheelhouse import wheelhouse_cmd
+
+    for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd):
         group.add_command(command)
     cli.add_command(doctor_cmd)

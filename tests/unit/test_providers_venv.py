@@ -160,7 +160,7 @@ def test_a_second_runner_waits_for_the_build_and_reuses_it(matrix: Matrix) -> No
 def test_ensure_provisioned_builds_each_recipe_once(matrix: Matrix, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
-    def failing(runtime: RuntimeInfo, *, echo: Any) -> Any:
+    def failing(runtime: RuntimeInfo, *, echo: Any, **_: Any) -> Any:
         calls.append(runtime.label)
         raise ProvisionError(f"provisioning {runtime.label} failed at step 2/4: pip exploded")
 

@@ -26,6 +26,7 @@ import re
 import secrets
 import shlex
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -59,6 +60,15 @@ from matrix.launch.providers.recipe import (
     select_requirements,
 )
 from matrix.launch.providers.recipe import wheel_metadata as read_wheel_metadata
+from matrix.launch.providers.wheelhouse import (
+    LockedStep,
+    ProvisionSource,
+    RuntimeLock,
+    check_files,
+    manifest_digest,
+    wheelhouse_command,
+)
+from matrix.launch.providers.wheeltarget import this_host
 from matrix.paths import data_dir
 from matrix.plan import RuntimeInfo
 
@@ -69,6 +79,9 @@ Echo = Callable[[str], None]
 NAME_LENGTH = 20
 LOG_NAME = "provision.log"
 INFO_NAME = "env.json"
+# Lists the site-packages of the interpreter running matrix, after the environment's own: how an environment
+# built from a wheelhouse sees the distributions the wheelhouse left to the host (`--exclude`).
+HOST_SITE_PTH = "_matrix_host_site.pth"
 TAIL_LINES = 20
 # One pip step may download and build a lot (a GPU engine's wheels); a hung index must still end.
 STEP_TIMEOUT_S = 3600.0
@@ -367,8 +380,12 @@ class _Builder:
     tmp: Path
     echo: Echo
     uv: str | None
+    source: ProvisionSource = field(default_factory=ProvisionSource)
     started: float = field(default_factory=time.monotonic)
     step: int = 0
+    # Offline: the wheelhouse's lock of this recipe, and the locked step being built.
+    lock: RuntimeLock | None = None
+    current: LockedStep | None = None
 
     @property
     def total(self) -> int:
@@ -446,8 +463,13 @@ class _Builder:
             raise ProvisionError(f"interpreter {spec} is not on this host")
         return found
 
+    @property
+    def find_links(self) -> list[str]:
+        return ["--find-links", str(self.source.find_links)] if self.source.find_links else []
+
     def pip_install(self, args: Sequence[str]) -> None:
-        """`pip install ARGS` into the environment (with uv when present)."""
+        """`pip install ARGS` into the environment (with uv when present), also from --find-links."""
+        args = [*self.find_links, *args]
         if self.uv:
             self.run([self.uv, "pip", "install", "--python", self.python, *args])
         else:
@@ -459,15 +481,31 @@ class _Builder:
         else:
             self.run([self.python, "-m", "pip", "uninstall", "-y", *names])
 
+    def install_locked(self) -> None:
+        """Offline: the locked step's files, exactly (checked against the manifest before the build)."""
+        assert self.lock is not None and self.current is not None and self.source.find_links is not None
+        files = [str(self.source.find_links / f.filename) for f in self.current.install]
+        for name in self.current.excluded:
+            self.note(f"offline: {name} is provided by the host")
+        if files:
+            self.pip_install(["--no-index", "--no-deps", *files])
+        else:
+            self.note("offline: nothing to install in this step")
+
     @contextmanager
     def wheel_of(self, requirement: str) -> Iterator[Path]:
-        """The wheel file of one pinned distribution (no dependencies), removed afterwards."""
+        """The wheel file of one pinned distribution (no dependencies): the wheelhouse's when offline, else
+        downloaded and removed afterwards."""
+        if self.lock is not None:
+            assert self.current is not None and self.current.source is not None and self.source.find_links
+            yield self.source.find_links / self.current.source.filename
+            return
         download = self.tmp / ".download"
         download.mkdir()
         try:
             self.run(
-                [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(download),
-                 requirement]
+                [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *self.find_links,
+                 "--dest", str(download), requirement]
             )  # fmt: skip
             wheels = sorted(download.glob("*.whl"))
             if len(wheels) != 1:
@@ -487,7 +525,9 @@ class _Builder:
                 log.write(f"requirements_of: install {requirement}\n")
             for requirement, why in selected.skipped:
                 log.write(f"requirements_of: skip {requirement} ({why})\n")
-        if selected.install:
+        if self.lock is not None:
+            self.install_locked()
+        elif selected.install:
             self.pip_install(list(selected.install))
 
     @property
@@ -580,15 +620,76 @@ class _Builder:
             if old in content and len(content) < 1_000_000:
                 path.write_bytes(content.replace(old, new))
 
+    def load_lock(self) -> dict[str, Any]:
+        """Offline: this recipe's lock in the wheelhouse, its files checked, before anything is built; what
+        env.json records about the source. `ConfigError` naming what is missing and the command making it."""
+        directory = self.source.find_links
+        if not self.source.offline or directory is None:
+            return {"find_links": str(directory)} if directory else {}
+        manifest = self.source.manifest()
+        remake = wheelhouse_command(
+            self.runtime.backend, self.runtime.version, self.target.python_version, this_host().platforms[0], directory
+        )
+        lock = manifest.lock_for(self.target.key)
+        if lock is None or len(lock.steps) != len(self.target.recipe.steps):
+            why = (
+                "its lock there was made for another recipe or target"
+                if self.runtime.label in manifest.runtimes
+                else "it has no lock of this runtime"
+            )
+            raise ConfigError(
+                f"wheelhouse {directory} cannot build {self.runtime.label} for Python {self.target.python_version} "
+                f"{self.target.platform} (recipe key {self.target.name}): {why}; make it with `{remake}`"
+            )
+        check_files(directory, lock.files(), remake)
+        if lock.excluded and self.target.python_version != _THIS_PYTHON:
+            raise ConfigError(
+                f"the wheelhouse leaves {', '.join(lock.excluded)} to the host, but {self.runtime.label} runs Python "
+                f"{self.target.python_version} and matrix runs Python {_THIS_PYTHON}: the host's packages would not "
+                "fit; make the wheelhouse without --exclude"
+            )
+        self.lock = lock
+        return {"wheelhouse": str(directory), "manifest_sha256": manifest_digest(directory)}
+
+    def add_host_site(self) -> dict[str, str]:
+        """Offline with distributions left to the host: this interpreter's site-packages go after the
+        environment's own (its copies win), and the host must really have them; name -> version there."""
+        assert self.lock is not None
+        # Written after every step: seen earlier, the host's copies would make pip skip the environment's own.
+        directories = [d for d in site.getsitepackages() if os.path.isdir(d)]
+        (self.site_packages / HOST_SITE_PTH).write_text("".join(f"{d}\n" for d in directories))
+        self.note(f"offline: host site-packages after the environment's own: {', '.join(directories)}")
+        try:
+            found = distribution_versions(self.python, list(self.lock.excluded), _build_env(self.tmp))
+        except ProbeError as exc:
+            raise ProvisionError(str(exc)) from None
+        missing = sorted(name for name, version in found.items() if version is None)
+        if missing:
+            raise ConfigError(
+                f"the wheelhouse leaves {', '.join(missing)} to the host (--exclude), but {sys.executable} has "
+                f"no such distribution in {', '.join(directories) or 'its site-packages'}: install it there, or make "
+                "the wheelhouse without excluding it"
+            )
+        provided = {name: str(version) for name, version in found.items()}
+        self.note("offline: provided by the host: " + ", ".join(f"{n} {v}" for n, v in sorted(provided.items())))
+        return provided
+
     def build(self) -> dict[str, Any]:
         """Every step, in the temporary directory; returns the env.json written there."""
+        source = self.load_lock()
         self.tmp.mkdir(parents=True)
         self.log.write_text(f"# {self.target.label}: {self.target.recipe.summary()}\n")
+        if self.lock is not None:
+            self.note(f"# offline from wheelhouse {source['wheelhouse']} (manifest sha256 {source['manifest_sha256']})")
         self.create()
-        for step in self.target.recipe.steps:
+        for index, step in enumerate(self.target.recipe.steps):
+            self.current = self.lock.steps[index] if self.lock else None
             self.progress(step.describe())
             if isinstance(step, PipStep):
-                self.pip_install(step.args)
+                if self.lock is not None:
+                    self.install_locked()
+                else:
+                    self.pip_install(step.args)
             elif isinstance(step, UninstallStep):
                 self.pip_uninstall(step.names)
             elif isinstance(step, ExposeStep):
@@ -599,15 +700,19 @@ class _Builder:
                 self.alias(step)
             elif isinstance(step, PluginStep):
                 # Copied out first: building in place would leave build/ and *.egg-info in the package.
-                source = self.tmp / ".plugin" / step.name
-                shutil.copytree(plugin_path(step.name), source)
-                self.pip_install(["--no-deps", str(source)])
-                shutil.rmtree(source.parent)
+                path = self.tmp / ".plugin" / step.name
+                shutil.copytree(plugin_path(step.name), path)
+                # Offline, pip's isolated build takes the build backend from the wheelhouse (--find-links).
+                self.pip_install([*(["--no-index"] if self.lock else []), "--no-deps", str(path)])
+                shutil.rmtree(path.parent)
             else:
                 self.requirements_of(step)
+        # Before the host's site-packages are added: the freeze lists what the environment itself holds.
+        freeze = self.freeze()
+        if self.lock is not None and self.lock.excluded:
+            source["from_host"] = self.add_host_site()
         self.progress("verify components and finish")
         components = self.verify()
-        freeze = self.freeze()
         self.relocate()
         info = {
             "key": self.target.key,
@@ -627,6 +732,8 @@ class _Builder:
             "freeze": freeze,
             "size_bytes": 0,
         }
+        if source:
+            info["source"] = source
         info["size_bytes"] = tree_size(self.tmp)
         (self.tmp / INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
         return info
@@ -663,7 +770,7 @@ def _require_components(runtime: RuntimeInfo, target: Target, info: Mapping[str,
         raise ProvisionError(f"environment {target.name} for {runtime.label}: {found.reason}")
 
 
-def provision_target(runtime: RuntimeInfo, *, echo: Echo) -> Provisioned:
+def provision_target(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | None = None) -> Provisioned:
     """Make sure the runtime's environment exists (build it, or wait for another runner's build) and
     holds the catalog's component versions. Raises `ConfigError` or `ProvisionError` saying why not."""
     target = resolve_target(runtime)
@@ -684,16 +791,20 @@ def provision_target(runtime: RuntimeInfo, *, echo: Echo) -> Provisioned:
             for stale in _stale_temps(target.root, target.name):
                 shutil.rmtree(stale, ignore_errors=True)
             remove_tree(target.path)  # an incomplete or broken environment under the final name
-            info = _buildlocked(runtime, target, echo)
+            info = _buildlocked(runtime, target, echo, source or ProvisionSource())
             _require_components(runtime, target, info)
             return Provisioned(target.path, built=True, build_s=float(info.get("build_s", 0.0)))
     _require_components(runtime, target, info)
     return Provisioned(target.path, built=False, waited=bool(waited))
 
 
-def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo) -> dict[str, Any]:
+def _record_failure(target: Target, runtime: RuntimeInfo, message: str) -> None:
+    target.failure_path.write_text(json.dumps({"at": _now(), "runtime": runtime.label, "error": message}))
+
+
+def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource) -> dict[str, Any]:
     tmp = target.root / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{secrets.token_hex(3)}"
-    builder = _Builder(target, runtime, tmp, echo, uv_path())
+    builder = _Builder(target, runtime, tmp, echo, uv_path(), source)
     try:
         info = builder.build()
         try:
@@ -707,13 +818,19 @@ def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo) -> dict[str, 
             shutil.rmtree(tmp, ignore_errors=True)
             return existing
         _fsync_dir(target.root)
+    except ConfigError as exc:
+        # A wheelhouse that lacks what the build needs: the user's to fix, so it stays a ConfigError.
+        shutil.rmtree(tmp, ignore_errors=True)
+        message = f"provisioning {runtime.label} failed: {exc}"
+        _record_failure(target, runtime, message)
+        raise ConfigError(message) from None
     except Exception as exc:
         tail = _tail(builder.log)
         shutil.rmtree(tmp, ignore_errors=True)
         message = f"provisioning {runtime.label} failed at step {builder.step}/{builder.total}: {exc}"
         if tail:
             message += f"\n--- last {TAIL_LINES} lines of the build log ---\n{tail}"
-        target.failure_path.write_text(json.dumps({"at": _now(), "runtime": runtime.label, "error": message}))
+        _record_failure(target, runtime, message)
         raise ProvisionError(message) from None
     except BaseException:
         # Interrupted (Ctrl-C): no half environment stays behind, and no failure is recorded.
@@ -725,12 +842,14 @@ def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo) -> dict[str, 
     return info
 
 
-def provision(runtime: RuntimeInfo, *, echo: Echo) -> Path:
+def provision(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | None = None) -> Path:
     """Build (or reuse) the venv of `runtime` and return its directory. Progress lines go to `echo`."""
-    return provision_target(runtime, echo=echo).path
+    return provision_target(runtime, echo=echo, source=source).path
 
 
-def ensure_provisioned(runtimes: Iterable[RuntimeInfo], echo: Echo) -> dict[str, str]:
+def ensure_provisioned(
+    runtimes: Iterable[RuntimeInfo], echo: Echo, source: ProvisionSource | None = None
+) -> dict[str, str]:
     """Provision every venv runtime in `runtimes` (each recipe once); runtime label -> error for failures.
 
     Cells on a failed runtime are skipped by `prepare` with the recorded reason; the returned messages are
@@ -752,7 +871,7 @@ def ensure_provisioned(runtimes: Iterable[RuntimeInfo], echo: Echo) -> dict[str,
             failures[runtime.label] = failed_keys[target.key]
             continue
         try:
-            provision_target(runtime, echo=echo)
+            provision_target(runtime, echo=echo, source=source)
         except MatrixError as exc:
             failures[runtime.label] = str(exc)
             if complete_info(target) is None:
