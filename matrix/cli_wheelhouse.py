@@ -46,6 +46,10 @@ def _split_names(values: Sequence[str]) -> list[str]:
 @click.option("--exclude", multiple=True, metavar="NAME[,NAME...]",
               help="Distributions the target host already has (e.g. nvidia-cublas): recorded as provided by the "
               "host, not downloaded. Repeatable.")  # fmt: skip
+@click.option("--omit", multiple=True, metavar="NAME[,NAME...]",
+              help="Distributions the runtime never imports on the target (e.g. a video codec a text model never "
+              "loads), left out to fit a transfer budget: neither downloaded nor installed; a cell that does "
+              "import one fails with its ImportError. Repeatable.")  # fmt: skip
 @_with_catalog
 def wheelhouse_cmd(
     view: CatalogView,
@@ -57,6 +61,7 @@ def wheelhouse_cmd(
     platforms: tuple[str, ...],
     out: Path,
     exclude: tuple[str, ...],
+    omit: tuple[str, ...],
 ) -> None:
     """Download the exact wheels each selected venv runtime installs on a target host into DIR, with a
     manifest (DIR/wheelhouse.json) locking them step by step.
@@ -89,7 +94,8 @@ def wheelhouse_cmd(
 
     say(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
     excluded = _split_names(exclude)
-    planned = [plan_runtime(runtime, target, excluded, say) for runtime in chosen]
+    omitted = _split_names(omit)
+    planned = [plan_runtime(runtime, target, excluded, say, omitted) for runtime in chosen]
     files = download([f for p in planned for s in p.steps for f in s.downloads()], out, say)
     locks = {p.label: lock_of(p, files) for p in planned}
     manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks)
@@ -98,6 +104,7 @@ def wheelhouse_cmd(
     path = write_manifest(out, manifest)
     for lock in locks.values():
         provided = f"; provided by the host: {', '.join(lock.excluded)}" if lock.excluded else ""
+        provided += f"; omitted: {', '.join(lock.omitted)}" if lock.omitted else ""
         count = len({f.filename for f in lock.files()})
         click.echo(f"{lock.label}: {count} file(s) locked for recipe key {lock.key[:20]}{provided}")
     click.echo(f"wrote {path} ({len(manifest.runtimes)} runtime(s)); on the target: "

@@ -45,7 +45,8 @@ def test_sync_reports_changes_and_retires_without_deleting(seeded: Matrix, tmp_p
 def test_lists_as_table_and_json(seeded: Matrix) -> None:
     runtimes = json.loads(seeded("runtimes", "list", "--json").output)
     vllm = [r["version"] for r in runtimes if r["backend"] == "vllm"]
-    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0"]  # PEP 440 order
+    # PEP 440 order
+    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0"]
     dev = next(r for r in runtimes if r["version"] == "0.29.1rc1.dev347+gdee37d891")
     assert "vllm=0.29.0" in dev["components"] and "vllm-rs=0.29.1rc1.dev347+gdee37d891" in dev["components"]
     for kind in ("backends", "markers", "cases", "fixes", "gates"):

@@ -487,6 +487,8 @@ class _Builder:
         files = [str(self.source.find_links / f.filename) for f in self.current.install]
         for name in self.current.excluded:
             self.note(f"offline: {name} is provided by the host")
+        for name in self.current.omitted:
+            self.note(f"offline: {name} is left out (the wheelhouse omits it: not imported here)")
         if files:
             self.pip_install(["--no-index", "--no-deps", *files])
         else:
@@ -711,6 +713,8 @@ class _Builder:
         freeze = self.freeze()
         if self.lock is not None and self.lock.excluded:
             source["from_host"] = self.add_host_site()
+        if self.lock is not None and self.lock.omitted:
+            source["omitted"] = list(self.lock.omitted)
         self.progress("verify components and finish")
         components = self.verify()
         self.relocate()

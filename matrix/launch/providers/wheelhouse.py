@@ -46,13 +46,15 @@ class LockedStep:
 
     `install`: the files `pip install --no-deps` gets, in order. `source`: the wheel a `requirements_of` or
     `extract` step reads (not installed). `build`: the build requirements of a matrix plugin. `excluded`:
-    names the step's resolution had that the host provides (not in the wheelhouse)."""
+    names the step's resolution had that the host provides (not in the wheelhouse). `omitted`: names left
+    out altogether, because the runtime never imports them there (not in the wheelhouse, not installed)."""
 
     describe: str
     install: tuple[LockedFile, ...] = ()
     source: LockedFile | None = None
     build: tuple[LockedFile, ...] = ()
     excluded: tuple[str, ...] = ()
+    omitted: tuple[str, ...] = ()
 
     def files(self) -> tuple[LockedFile, ...]:
         return (*self.install, *((self.source,) if self.source else ()), *self.build)
@@ -64,6 +66,7 @@ class LockedStep:
             "source": self.source.as_json() if self.source else None,
             "build": [f.as_json() for f in self.build],
             "excluded": list(self.excluded),
+            "omitted": list(self.omitted),
         }
 
 
@@ -75,13 +78,14 @@ class RuntimeLock:
     key: str
     steps: tuple[LockedStep, ...]
     excluded: tuple[str, ...] = ()  # provided by the host, over all steps
+    omitted: tuple[str, ...] = ()  # not needed there, over all steps
 
     def files(self) -> tuple[LockedFile, ...]:
         return tuple(f for step in self.steps for f in step.files())
 
     def as_json(self) -> dict[str, Any]:
         return {"label": self.label, "key": self.key, "excluded": list(self.excluded),
-                "steps": [s.as_json() for s in self.steps]}  # fmt: skip
+                "omitted": list(self.omitted), "steps": [s.as_json() for s in self.steps]}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ def _step(raw: Mapping[str, Any]) -> LockedStep:
         source=_file(raw["source"]) if raw.get("source") else None,
         build=tuple(_file(f) for f in raw.get("build", [])),
         excluded=tuple(str(n) for n in raw.get("excluded", [])),
+        omitted=tuple(str(n) for n in raw.get("omitted", [])),
     )
 
 
@@ -145,6 +150,7 @@ def manifest_from_json(document: Mapping[str, Any]) -> Manifest:
             str(raw["key"]),
             tuple(_step(s) for s in raw["steps"]),
             tuple(str(n) for n in raw.get("excluded", [])),
+            tuple(str(n) for n in raw.get("omitted", [])),
         )
         for label, raw in document["runtimes"].items()
     }

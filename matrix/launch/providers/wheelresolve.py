@@ -143,6 +143,7 @@ class PlannedStep:
     source: Resolved | None = None
     build: list[Resolved] | None = None
     excluded: list[str] | None = None
+    omitted: list[str] | None = None
 
     def downloads(self) -> list[Resolved]:
         return [*self.install, *([self.source] if self.source else []), *(self.build or [])]
@@ -154,6 +155,7 @@ class PlannedRuntime:
     key: str
     steps: list[PlannedStep]
     excluded: list[str]
+    omitted: list[str]
 
 
 def check_recipe_python(recipe: VenvRecipe, target: WheelTarget, label: str) -> None:
@@ -171,11 +173,15 @@ def _single(found: list[Resolved], requirement: str, what: str) -> Resolved:
     return found[0]
 
 
-def plan_runtime(runtime: RuntimeInfo, target: WheelTarget, exclude: Iterable[str], echo: Echo) -> PlannedRuntime:
-    """Resolve every step of the runtime's recipe for `target`; `exclude` names what the host provides."""
+def plan_runtime(
+    runtime: RuntimeInfo, target: WheelTarget, exclude: Iterable[str], echo: Echo, omit: Iterable[str] = ()
+) -> PlannedRuntime:
+    """Resolve every step of the runtime's recipe for `target`; `exclude` names what the host provides,
+    `omit` what the runtime never imports there (both are left out of the wheelhouse)."""
     recipe = parse_venv(runtime.provider, runtime.label)
     check_recipe_python(recipe, target, runtime.label)
     excluded_names = {canonicalize_name(n) for n in exclude}
+    omitted_names = {canonicalize_name(n) for n in omit} - excluded_names
     installed: dict[str, str] = {}  # canonical name -> version, as the sequential build would have it
     steps: list[PlannedStep] = []
     for number, step in enumerate(recipe.steps, 1):
@@ -192,8 +198,9 @@ def plan_runtime(runtime: RuntimeInfo, target: WheelTarget, exclude: Iterable[st
             found = pip_report(args, target, installed, what=what) if args else []
             new = [r for r in found if installed.get(r.canonical) != r.version]
             installed.update({r.canonical: r.version for r in found})
-            planned.install = [r for r in new if r.canonical not in excluded_names]
+            planned.install = [r for r in new if r.canonical not in excluded_names | omitted_names]
             planned.excluded = sorted({r.canonical for r in new if r.canonical in excluded_names})
+            planned.omitted = sorted({r.canonical for r in new if r.canonical in omitted_names})
         elif isinstance(step, ExtractStep):
             found = pip_report(["--no-deps", step.requirement], target, what=what)
             planned.source = _single(found, step.requirement, what)
@@ -206,7 +213,8 @@ def plan_runtime(runtime: RuntimeInfo, target: WheelTarget, exclude: Iterable[st
             planned.build = pip_report(requires, target, what=what) if requires else []
         steps.append(planned)
     excluded = sorted({name for s in steps for name in s.excluded or []})
-    return PlannedRuntime(runtime.label, recipe.key(target.python, target.key_platform), steps, excluded)
+    omitted = sorted({name for s in steps for name in s.omitted or []})
+    return PlannedRuntime(runtime.label, recipe.key(target.python, target.key_platform), steps, excluded, omitted)
 
 
 def _build_requires(path: Path) -> list[str]:
@@ -285,10 +293,11 @@ def lock_of(planned: PlannedRuntime, files: Mapping[str, LockedFile]) -> Runtime
             source=files[s.source.filename] if s.source else None,
             build=tuple(files[r.filename] for r in s.build or []),
             excluded=tuple(s.excluded or []),
+            omitted=tuple(s.omitted or []),
         )
         for s in planned.steps
     )
-    return RuntimeLock(planned.label, planned.key, steps, tuple(planned.excluded))
+    return RuntimeLock(planned.label, planned.key, steps, tuple(planned.excluded), tuple(planned.omitted))
 
 
 def check_writable(directory: Path) -> None:
