@@ -69,7 +69,16 @@ def _sidecar(ctx: LaunchContext, role: str, dynamo_env: Mapping[str, str]) -> Pr
     if role == "prefill":
         argv += ["--component", "prefill"]
     argv += ["--disaggregation-mode", role]
-    env = {**dynamo_env, "DYN_SYSTEM_PORT": str(system_port), "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]'}
+    env = {
+        **dynamo_env,
+        "DYN_SYSTEM_PORT": str(system_port),
+        "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
+        # On SIGTERM a sidecar waits 5 s, then (prefill) up to 25 s for its engine to report no KV transfer
+        # in flight, which the vLLM sidecar cannot tell: it always waits the whole budget. Teardown comes
+        # after the cell's only request has finished, so there is nothing left to drain.
+        "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "1",
+        "DYN_PREFILL_DRAIN_TIMEOUT_S": "2",
+    }
     return ProcessSpec(
         role=f"{role}_sidecar",
         argv=tuple(argv),
