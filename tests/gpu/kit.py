@@ -3,10 +3,12 @@
     python tests/gpu/kit.py split WHEELHOUSE CHUNKS_DIR [--chunk-mib 60]
         cut WHEELHOUSE (made by `matrix runtime wheelhouse`, plus any extra wheels in it) into folders
         CHUNKS_DIR/c000, c001... of at most --chunk-mib each; a file larger than that is cut into parts
-        NAME.part000, NAME.part001...; CHUNKS_DIR/index.json lists every file with its size and sha256.
+        NAME.part000, NAME.part001...; index-<CHUNKS_DIR's name>.json (also in the first chunk) lists every
+        file with its size and sha256. Several chunk sets (e.g. one per engine version, sent as the device
+        time allows) land in one staging folder side by side.
     python tests/gpu/kit.py join STAGING WHEELHOUSE
-        on the GPU host, after every chunk folder's content was copied into STAGING: put each file back
-        together, check its size and sha256 against the index, and write it into WHEELHOUSE.
+        on the GPU host, after chunk folders were copied into STAGING: put each file of every complete set
+        back together, check its size and sha256 against its index, and write it into WHEELHOUSE.
 
 Upload one chunk folder per call and copy it into one staging folder there; `join` says which files are
 still missing, so an interrupted upload is resumed by sending only the chunks it names.
@@ -65,24 +67,26 @@ def split(wheelhouse: Path, chunks: Path, chunk_bytes: int) -> int:
             with source.open("rb") as handle:
                 handle.seek(offset)
                 (folder / name).write_bytes(handle.read(length))
-    (chunks / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    shutil.copy(chunks / "index.json", chunks / "c000" / "index.json")
+    index_name = f"index-{chunks.name}.json"
+    (chunks / index_name).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    shutil.copy(chunks / index_name, chunks / "c000" / index_name)
     total = sum(loads)
     print(f"{len(files)} files, {total / 2**20:.0f} MiB in {len(bins)} chunks of at most {chunk_bytes / 2**20:.0f} MiB")
     return 0
 
 
 def join(staging: Path, wheelhouse: Path) -> int:
-    index = json.loads((staging / "index.json").read_text())
+    index: dict[str, dict[str, int | str]] = {}
+    for path in sorted(staging.glob("index-*.json")):
+        index.update(json.loads(path.read_text()))
     wheelhouse.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
     for name, entry in sorted(index.items()):
         target = wheelhouse / name
         if target.is_file() and target.stat().st_size == entry["size"]:
             continue
-        parts = [staging / name] if entry["parts"] == 1 else [
-            staging / f"{name}{PART}{n:03d}" for n in range(entry["parts"])
-        ]  # fmt: skip
+        count = int(entry["parts"])
+        parts = [staging / name] if count == 1 else [staging / f"{name}{PART}{n:03d}" for n in range(count)]
         absent = [p.name for p in parts if not p.is_file()]
         if absent:
             missing += absent

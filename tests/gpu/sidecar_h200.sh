@@ -8,12 +8,16 @@
 #                            --exclude NAME... --out WHEELHOUSE        (NAMEs: what the host's python has)
 #                          pip download sqlalchemy alembic mako (matrix's own needs the host lacks) into it
 #                          python tests/gpu/kit.py split WHEELHOUSE CHUNKS; upload CHUNKS/c* into STAGING
-#   there:                 KIT=STAGING bash tests/gpu/sidecar_h200.sh OUTDIR
+#                          (a version's vLLM wheel may travel as a set of its own, last, as time allows)
+#   there:                 copy the repo out of the upload folder (later uploads replace it), then
+#                          KIT=STAGING bash tests/gpu/sidecar_h200.sh OUTDIR
+#                          A runtime whose wheels did not arrive is skipped with the missing wheel's name.
 #
 # OUTDIR receives the run's log, one JSON line per cell, the compare and gate outputs, the HTML report
 # and the cells' logs (tarballs).
 set -uo pipefail
 OUT=${1:-$(mktemp -d)}
+mkdir -p "$OUT"
 KIT=${KIT:?set KIT to the staging folder that holds the uploaded chunks}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1

@@ -215,6 +215,8 @@ def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path
     (workers,) = [p for p in scripted.processes if p.role == "workers"]
     assert workers.argv[:2] == ("bash", str(script))
     assert workers.env["VLLM_DECODE_GRPC_PORT"] == str(scripted.ports["VLLM_DECODE_GRPC_PORT"])
+    # The script pins each engine itself from these: both on the cell's one GPU.
+    assert workers.env["VLLM_PREFILL_GPU"] == workers.env["VLLM_DECODE_GPU"] == "0"
 
 
 def test_reference_plan(tmp_path: Path) -> None:

@@ -203,6 +203,10 @@ class DynamoArm:
             "MODEL": ctx.case.model,
             **kv_bound_env(engine, ctx.case),
         }
+        if engine == "vllm" and ctx.gpu_ids:
+            # Upstream's script pins each engine itself (CUDA_VISIBLE_DEVICES=$VLLM_<ROLE>_GPU, prefill on GPU 1
+            # by default): both must name the cell's GPU, or prefill lands on a GPU another cell owns.
+            script_env |= {"VLLM_PREFILL_GPU": ctx.gpu_ids[0], "VLLM_DECODE_GPU": ctx.gpu_ids[0]}
         if engine == "trtllm" and ctx.gpu_ids:
             script_env |= {
                 "TRTLLM_PREFILL_GPU": ctx.gpu_ids[0],
