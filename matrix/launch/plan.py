@@ -54,6 +54,9 @@ class MetricsCheck:
 
     url: str
     counters: tuple[str, ...]
+    # "all": every counter must grow; "any": one is proof enough (the same transfer shows in several
+    # counters, and not every server path fills every one of them).
+    require: str = "all"
 
 
 @dataclass(frozen=True)

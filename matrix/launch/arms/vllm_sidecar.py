@@ -109,6 +109,12 @@ def scratch_env(ctx: LaunchContext) -> dict[str, str]:
     return {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
 
 
+# Either proves decode took the prompt's KV from prefill: NIXL's transfer timings, or the prompt tokens the
+# scheduler counted as external prefix-cache hits. vllm-rs 0.31.0 relays the second but leaves the NIXL
+# histograms at 0 for the same transfer (seen on an H200: 96 of 96 prompt tokens from external_kv_transfer).
+SIDECAR_KV_COUNTERS = (*DEFAULT_KV_COUNTERS, "vllm:external_prefix_cache_hits_total")
+
+
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
-    counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", DEFAULT_KV_COUNTERS))
-    return MetricsCheck(loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics"), counters)
+    counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", SIDECAR_KV_COUNTERS))
+    return MetricsCheck(loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics"), counters, "any")

@@ -808,7 +808,8 @@ def _record_failure(target: Target, runtime: RuntimeInfo, message: str) -> None:
 
 def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource) -> dict[str, Any]:
     tmp = target.root / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{secrets.token_hex(3)}"
-    builder = _Builder(target, runtime, tmp, echo, uv_path(), source)
+    # Offline, never uv: `uv venv --seed` fetches pip from an index, where `python -m venv` bundles it.
+    builder = _Builder(target, runtime, tmp, echo, None if source.offline else uv_path(), source)
     try:
         info = builder.build()
         try:
