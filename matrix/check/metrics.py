@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import httpx
@@ -14,15 +15,27 @@ from matrix.launch.plan import MetricsCheck
 CHECK_NAME = "kv_transfer"
 
 
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _selector(spec: str) -> tuple[str, dict[str, str]]:
+    """``name{label="value",...}`` -> (name, required labels); a bare name requires none."""
+    name, brace, labels = spec.partition("{")
+    return name, dict(_LABEL.findall(labels)) if brace else {}
+
+
 def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Sum of every sample of each named metric (over all label sets) in Prometheus text format."""
-    wanted = set(names)
+    """Sum of the samples of each named metric in Prometheus text format: over all label sets for a bare
+    name, over the matching ones for ``name{label="value"}`` (e.g. the prompt tokens whose source was a KV
+    transfer, not those computed locally)."""
+    selectors = {spec: _selector(spec) for spec in names}
+    wanted = {name for name, _labels in selectors.values()}
     totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         name_part, _, rest = line.partition(" ") if "{" not in line.split(" ", 1)[0] else line.partition("}")
-        name = name_part.split("{", 1)[0]
+        name, _brace, label_text = name_part.partition("{")
         if name not in wanted:
             continue
         fields = rest.split()
@@ -30,13 +43,13 @@ def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
             value = float(fields[0]) if fields else math.nan
         except ValueError:
             continue
-        if not math.isnan(value):
-            totals[name] += value
+        if math.isnan(value):
+            continue
+        labels = dict(_LABEL.findall(label_text))
+        for spec, (spec_name, required) in selectors.items():
+            if spec_name == name and all(labels.get(k) == v for k, v in required.items()):
+                totals[spec] += value
     return totals
-
-
-SETTLE_S = 10.0
-SETTLE_POLL_S = 0.25
 
 
 def snapshot(checks: tuple[MetricsCheck, ...], timeout_s: float = 5.0) -> list[dict[str, float] | str]:
@@ -51,6 +64,10 @@ def snapshot(checks: tuple[MetricsCheck, ...], timeout_s: float = 5.0) -> list[d
             except httpx.HTTPError as exc:
                 results.append(f"cannot read {check.url}: {exc}")
     return results
+
+
+SETTLE_S = 10.0
+SETTLE_POLL_S = 0.25
 
 
 def grown(checks: tuple[MetricsCheck, ...], before: list[dict[str, float] | str],

@@ -111,3 +111,45 @@ def test_cpu_plan_binds_each_instance(tmp_path: Path) -> None:
     prefill, decode = plan.processes[0], plan.processes[1]
     assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] != decode.env["VLLM_CPU_OMP_THREADS_BIND"]
     assert decode.env["EXTRA"] == "1" and "EXTRA" not in prefill.env
+
+
+# Decode's /metrics as recorded from real runs (tests/data/metrics): a transfer vllm-rs 0.31.0 made on an
+# H200 without filling NIXL's histograms, and a load that vllm-rs 0.29.0 (lacking vllm#54814) let fail.
+METRICS_DIR = Path(__file__).resolve().parents[1] / "data" / "metrics"
+
+
+def test_label_selectors_pick_the_matching_series_only() -> None:
+    text = (METRICS_DIR / "vllm-rs-0.31.0-gpu-decode.txt").read_text()
+    external = 'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}'
+    local = 'vllm:prompt_tokens_by_source_total{source="local_compute"}'
+    counters = parse_counters(text, (external, local, "vllm:prompt_tokens_by_source_total"))
+    assert counters == {external: 96.0, local: 0.0, "vllm:prompt_tokens_by_source_total": 96.0}
+
+
+def test_sidecar_kv_proof_on_recorded_real_metrics() -> None:
+    from matrix.launch.arms.vllm_sidecar import SIDECAR_KV_COUNTERS
+
+    check = (MetricsCheck("http://127.0.0.1:1/metrics", SIDECAR_KV_COUNTERS, "any"),)
+    before = [dict.fromkeys(SIDECAR_KV_COUNTERS, 0.0)]
+    transferred = parse_counters((METRICS_DIR / "vllm-rs-0.31.0-gpu-decode.txt").read_text(), SIDECAR_KV_COUNTERS)
+    assert transferred["vllm:nixl_xfer_time_seconds_count"] == 0.0  # the histogram this server leaves empty
+    assert judge(check, before, [transferred]) == []
+    failed = parse_counters(
+        (METRICS_DIR / "vllm-rs-0.29.0-cpu-decode-failed-load.txt").read_text(), SIDECAR_KV_COUNTERS
+    )
+    # Decode planned to load 96 prompt tokens from prefill (a prefix-cache "hit"), but the load failed.
+    hits = parse_counters((METRICS_DIR / "vllm-rs-0.29.0-cpu-decode-failed-load.txt").read_text(),
+                          ("vllm:external_prefix_cache_hits_total",))  # fmt: skip
+    assert hits == {"vllm:external_prefix_cache_hits_total": 96.0}
+    (failure,) = judge(check, before, [failed])
+    assert failure.name == "kv_transfer" and failure.message.startswith("none of ")
+
+
+def test_any_of_needs_one_counter_to_grow_and_all_of_needs_every_one() -> None:
+    any_check = (MetricsCheck("http://127.0.0.1:1/metrics", ("a", "b"), "any"),)
+    all_check = (MetricsCheck("http://127.0.0.1:1/metrics", ("a", "b")),)
+    assert judge(any_check, [{"a": 0.0, "b": 0.0}], [{"a": 0.0, "b": 1.0}]) == []
+    assert [f.message for f in judge(all_check, [{"a": 0.0, "b": 0.0}], [{"a": 0.0, "b": 1.0}])] == [
+        "a on http://127.0.0.1:1/metrics did not grow during the request (0 -> 0): decode did not use "
+        "transferred KV (recomputed the prompt?)"
+    ]

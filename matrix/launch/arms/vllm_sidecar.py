@@ -110,9 +110,11 @@ def scratch_env(ctx: LaunchContext) -> dict[str, str]:
 
 
 # Either proves decode took the prompt's KV from prefill: NIXL's transfer timings, or the prompt tokens the
-# scheduler counted as external prefix-cache hits. vllm-rs 0.31.0 relays the second but leaves the NIXL
-# histograms at 0 for the same transfer (seen on an H200: 96 of 96 prompt tokens from external_kv_transfer).
-SIDECAR_KV_COUNTERS = (*DEFAULT_KV_COUNTERS, "vllm:external_prefix_cache_hits_total")
+# engine counted as coming from a KV transfer. vllm-rs 0.31.0 relays the second but leaves the NIXL
+# histograms at 0 for the same transfer (seen on an H200: 96 of 96 prompt tokens from external_kv_transfer,
+# none computed). The external prefix-cache hit counter is no proof: it grows when decode merely plans the
+# load, also when the load then fails (vllm-rs 0.29.0).
+SIDECAR_KV_COUNTERS = (*DEFAULT_KV_COUNTERS, 'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}')
 
 
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
