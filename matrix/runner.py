@@ -298,8 +298,7 @@ def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
     validation = validate_chat_response(response.status_code, response.body)
     failures = list(validation.failures)
     if plan.metrics_checks:
-        after, _waited = metrics.settle(plan.metrics_checks, before)
-        failures += metrics.judge(plan.metrics_checks, before, after)
+        failures += metrics.judge(plan.metrics_checks, before, metrics.settle(plan.metrics_checks, before))
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,

@@ -70,26 +70,27 @@ SETTLE_S = 10.0
 SETTLE_POLL_S = 0.25
 
 
-def grown(checks: tuple[MetricsCheck, ...], before: list[dict[str, float] | str],
-           after: list[dict[str, float] | str]) -> bool:
+def grown(
+    checks: tuple[MetricsCheck, ...], before: list[dict[str, float] | str], after: list[dict[str, float] | str]
+) -> bool:
     """Whether every counter of every check grew (an unreadable endpoint never counts as grown)."""
     return not judge(checks, before, after)
 
 
 def settle(
     checks: tuple[MetricsCheck, ...], before: list[dict[str, float] | str], window_s: float = SETTLE_S
-) -> tuple[list[dict[str, float] | str], float]:
-    """Counters after the request, read again until they grew or `window_s` passed; and the seconds waited.
+) -> list[dict[str, float] | str]:
+    """Counters after the request, read again until they grew or `window_s` passed.
 
     Some servers publish engine counters on an interval rather than at once (vllm-rs relays the Python
-    engine's stats), so a single read right after the response can miss a transfer that happened.
+    engine's stats), so a single read right after the response could miss a transfer that happened.
     """
-    started = time.monotonic()
+    deadline = time.monotonic() + window_s
     after = snapshot(checks)
-    while not grown(checks, before, after) and time.monotonic() - started < window_s:
+    while not grown(checks, before, after) and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_S)
         after = snapshot(checks)
-    return after, time.monotonic() - started
+    return after
 
 
 def judge(

@@ -153,3 +153,41 @@ def test_any_of_needs_one_counter_to_grow_and_all_of_needs_every_one() -> None:
         "a on http://127.0.0.1:1/metrics did not grow during the request (0 -> 0): decode did not use "
         "transferred KV (recomputed the prompt?)"
     ]
+
+
+def test_counters_published_late_are_read_again_until_they_grow() -> None:
+    import http.server
+    import threading
+    import time
+
+    from matrix.check.metrics import settle, snapshot
+
+    published_at = time.monotonic() + 0.5  # the server publishes the transfer half a second late
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            value = 1 if time.monotonic() >= published_at else 0
+            body = f"vllm:nixl_xfer_time_seconds_count {value}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check = (MetricsCheck(f"http://127.0.0.1:{server.server_port}/metrics",
+                              ("vllm:nixl_xfer_time_seconds_count",)),)  # fmt: skip
+        before = snapshot(check)
+        assert judge(check, before, snapshot(check))  # read once at once: missed
+        assert judge(check, before, settle(check, before, window_s=5.0)) == []
+        # A counter that does not grow any more is read until the window closes, then judged.
+        now = snapshot(check)
+        started = time.monotonic()
+        assert judge(check, now, settle(check, now, window_s=0.3))
+        assert time.monotonic() - started >= 0.3
+    finally:
+        server.shutdown()
