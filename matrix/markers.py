@@ -28,6 +28,7 @@ same tokens, so that every value it accepts can be written in an expression too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 Matcher = Callable[[str, Mapping[str, object]], bool]
+# Deeper nesting of `not` and parentheses is refused with a clear error (exit 2): the parser recurses once
+# per level, and no CI expression comes near this.
+MAX_NESTING = 100
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 
@@ -194,22 +198,22 @@ class _Not:
         return not self.operand.evaluate(matcher)
 
 
+# A chain `a and b and c ...` is one node with every operand, not a left-nested tree: evaluating a chain of
+# thousands of operands must not recurse thousands of levels. all()/any() short-circuit as `and`/`or` do.
 @dataclasses.dataclass(frozen=True, slots=True)
 class _And:
-    left: _Node
-    right: _Node
+    operands: tuple[_Node, ...]
 
     def evaluate(self, matcher: Matcher) -> bool:
-        return self.left.evaluate(matcher) and self.right.evaluate(matcher)
+        return all(operand.evaluate(matcher) for operand in self.operands)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Or:
-    left: _Node
-    right: _Node
+    operands: tuple[_Node, ...]
 
     def evaluate(self, matcher: Matcher) -> bool:
-        return self.left.evaluate(matcher) or self.right.evaluate(matcher)
+        return any(operand.evaluate(matcher) for operand in self.operands)
 
 
 _Node = _Ident | _Not | _And | _Or
@@ -221,6 +225,18 @@ class _Parser:
     def __init__(self, text: str) -> None:
         self.s = _Scanner(text)
         self.idents: dict[str, None] = {}  # a dict keeps first-appearance order, for messages
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def nested(self, token: _Token) -> Iterator[None]:
+        """One more level of `not` or parentheses; past MAX_NESTING a clear error, not a RecursionError."""
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise _ParseError(f"nested deeper than {MAX_NESTING} levels of `not` and parentheses", token.pos + 1)
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
     def expression(self) -> _Node | None:
         if self.s.accept(_Kind.EOF):
@@ -230,22 +246,25 @@ class _Parser:
         return node
 
     def expr(self) -> _Node:
-        node = self.and_expr()
+        operands = [self.and_expr()]
         while self.s.accept(_Kind.OR):
-            node = _Or(node, self.and_expr())
-        return node
+            operands.append(self.and_expr())
+        return operands[0] if len(operands) == 1 else _Or(tuple(operands))
 
     def and_expr(self) -> _Node:
-        node = self.not_expr()
+        operands = [self.not_expr()]
         while self.s.accept(_Kind.AND):
-            node = _And(node, self.not_expr())
-        return node
+            operands.append(self.not_expr())
+        return operands[0] if len(operands) == 1 else _And(tuple(operands))
 
     def not_expr(self) -> _Node:
+        token = self.s.current
         if self.s.accept(_Kind.NOT):
-            return _Not(self.not_expr())
+            with self.nested(token):
+                return _Not(self.not_expr())
         if self.s.accept(_Kind.LPAREN):
-            node = self.expr()
+            with self.nested(token):
+                node = self.expr()
             self.s.expect(_Kind.RPAREN)
             return node
         ident = self.s.accept(_Kind.IDENT)

@@ -270,7 +270,8 @@ def _start_and_query(
         status = "timeout" if ready.kind == "timeout" else "failed"
         kind = "startup" if ready.kind == "startup" else "health"
         message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
-        return CellOutcome(status, kind, message, ready_s=ready.ready_s)
+        # No ready time: the pair never got ready (a timeout would otherwise read as a 120 s start-up).
+        return CellOutcome(status, kind, message)
     return _request(plan, ready.ready_s)
 
 

@@ -125,6 +125,9 @@ def test_planted_fault_is_caught_and_leaves_nothing(fault_campaign: Matrix, faul
     assert (row["status"], row["failure_kind"]) == (status, kind), row["message"]
     if check is not None:
         assert check in {c["name"] for c in row["checks"]}, row["checks"]  # type: ignore[union-attr]
+    if kind in ("startup", "health"):
+        # The pair never got ready: no ready time (a timeout's 120 s would read as a slow start-up).
+        assert row["ready_s"] is None, row["ready_s"]
     assert_nothing_left(fault_campaign, str(row["uid"]))
 
 

@@ -209,3 +209,37 @@ def test_kwargs_match_any_one_marker_with_all_of_them() -> None:
 
 def test_matches_accepts_any_iterable() -> None:
     assert matches(Expression.compile("a and b"), iter(markers("a", "b")))
+
+
+# --- limits: deep nesting is a clear error, long chains evaluate without recursion ----------------------
+
+
+def test_nesting_deeper_than_the_limit_is_a_clear_error_with_its_column() -> None:
+    from matrix.markers import MAX_NESTING, Expression, MarkerExpressionError
+
+    ok = "(" * MAX_NESTING + "a" + ")" * MAX_NESTING
+    assert Expression.compile(ok).evaluate(lambda name, kwargs: name == "a")
+    for text in ("(" * 500 + "a" + ")" * 500, "not " * 1000 + "a", "not (" * 60 + "a" + ")" * 60):
+        with pytest.raises(MarkerExpressionError, match=f"nested deeper than {MAX_NESTING} levels") as info:
+            Expression.compile(text)
+        assert info.value.column > MAX_NESTING
+
+
+def test_long_chains_evaluate_and_short_circuit() -> None:
+    from matrix.markers import Expression
+
+    asked: list[str] = []
+
+    def matcher(name: str, kwargs: object) -> bool:
+        asked.append(name)
+        return name != "stop"
+
+    chain = " and ".join(["a"] * 5000)
+    assert Expression.compile(chain).evaluate(matcher)
+    asked.clear()
+    assert not Expression.compile("a and stop and b and c").evaluate(matcher)
+    assert asked == ["a", "stop"]  # `and` stops at the first false operand, as pytest's does
+    asked.clear()
+    assert Expression.compile("stop or a or b").evaluate(matcher)
+    assert asked == ["stop", "a"]
+    assert Expression.compile(" or ".join(["stop"] * 5000 + ["a"])).evaluate(matcher)
