@@ -7,6 +7,7 @@ one) and gets a fresh database of its own, dropped afterwards; without the varia
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -171,3 +173,12 @@ def seeded(matrix: Matrix) -> Matrix:
     result = matrix("catalog", "sync")
     assert result.exit_code == 0, result.output
     return matrix
+
+
+def toml_value(value: Any) -> str:
+    """An inline TOML value (JSON is close enough for strings, lists and tables of them)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)

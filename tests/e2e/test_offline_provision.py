@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +22,7 @@ from matrix.launch.providers.venv import resolve_target
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.providers.wheeltarget import this_host
 from matrix.plan import RuntimeInfo
-from tests.conftest import Matrix
+from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -77,22 +76,13 @@ OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_NO_INDEX": "1", "PIP_FIN
            "PIP_CONFIG_FILE": os.devnull, "PIP_EXTRA_INDEX_URL": ""}  # fmt: skip
 
 
-def _toml(value: Any) -> str:
-    """An inline TOML value (JSON is close enough for strings, lists and tables of them)."""
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value)
-
-
 def _matrix(tmp: Path) -> Matrix:
     home = tmp / "home"
     home.mkdir(parents=True)
     m = Matrix(home=home, db_path=home / "matrix.db")
     text = CATALOG
     for name, provider in (("TOY", TOY), ("SMALL", SMALL), ("BINARY", BINARY), ("MARKERS", MARKERS)):
-        text = text.replace(f"@{name}@", _toml(provider))
+        text = text.replace(f"@{name}@", toml_value(provider))
     (tmp / "toy.toml").write_text(text)
     result = m("catalog", "sync", str(tmp / "toy.toml"))
     assert result.exit_code == 0, result.output

@@ -22,7 +22,7 @@ from matrix.launch.providers import Environment, NotProvisioned, prepare
 from matrix.launch.providers.store import list_envs, prune
 from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
 from matrix.plan import RuntimeInfo
-from tests.conftest import Matrix
+from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -215,8 +215,8 @@ def test_runtime_commands(home: Path) -> None:
     m = Matrix(home=home, db_path=home / "matrix.db")
     catalog = home / "toy.toml"
     runtimes = "\n".join(
-        f'[[runtime]]\nbackend = "toy"\nversion = "{spec["version"]}"\nprovider = {_toml(spec["provider"])}\n'
-        f"components = {_toml(spec['components'])}\n"
+        f'[[runtime]]\nbackend = "toy"\nversion = "{spec["version"]}"\nprovider = {toml_value(spec["provider"])}\n'
+        f"components = {toml_value(spec['components'])}\n"
         for spec in (TOY, NO_PYTHON)
     )
     catalog.write_text(f'[[backend]]\nname = "toy"\n\n{runtimes}')
@@ -246,10 +246,3 @@ def test_runtime_commands(home: Path) -> None:
     assert doctor["toy-4.0"]["status"] == "not provisioned"
 
 
-def _toml(value: Any) -> str:
-    """An inline TOML value (JSON is close enough for strings, lists and tables of them)."""
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value)
