@@ -1,13 +1,20 @@
-"""matrix's own P/D proxy in front of two `vllm serve` instances (vLLM's toy-proxy protocol).
+"""matrix's own P/D proxy in front of a prefill and a decode instance, in one of two protocols.
 
-A chat completion goes to the prefill instance with `max_tokens=1` and
+`vllm` (vLLM's toy-proxy protocol): a chat completion goes to the prefill instance with `max_tokens=1` and
 `kv_transfer_params={"do_remote_decode": true}`; the `kv_transfer_params` it returns (which blocks, on
 which engine, behind which side channel) go with the original request to the decode instance, which
-pulls the KV cache and generates. The answer is the decode instance's, plus `nvext.worker_id` naming
-the instance that served each phase as a stable u64 (a hash of its engine id and address), so the same
-validation as every other arm applies.
+pulls the KV cache and generates.
 
-    python -m matrix.pdproxy --port P --prefill-url http://127.0.0.1:A --decode-url http://127.0.0.1:B
+`sglang` (SGLang's P/D router protocol): the same request goes to both instances at once, carrying
+`bootstrap_host`, `bootstrap_port` (the prefill server's bootstrap listener) and a fresh random
+`bootstrap_room` that pairs the two halves; decode pre-allocates KV slots, prefill computes the prompt and
+writes its KV into them, decode generates. Both must be in flight together: each waits for the other.
+
+The answer is the decode instance's, plus `nvext.worker_id` naming the instance that served each phase as
+a stable u64 (a hash of its role and address), so the same validation as every other arm applies.
+
+    python -m matrix.pdproxy --port P --prefill-url http://127.0.0.1:A --decode-url http://127.0.0.1:B \
+        [--protocol sglang --bootstrap-port C]
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import argparse
 import copy
 import hashlib
 import http.client
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +49,18 @@ def instance_id(role: str, url: str, engine_id: object = None) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
+PROTOCOLS = ("vllm", "sglang")
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     port: int
     prefill: Upstream
     decode: Upstream
     timeout_s: float
+    protocol: str = "vllm"
+    # SGLang only: the prefill server's disaggregation bootstrap port.
+    bootstrap_port: int | None = None
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +80,16 @@ def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> 
     request.pop("nvext", None)
     request["stream"] = False
     request["kv_transfer_params"] = kv_transfer_params
+    return request
+
+
+def sglang_request(body: dict[str, Any], bootstrap_host: str, bootstrap_port: int, room: int) -> dict[str, Any]:
+    """The request both SGLang instances get: the client's, non-streaming, with the pairing fields."""
+    request = copy.deepcopy(body)
+    request.pop("nvext", None)
+    request.pop("stream_options", None)
+    request["stream"] = False
+    request |= {"bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port, "bootstrap_room": room}
     return request
 
 
@@ -116,6 +141,38 @@ class ProxyApp:
         body = req.read_json_object()
         if body.get("stream"):
             raise HTTPError(400, "matrix's P/D proxy answers non-streaming requests only")
+        if self.cfg.protocol == "sglang":
+            self._chat_sglang(req, body)
+        else:
+            self._chat_vllm(req, body)
+
+    def _chat_sglang(self, req: JSONHandler, body: dict[str, Any]) -> None:
+        # SGLang's router draws a random room per request; 63 bits keep it a positive signed integer.
+        room = secrets.randbits(63)
+        assert self.cfg.bootstrap_port is not None  # checked in main()
+        request = sglang_request(body, self.cfg.prefill.host, self.cfg.bootstrap_port, room)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pd") as pool:
+            calls = {
+                up.role: pool.submit(call_worker, up, "POST", req.route_path, request, self.cfg.timeout_s)
+                for up in (self.cfg.prefill, self.cfg.decode)
+            }
+            # Decode's answer is the client's; a prefill error is reported first, as it is the cause.
+            prefill_result, decode_result = calls["prefill"].result(), calls["decode"].result()
+        _ok(self.cfg.prefill, *prefill_result)
+        decode = _ok(self.cfg.decode, *decode_result)
+        self._answer(req, decode, prefill_engine=None)
+        self.log(f"chat bootstrap_room={room}")
+
+    def _answer(self, req: JSONHandler, decode: dict[str, Any], prefill_engine: object) -> None:
+        nvext = decode.setdefault("nvext", {}) if isinstance(decode.get("nvext", {}), dict) else {}
+        nvext["worker_id"] = {
+            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, prefill_engine),
+            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
+        }
+        decode["nvext"] = nvext
+        req.send_json(200, decode)
+
+    def _chat_vllm(self, req: JSONHandler, body: dict[str, Any]) -> None:
         prefill = _ok(self.cfg.prefill, *call_worker(self.cfg.prefill, "POST", req.route_path, prefill_request(body),
                                                      self.cfg.timeout_s))  # fmt: skip
         kv = prefill.get("kv_transfer_params")
@@ -123,14 +180,8 @@ class ProxyApp:
             raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
         decode = _ok(self.cfg.decode, *call_worker(self.cfg.decode, "POST", req.route_path, decode_request(body, kv),
                                                    self.cfg.timeout_s))  # fmt: skip
-        nvext = decode.setdefault("nvext", {}) if isinstance(decode.get("nvext", {}), dict) else {}
-        nvext["worker_id"] = {
-            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, kv.get("remote_engine_id")),
-            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
-        }
-        decode["nvext"] = nvext
         self.log(f"chat prefill_engine={kv.get('remote_engine_id')} blocks={len(kv.get('remote_block_ids') or [])}")
-        req.send_json(200, decode)
+        self._answer(req, decode, prefill_engine=kv.get("remote_engine_id"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-url", required=True)
     parser.add_argument("--decode-url", required=True)
     parser.add_argument("--timeout-s", type=float, default=120.0)
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="vllm")
+    parser.add_argument("--bootstrap-port", type=int, help="sglang: the prefill server's bootstrap port")
     args = parser.parse_args(argv)
+    if args.protocol == "sglang" and args.bootstrap_port is None:
+        parser.error("--protocol sglang needs --bootstrap-port (the prefill server's bootstrap listener)")
     try:
         cfg = ProxyConfig(
             args.port, parse_upstream("prefill", args.prefill_url), parse_upstream("decode", args.decode_url),
-            args.timeout_s,
+            args.timeout_s, args.protocol, args.bootstrap_port,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))

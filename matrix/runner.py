@@ -276,7 +276,7 @@ def _start_and_query(
 
 
 def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
-    before = metrics.snapshot(plan.metrics_checks) if plan.metrics_checks else []
+    before = metrics.baseline(plan.metrics_checks) if plan.metrics_checks else []
     response = send_chat(plan.request)
     if response.error is not None and response.error_kind != "oversized":
         return CellOutcome(

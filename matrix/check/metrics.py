@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
+from pathlib import Path
 
 import httpx
 
@@ -52,18 +54,40 @@ def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return totals
 
 
-def snapshot(checks: tuple[MetricsCheck, ...], timeout_s: float = 5.0) -> list[dict[str, float] | str]:
-    """Counters of every check, or the error text when an endpoint cannot be read."""
+def snapshot(
+    checks: tuple[MetricsCheck, ...], timeout_s: float = 5.0, texts: dict[int, str] | None = None
+) -> list[dict[str, float] | str]:
+    """Counters of every check, or the error text when an endpoint cannot be read; `texts` receives what
+    each readable endpoint answered, by the check's position."""
     results: list[dict[str, float] | str] = []
     with loopback_client(timeout_s) as client:
-        for check in checks:
+        for number, check in enumerate(checks):
             try:
                 response = client.get(check.url)
                 response.raise_for_status()
                 results.append(parse_counters(response.text, check.counters))
+                if texts is not None:
+                    texts[number] = response.text
             except httpx.HTTPError as exc:
                 results.append(f"cannot read {check.url}: {exc}")
     return results
+
+
+def _record(checks: tuple[MetricsCheck, ...], texts: dict[int, str], prefix: str = "") -> None:
+    """Keep the scrape of each check that asks for it; evidence, so a write error is not a failure."""
+    for number, check in enumerate(checks):
+        if check.record and number in texts:
+            path = Path(check.record)
+            with contextlib.suppress(OSError):
+                path.with_name(prefix + path.name).write_text(texts[number], encoding="utf-8")
+
+
+def baseline(checks: tuple[MetricsCheck, ...]) -> list[dict[str, float] | str]:
+    """Counters before the request (kept as `before-<record>` beside the scrape after it)."""
+    texts: dict[int, str] = {}
+    before = snapshot(checks, texts=texts)
+    _record(checks, texts, prefix="before-")
+    return before
 
 
 SETTLE_S = 10.0
@@ -86,10 +110,12 @@ def settle(
     engine's stats), so a single read right after the response could miss a transfer that happened.
     """
     deadline = time.monotonic() + window_s
-    after = snapshot(checks)
+    texts: dict[int, str] = {}
+    after = snapshot(checks, texts=texts)
     while not grown(checks, before, after) and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_S)
-        after = snapshot(checks)
+        after = snapshot(checks, texts=texts)
+    _record(checks, texts)
     return after
 
 

@@ -57,6 +57,8 @@ class MetricsCheck:
     # "all": every counter must grow; "any": one is proof enough (the same transfer shows in several
     # counters, and not every server path fills every one of them).
     require: str = "all"
+    # Where the last scrape is kept (in the cell's log directory): the evidence the check judged.
+    record: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ def _ctx(case: CaseInfo, tmp_path: Path, gpu_ids: tuple[str, ...] = ()) -> Launc
 
 
 def test_registry_is_explicit_and_unknown_arms_fail_before_anything_starts() -> None:
-    assert known_arms() == {"reference", "dynamo", "vllm_native"}
-    with pytest.raises(ConfigError, match="unknown arm 'sidecar'; known arms: dynamo, reference, vllm_native"):
+    assert known_arms() == {"reference", "dynamo", "vllm_native", "sglang_native"}
+    known = "dynamo, reference, sglang_native, vllm_native"
+    with pytest.raises(ConfigError, match=f"unknown arm 'sidecar'; known arms: {known}"):
         get_arm("sidecar")
 
 
@@ -136,7 +137,7 @@ def test_launch_scripts_resolve_against_the_workspace(tmp_path: Path) -> None:
 
 def test_gpu_engine_without_a_script_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs launch\.script"):
-        get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "sglang"}), tmp_path))
+        get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "trtllm"}), tmp_path))
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str:

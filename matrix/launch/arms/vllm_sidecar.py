@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 
 from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.arms.sidecar import sidecar_process
 from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
 from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 
@@ -62,32 +63,6 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
     return ProcessSpec(role=role, argv=tuple(argv), env=env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
-def _sidecar(ctx: LaunchContext, role: str, dynamo_env: Mapping[str, str]) -> ProcessSpec:
-    system_port = ctx.ports[f"{role}_system"]
-    grpc = ctx.ports[engine_port(role, "GRPC")]
-    argv = [ctx.python, "-m", "dynamo.vllm.sidecar", "--grpc-endpoint", f"127.0.0.1:{grpc}"]
-    if role == "prefill":
-        argv += ["--component", "prefill"]
-    argv += ["--disaggregation-mode", role]
-    env = {
-        **dynamo_env,
-        "DYN_SYSTEM_PORT": str(system_port),
-        "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
-        # On SIGTERM a sidecar waits 5 s, then (prefill) up to 25 s for its engine to report no KV transfer
-        # in flight, which the vLLM sidecar cannot tell: it always waits the whole budget. Teardown comes
-        # after the cell's only request has finished, so there is nothing left to drain.
-        "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "1",
-        "DYN_PREFILL_DRAIN_TIMEOUT_S": "2",
-    }
-    return ProcessSpec(
-        role=f"{role}_sidecar",
-        argv=tuple(argv),
-        env=env,
-        health=(HealthProbe(loopback_url(system_port, "/health")),),
-        start_after=(role,),
-    )
-
-
 def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) -> tuple[ProcessSpec, ...]:
     """Both engines first, then their sidecars (each after its own engine)."""
     on_gpu = bool(ctx.gpu_ids)
@@ -101,7 +76,11 @@ def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) ->
     base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
     binding = {} if on_gpu else omp_binding(ctx.cpu_ids)
     engines = tuple(_engine(ctx, role, base_env, binding) for role in ROLES)
-    return (*engines, *(_sidecar(ctx, role, dynamo_env) for role in ROLES))
+    sidecars = (
+        sidecar_process(ctx, role, "dynamo.vllm.sidecar", ctx.ports[engine_port(role, "GRPC")], dynamo_env)
+        for role in ROLES
+    )
+    return (*engines, *sidecars)
 
 
 def scratch_env(ctx: LaunchContext) -> dict[str, str]:
@@ -119,4 +98,5 @@ SIDECAR_KV_COUNTERS = (*DEFAULT_KV_COUNTERS, 'vllm:prompt_tokens_by_source_total
 
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
     counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", SIDECAR_KV_COUNTERS))
-    return MetricsCheck(loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics"), counters, "any")
+    url = loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics")
+    return MetricsCheck(url, counters, "any", record=str(ctx.work_dir / "metrics-decode.prom"))

@@ -10,8 +10,9 @@ A venv recipe is a list of steps::
 
 A list is the arguments of one ``pip install``. ``requirements_of`` installs what a distribution
 requires (its ``Requires-Dist`` whose markers hold for the venv's interpreter, without extras) except the
-excluded names: that is how ``ai-dynamo`` installs without its broken ``aisimulate`` dependency
-(DOMAIN.md section 6), followed by the distribution itself with ``--no-deps``.
+excluded names: that is how ``ai-dynamo`` installs without its broken ``aisimulate`` dependency,
+followed by the distribution itself with ``--no-deps``. ``with = [...]`` adds requirements resolved in the
+same ``pip install`` (e.g. a runtime that must agree with the distribution's pins).
 """
 
 from __future__ import annotations
@@ -63,14 +64,22 @@ class RequirementsOfStep:
 
     requirement: str
     exclude: tuple[str, ...] = ()
+    # Resolved in the same pip call, so they and the requirements agree on shared dependencies.
+    also: tuple[str, ...] = ()
 
     def describe(self) -> str:
         without = f" without {', '.join(self.exclude)}" if self.exclude else ""
-        return f"requirements of {self.requirement}{without}"
+        together = f" with {' '.join(self.also)}" if self.also else ""
+        return f"requirements of {self.requirement}{without}{together}"
 
     def canonical(self) -> Any:
         # Exclusions are a set: their order must not change the cache key.
-        return {"requirements_of": self.requirement, "exclude": sorted(canonicalize_name(n) for n in self.exclude)}
+        document: dict[str, Any] = {
+            "requirements_of": self.requirement, "exclude": sorted(canonicalize_name(n) for n in self.exclude),
+        }  # fmt: skip
+        if self.also:  # only when used, so the keys of existing environments stay what they were
+            document["with"] = list(self.also)
+        return document
 
 
 @dataclass(frozen=True)
@@ -342,14 +351,19 @@ def _step(raw: Any, label: str, number: int) -> Step:
             raise _fail(label, f"{where}: unknown matrix_plugin {name!r} (known: {', '.join(known)})")
         return PluginStep(name, _plugin_digest(path))
     if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - {"requirements_of", "exclude"})
+        unknown = sorted(set(raw) - {"requirements_of", "exclude", "with"})
         if unknown:
-            raise _fail(label, f"{where}: unknown key(s) {', '.join(unknown)} (allowed: requirements_of, exclude)")
+            raise _fail(
+                label, f"{where}: unknown key(s) {', '.join(unknown)} (allowed: requirements_of, exclude, with)"
+            )
         target = raw.get("requirements_of")
         if not isinstance(target, str):
             raise _fail(label, f'{where} needs requirements_of = "DISTRIBUTION==VERSION"')
         _requirement(target, label, where, "requirements_of")
-        return RequirementsOfStep(target, _string_list(raw.get("exclude"), label, f"{where}.exclude"))
+        also = _string_list(raw.get("with"), label, f"{where}.with")
+        for requirement in also:
+            _requirement(requirement, label, where, "with")
+        return RequirementsOfStep(target, _string_list(raw.get("exclude"), label, f"{where}.exclude"), also)
     raise _fail(
         label,
         f"{where} must be a list of pip arguments or one of {{ requirements_of = ... }}, {{ uninstall = [...] }}, "

@@ -529,8 +529,8 @@ class _Builder:
                 log.write(f"requirements_of: skip {requirement} ({why})\n")
         if self.lock is not None:
             self.install_locked()
-        elif selected.install:
-            self.pip_install(list(selected.install))
+        elif selected.install or step.also:
+            self.pip_install([*selected.install, *step.also])
 
     @property
     def site_packages(self) -> Path:

@@ -194,7 +194,8 @@ def plan_runtime(
                 planned.source = _single(pip_report(["--no-deps", step.requirement], target, what=what),
                                          step.requirement, what)  # fmt: skip
                 metadata = "".join(f"Requires-Dist: {r}\n" for r in planned.source.requires_dist)
-                args = list(select_requirements(metadata, target.marker_environment(), step.exclude).install)
+                selected = select_requirements(metadata, target.marker_environment(), step.exclude)
+                args = [*selected.install, *step.also]
             found = pip_report(args, target, installed, what=what) if args else []
             new = [r for r in found if installed.get(r.canonical) != r.version]
             installed.update({r.canonical: r.version for r in found})

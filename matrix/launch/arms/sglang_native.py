@@ -1,0 +1,65 @@
+"""SGLang's own disaggregated path: a prefill and a decode server joined by NIXL, matrix's P/D proxy in
+front speaking SGLang's router protocol (the request goes to both at once with a shared bootstrap room).
+
+Both servers are pinned to the cell's GPU with absolute KV bounds (`sglang_server`). The control variant
+(`launch.aggregated_servers`) runs two plain servers: distinct workers still answer, nothing moves between
+them, and only the kv_transfer check can tell.
+"""
+
+from __future__ import annotations
+
+from matrix.hardware.ports import PortRequest
+from matrix.launch.arms import sglang_server
+from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.plan import CaseInfo
+
+
+class SglangNativeArm:
+    name = "sglang_native"
+
+    def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        return (PortRequest("proxy"), *sglang_server.port_requests(grpc=False))
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool:
+        return False
+
+    def plan(self, ctx: LaunchContext) -> LaunchPlan:
+        launch = ctx.case.launch
+        scratch = sglang_server.scratch_env(ctx)
+        env = {**ctx.env, **gpu_env(ctx), **scratch, "PYTHONUNBUFFERED": "1"}
+        env.update({str(k): str(v) for k, v in launch.get("env", {}).items()})
+        disaggregated = not launch.get("aggregated_servers", False)
+        servers = tuple(
+            sglang_server.server(ctx, role, env, grpc=False, disaggregated=disaggregated)
+            for role in sglang_server.ROLES
+        )
+        http = {role: ctx.ports[sglang_server.port_name(role, "HTTP")] for role in sglang_server.ROLES}
+        proxy_port = ctx.ports["proxy"]
+        proxy = ProcessSpec(
+            role="proxy",
+            # The proxy is matrix's own code: it runs with matrix's interpreter, not the runtime's.
+            argv=(
+                ctx.matrix_python, "-m", "matrix.pdproxy",
+                "--port", str(proxy_port),
+                "--prefill-url", loopback_url(http["prefill"]),
+                "--decode-url", loopback_url(http["decode"]),
+                "--timeout-s", str(ctx.case.request_timeout_s),
+                "--protocol", "sglang",
+                "--bootstrap-port", str(ctx.ports[sglang_server.BOOTSTRAP_PORT]),
+            ),
+            env={"PYTHONUNBUFFERED": "1"},
+            health=(HealthProbe(loopback_url(proxy_port, "/live")),),
+        )
+        return LaunchPlan(
+            cell_id=ctx.cell_id,
+            processes=(*servers, proxy),
+            ready_probes=frontend_probes(proxy_port),
+            request=chat_request(ctx, proxy_port),
+            ports=dict(ctx.ports),
+            startup_timeout_s=ctx.case.startup_timeout_s,
+            teardown_grace_s=float(launch.get("teardown_grace_s", 15.0)),
+            gpu_ids=ctx.gpu_ids,
+            metrics_checks=(sglang_server.kv_metrics(ctx),),
+            scratch_dirs=tuple(scratch.values()),
+        )

@@ -1,0 +1,34 @@
+"""Dynamo's native sidecar over SGLang: the seed's SGLang row.
+
+Five processes per cell: two SGLang servers (prefill and decode, P/D over NIXL, each with its native gRPC
+listener beside HTTP), one `python -m dynamo.sglang.sidecar` per server that registers it with Dynamo's
+frontend over that gRPC port, and the frontend. A sidecar starts once its server answers `/health`. The
+sidecar hands decode the prefill server's bootstrap address; discovery here is loopback only, so it is
+told the host (`--bootstrap-host`) rather than left to guess a routable one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from matrix.launch.arms import sglang_server
+from matrix.launch.arms.base import LaunchContext
+from matrix.launch.arms.sidecar import sidecar_process
+from matrix.launch.plan import ProcessSpec
+
+SIDECAR_MODULE = "dynamo.sglang.sidecar"
+
+
+def sglang_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) -> tuple[ProcessSpec, ...]:
+    """Both servers first, then their sidecars (each after its own server)."""
+    env = {**dynamo_env, **sglang_server.scratch_env(ctx)}
+    env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+    servers = tuple(sglang_server.server(ctx, role, env, grpc=True) for role in sglang_server.ROLES)
+    sidecars = tuple(
+        sidecar_process(
+            ctx, role, SIDECAR_MODULE, ctx.ports[sglang_server.port_name(role, "GRPC")], dynamo_env,
+            ("--bootstrap-host", "127.0.0.1"),
+        )
+        for role in sglang_server.ROLES
+    )
+    return (*servers, *sidecars)

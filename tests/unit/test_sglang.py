@@ -1,0 +1,278 @@
+"""SGLang's plans (Dynamo's sidecar and SGLang's own P/D), the proxy's SGLang protocol over real loopback
+HTTP, and the KV-transfer proof on SGLang's metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from matrix.check.metrics import baseline, judge, parse_counters, settle, snapshot
+from matrix.launch.arms import get_arm
+from matrix.launch.arms.base import LaunchContext
+from matrix.launch.arms.dynamo import ENGINE_PORTS
+from matrix.launch.arms.sglang_server import KV_COUNTERS
+from matrix.launch.plan import MetricsCheck
+from matrix.markers import parse_marker_use
+from matrix.pdproxy import instance_id, sglang_request
+from matrix.plan import CaseInfo, RuntimeInfo
+
+DATA = Path(__file__).parent.parent / "data" / "metrics"
+
+
+def _case(arm: str, launch: dict[str, object]) -> CaseInfo:
+    return CaseInfo(
+        name="c", backend="sglang", arm=arm, model="matrix-tiny-random", markers=(parse_marker_use("gpu_1"),),
+        launch=launch, kv_bound={"tokens": 2048},
+    )  # fmt: skip
+
+
+def _ctx(case: CaseInfo, tmp_path: Path) -> LaunchContext:
+    ports = {req.name: 21000 + i for i, req in enumerate(get_arm(case.arm).port_requests(case))}
+    runtime = RuntimeInfo(backend="sglang", version="0.5.21", tag="v0.5.21")
+    return LaunchContext("cell1", case, runtime, ports, tmp_path, python="/py", gpu_ids=("2",), model_dir=tmp_path)
+
+
+def _flag(argv: tuple[str, ...], name: str) -> str:
+    assert argv.count(name) == 1, f"{name} given {argv.count(name)} times in {argv}"
+    return argv[argv.index(name) + 1]
+
+
+def _assert_bounded_server(argv: tuple[str, ...], model_dir: Path) -> None:
+    assert argv[:3] == ("/py", "-m", "sglang.launch_server")
+    assert _flag(argv, "--model-path") == str(model_dir) and _flag(argv, "--host") == "127.0.0.1"
+    # Absolute memory bounds: an exact KV pool, a small static fraction, no CUDA graphs.
+    assert _flag(argv, "--max-total-tokens") == "2048" and float(_flag(argv, "--mem-fraction-static")) <= 0.1
+    assert "--disable-cuda-graph" in argv and "--enable-metrics" in argv
+    # Nothing that JIT-compiles with nvcc (FlashInfer's kernels are not in the GPU wheelhouse).
+    assert _flag(argv, "--attention-backend") == "triton" and _flag(argv, "--sampling-backend") == "pytorch"
+
+
+def test_sidecar_plan_runs_two_servers_two_sidecars_and_the_frontend_on_one_gpu(tmp_path: Path) -> None:
+    case = _case("dynamo", {"engine": "sglang", "max_model_len": 1024})
+    plan = get_arm("dynamo").plan(_ctx(case, tmp_path))
+    by_role = {p.role: p for p in plan.processes}
+    assert list(by_role) == ["prefill", "decode", "prefill_sidecar", "decode_sidecar", "frontend"]
+    assert len(set(plan.ports.values())) == len(plan.ports)  # every port the allocator's, none shared
+    assert set(ENGINE_PORTS["sglang"]) <= set(plan.ports)
+    bootstrap = str(plan.ports["SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"])
+    for role in ("prefill", "decode"):
+        server, sidecar = by_role[role], by_role[f"{role}_sidecar"]
+        _assert_bounded_server(server.argv, tmp_path)
+        assert _flag(server.argv, "--disaggregation-mode") == role
+        assert _flag(server.argv, "--disaggregation-transfer-backend") == "nixl"
+        assert _flag(server.argv, "--disaggregation-bootstrap-port") == bootstrap
+        assert _flag(server.argv, "--context-length") == "1024"
+        grpc = _flag(server.argv, "--grpc-port")
+        assert _flag(server.argv, "--nccl-port") == str(plan.ports[f"SGLANG_{role.upper()}_NCCL_PORT"])
+        assert server.env["CUDA_VISIBLE_DEVICES"] == "2" and server.env["SGLANG_HOST_IP"] == "127.0.0.1"
+        assert server.health[0].url.endswith(f":{_flag(server.argv, '--port')}/health")
+        # The sidecar is the module (ai-dynamo installs no executable of that name), on the server's gRPC port.
+        assert sidecar.argv[:3] == ("/py", "-m", "dynamo.sglang.sidecar")
+        assert _flag(sidecar.argv, "--grpc-endpoint") == f"127.0.0.1:{grpc}"
+        assert _flag(sidecar.argv, "--disaggregation-mode") == role
+        assert _flag(sidecar.argv, "--bootstrap-host") == "127.0.0.1"
+        assert sidecar.start_after == (role,)
+        assert sidecar.env["DYN_SYSTEM_PORT"] == str(plan.ports[f"{role}_system"])
+    assert _flag(by_role["prefill_sidecar"].argv, "--component") == "prefill"
+    (check,) = plan.metrics_checks
+    assert check.url == f"http://127.0.0.1:{plan.ports['SGLANG_PREFILL_HTTP_PORT']}/metrics"
+    assert check.counters == KV_COUNTERS and check.record == str(tmp_path / "metrics-prefill.prom")
+
+
+def test_native_plan_puts_the_proxy_in_front_with_sglang_protocol(tmp_path: Path) -> None:
+    plan = get_arm("sglang_native").plan(_ctx(_case("sglang_native", {}), tmp_path))
+    by_role = {p.role: p for p in plan.processes}
+    assert list(by_role) == ["prefill", "decode", "proxy"]
+    for role in ("prefill", "decode"):
+        _assert_bounded_server(by_role[role].argv, tmp_path)
+        assert _flag(by_role[role].argv, "--disaggregation-mode") == role
+        assert "--grpc-port" not in by_role[role].argv
+    proxy = by_role["proxy"].argv
+    assert proxy[1:3] == ("-m", "matrix.pdproxy") and _flag(proxy, "--protocol") == "sglang"
+    assert _flag(proxy, "--bootstrap-port") == str(plan.ports["SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"])
+    assert _flag(proxy, "--prefill-url") == f"http://127.0.0.1:{plan.ports['SGLANG_PREFILL_HTTP_PORT']}"
+    assert not get_arm("sglang_native").runs_on_cpu(_case("sglang_native", {}))
+
+
+def test_control_runs_plain_servers_that_cannot_transfer(tmp_path: Path) -> None:
+    plan = get_arm("sglang_native").plan(_ctx(_case("sglang_native", {"aggregated_servers": True}), tmp_path))
+    for spec in plan.processes[:2]:
+        assert not any(a.startswith("--disaggregation") for a in spec.argv)
+    assert plan.metrics_checks[0].counters == KV_COUNTERS
+
+
+def test_sglang_request_carries_the_pairing_fields() -> None:
+    body = {"model": "m", "messages": [], "stream": True, "nvext": {"x": 1}, "stream_options": {}}
+    request = sglang_request(body, "127.0.0.1", 4242, 7)
+    assert request["stream"] is False and "nvext" not in request and "stream_options" not in request
+    assert (request["bootstrap_host"], request["bootstrap_port"], request["bootstrap_room"]) == ("127.0.0.1", 4242, 7)
+    assert body["stream"] is True  # the client's body is not changed
+
+
+# --- the proxy's SGLang protocol over real loopback HTTP --------------------------------------------------
+
+
+class _Pair:
+    """Two loopback servers that behave like an SGLang P/D pair: each half of a request waits until the
+    other half of the same bootstrap room has arrived (as SGLang's prefill waits for decode's slots)."""
+
+    def __init__(self, wait_s: float = 5.0) -> None:
+        self.arrived: dict[tuple[str, int], threading.Event] = {}
+        self.bodies: dict[str, dict[str, object]] = {}
+        self.lock = threading.Lock()
+        self.wait_s = wait_s
+        self.servers = {role: ThreadingHTTPServer(("127.0.0.1", 0), self._handler(role)) for role in ("p", "d")}
+        for server in self.servers.values():
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def event(self, role: str, room: int) -> threading.Event:
+        with self.lock:
+            return self.arrived.setdefault((role, room), threading.Event())
+
+    def url(self, role: str) -> str:
+        return f"http://127.0.0.1:{self.servers[role].server_address[1]}"
+
+    def _handler(self, role: str) -> type[BaseHTTPRequestHandler]:
+        pair = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                pair.bodies[role] = body
+                room = int(body["bootstrap_room"])
+                pair.event(role, room).set()
+                other = "d" if role == "p" else "p"
+                paired = pair.event(other, room).wait(pair.wait_s)
+                answer: dict[str, object] = {"choices": [{"message": {"content": "" if role == "p" else "two words"}}]}
+                status = 200 if paired else 500
+                if not paired:
+                    answer = {"error": {"message": f"{role}: no peer for room {room}"}}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def proxied_pair() -> Iterator[tuple[_Pair, int]]:
+    pair, port = _Pair(), _free_port()
+    argv = [sys.executable, "-m", "matrix.pdproxy", "--port", str(port), "--prefill-url", pair.url("p"),
+            "--decode-url", pair.url("d"), "--protocol", "sglang", "--bootstrap-port", "4321",
+            "--timeout-s", "10"]  # fmt: skip
+    proxy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/live", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        yield pair, port
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        pair.close()
+
+
+def test_proxy_sends_both_halves_at_once_and_answers_with_decode(proxied_pair: tuple[_Pair, int]) -> None:
+    pair, port = proxied_pair
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=15)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["choices"][0]["message"]["content"] == "two words"  # decode's answer, not prefill's
+    ids = answer["nvext"]["worker_id"]
+    assert ids == {"prefill_worker_id": instance_id("prefill", pair.url("p")),
+                   "decode_worker_id": instance_id("decode", pair.url("d"))}  # fmt: skip
+    prefill, decode = pair.bodies["p"], pair.bodies["d"]
+    assert prefill["bootstrap_room"] == decode["bootstrap_room"]  # one room pairs the halves
+    assert prefill["bootstrap_port"] == 4321 and prefill["bootstrap_host"] == "127.0.0.1"
+    assert 0 <= int(prefill["bootstrap_room"]) < 2**63
+    # A second request gets a fresh room.
+    httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=15)
+    assert pair.bodies["p"]["bootstrap_room"] != prefill["bootstrap_room"]
+
+
+def test_proxy_reports_a_half_that_failed(proxied_pair: tuple[_Pair, int]) -> None:
+    pair, port = proxied_pair
+    pair.wait_s = 0.2
+    pair.event("d", 1)  # nothing special: decode simply never gets a peer when prefill is made to fail
+    pair.servers["p"].shutdown()
+    pair.servers["p"].server_close()
+    response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": []},
+                          timeout=15)  # fmt: skip
+    assert response.status_code >= 500
+    assert "prefill" in response.text
+
+
+# --- the KV-transfer proof on SGLang's own metrics ------------------------------------------------------------
+
+
+def test_kv_proof_counts_finished_transfers_on_recorded_real_metrics() -> None:
+    before = parse_counters((DATA / "sglang-0.5.21-prefill-before.prom").read_text(), KV_COUNTERS)
+    after = parse_counters((DATA / "sglang-0.5.21-prefill-after.prom").read_text(), KV_COUNTERS)
+    assert before[KV_COUNTERS[0]] == 0 and after[KV_COUNTERS[0]] >= 1  # warm-up is not counted, the request is
+    check = MetricsCheck("http://127.0.0.1:1/metrics", KV_COUNTERS)
+    assert judge((check,), [before], [after]) == []
+    control = parse_counters((DATA / "sglang-0.5.21-aggregated.prom").read_text(), KV_COUNTERS)
+    failures = judge((check,), [control], [control])
+    assert [f.name for f in failures] == ["kv_transfer"]
+
+
+def test_settle_keeps_the_scrape_it_judged(tmp_path: Path) -> None:
+    text = "# TYPE sglang:kv_transfer_latency_ms histogram\nsglang:kv_transfer_latency_ms_count{model_name=\"m\"} 1.0\n"
+
+    class Metrics(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        record = tmp_path / "metrics-prefill.prom"
+        check = MetricsCheck(f"http://127.0.0.1:{server.server_address[1]}/metrics", KV_COUNTERS, record=str(record))
+        assert baseline((check,)) == [{KV_COUNTERS[0]: 1.0}]
+        assert (tmp_path / "before-metrics-prefill.prom").read_text() == text
+        before = [{KV_COUNTERS[0]: 0.0}]
+        after = settle((check,), before, window_s=0.5)
+        assert judge((check,), before, after) == [] and record.read_text() == text
+        assert snapshot((check,)) == after
+    finally:
+        server.shutdown()
+        server.server_close()
