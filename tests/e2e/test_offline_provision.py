@@ -26,12 +26,13 @@ from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-# six; requests' requirements without two of them (idna, certifi); requests itself; a file of a wheel.
+# six; requests' requirements without two of them (idna, certifi), resolved together with an idna pin older
+# than the newest; requests itself; a file of a wheel.
 TOY = {
     "kind": "venv",
     "steps": [
         ["six==1.16.0"],
-        {"requirements_of": "requests==2.32.3", "exclude": ["urllib3", "charset-normalizer"]},
+        {"requirements_of": "requests==2.32.3", "exclude": ["urllib3", "charset-normalizer"], "with": ["idna==3.10"]},
         ["--no-deps", "requests==2.32.3"],
         {"extract": "six==1.16.0", "member": "six.py"},
     ],
@@ -124,6 +125,7 @@ def test_manifest_locks_each_step_and_leaves_excluded_names_to_the_host(wheelhou
     steps = lock["steps"]
     assert [f["name"] for f in steps[0]["install"]] == ["six"]
     assert [f["name"] for f in steps[1]["install"]] == ["idna"] and steps[1]["source"]["name"] == "requests"
+    assert steps[1]["install"][0]["version"] == "3.10"  # the step's `with` pin, resolved in the same call
     assert steps[1]["excluded"] == ["certifi"] and lock["excluded"] == ["certifi"]
     assert [f["name"] for f in steps[2]["install"]] == ["requests"]
     assert steps[3]["install"] == [] and steps[3]["source"]["filename"] == "six-1.16.0-py2.py3-none-any.whl"
@@ -155,6 +157,7 @@ def test_offline_provision_builds_from_the_wheelhouse(
     assert set(info["source"]["from_host"]) == {"certifi"}
     frozen = {line.split(" ")[0].split("==")[0].lower() for line in info["freeze"]}
     assert {"six", "idna", "requests"} <= frozen and "certifi" not in frozen  # the host's, not the env's
+    assert any(line.startswith("idna @ ") and "/idna-3.10-" in line for line in info["freeze"])
     assert "offline: provided by the host: certifi" in (path / "provision.log").read_text()
     assert (path / "bin" / "six.py").is_file()
     code = "import requests.certs, idna; print(requests.certs.where())"  # certifi comes from the host

@@ -204,3 +204,19 @@ def test_check_provider_accepts_the_documented_shapes() -> None:
     check_provider({"kind": "container", "image": "nvcr.io/x:1", "engine": "podman", "ipc": "host"}, "c")
     check_provider({"kind": "builtin"}, "b")
     check_provider({}, "default host")
+
+
+def test_requirements_of_with_resolves_more_requirements_in_the_same_step() -> None:
+    step_text = {"requirements_of": "sglang==0.5.21", "exclude": ["cuda-tile"], "with": ["ai-dynamo-runtime==1.6.1"]}
+    recipe = parse_venv({"kind": "venv", "steps": [step_text]}, "sglang-0.5.21")
+    (step,) = recipe.steps
+    assert isinstance(step, RequirementsOfStep) and step.also == ("ai-dynamo-runtime==1.6.1",)
+    assert step.describe() == "requirements of sglang==0.5.21 without cuda-tile with ai-dynamo-runtime==1.6.1"
+    assert step.canonical()["with"] == ["ai-dynamo-runtime==1.6.1"]
+    # Without `with` the canonical form (and so every existing environment's key) is what it was.
+    assert parse_venv(DYNAMO, "a").steps[0].canonical() == {"requirements_of": "ai-dynamo==1.6.1",
+                                                             "exclude": ["aisimulate"]}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"with 'not a req!' is not a requirement"):
+        parse_venv({"kind": "venv", "steps": [{"requirements_of": "x==1", "with": ["not a req!"]}]}, "x")
+    with pytest.raises(ConfigError, match=r"steps\[0\]\.with must be a list of strings"):
+        parse_venv({"kind": "venv", "steps": [{"requirements_of": "x==1", "with": "y==2"}]}, "x")

@@ -57,7 +57,7 @@ def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
         utilization = str(launch.get("gpu_memory_utilization", 0.01))
         return ("--kv-cache-memory-bytes", str(bound["bytes"]), "--gpu-memory-utilization", utilization)
     if engine == "sglang" and "tokens" in bound:
-        graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph") else ()
+        graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph", True) else ()
         return ("--max-total-tokens", str(bound["tokens"]), *graph)
     return ()
 
