@@ -10,6 +10,9 @@
 #                          python tests/gpu/kit.py split WHEELHOUSE CHUNKS; upload CHUNKS/c* into STAGING
 #   there:                 copy the repo somewhere later uploads do not replace, then from that copy
 #                          KIT=STAGING bash tests/gpu/sglang_h200.sh OUTDIR
+#                          (a run longer than one command may last: start it with setsid in the background
+#                          and read its log; to stop it, kill it by pid, since a `pkill -f` pattern written
+#                          on the command line also matches the shell that runs that command line)
 #                          (VERSIONS="0.5.21" runs one version; a runtime whose wheels did not arrive is
 #                          skipped with the missing wheel's name)
 #
@@ -50,8 +53,9 @@ wait
 tail -n 3 "$OUT"/provision-*.txt
 m runtime envs
 
-stamp "what each server imports at start, before any GPU time is spent on a cell"
+stamp "what each server imports at start, before any GPU time is spent on a cell (SMOKE=0 skips)"
 for env in "$MATRIX_HOME"/envs/*/; do
+  [ "${SMOKE:-1}" = 1 ] || break
   [ -x "$env/bin/python" ] || continue
   "$env/bin/python" - <<'PYEOF' 2>&1 | tail -n 4
 import importlib, importlib.metadata as md
@@ -91,9 +95,11 @@ m compare sglang=0.5.18 sglang=0.5.19 | tee "$OUT/compare.txt"
 m compare sglang=0.5.19 sglang=0.5.21 | tee -a "$OUT/compare.txt"
 for v in $VERSIONS; do m gate sglang "$v" | tee -a "$OUT/gate.txt"; done
 m export markdown > "$OUT/summary.md"
+# Each `matrix run` above wrote a report of its own selection; this one is every SGLang row of the database.
+m report --backend sglang --out "$OUT/report"
 
 stamp "anything left?"
-ps -eo pid,args | grep -E "sglang|dynamo|matrix" | grep -v grep || echo "no server, sidecar or matrix process left"
+ps -eo pid,args | grep -E "sglang|dynamo|matrix" | grep -v -e grep -e sglang_h200 || echo "no server, sidecar or matrix process left"
 smi
 tar -czf "$OUT/report.tgz" -C "$OUT" report
 # The recorded /metrics scrapes and the cells' logs; the environments' build logs beside them.

@@ -75,6 +75,8 @@ def test_sidecar_plan_runs_two_servers_two_sidecars_and_the_frontend_on_one_gpu(
         grpc = _flag(server.argv, "--grpc-port")
         assert _flag(server.argv, "--nccl-port") == str(plan.ports[f"SGLANG_{role.upper()}_NCCL_PORT"])
         assert server.env["CUDA_VISIBLE_DEVICES"] == "2" and server.env["SGLANG_HOST_IP"] == "127.0.0.1"
+        assert server.env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"  # a probe must not generate
+        assert "--incremental-streaming-output" in server.argv  # the sidecar refuses a server without it
         assert server.health[0].url.endswith(f":{_flag(server.argv, '--port')}/health")
         # The sidecar is the module (ai-dynamo installs no executable of that name), on the server's gRPC port.
         assert sidecar.argv[:3] == ("/py", "-m", "dynamo.sglang.sidecar")
@@ -243,9 +245,11 @@ def test_kv_proof_counts_finished_transfers_on_recorded_real_metrics() -> None:
     assert before[KV_COUNTERS[0]] == 0 and after[KV_COUNTERS[0]] >= 1  # warm-up is not counted, the request is
     check = MetricsCheck("http://127.0.0.1:1/metrics", KV_COUNTERS)
     assert judge((check,), [before], [after]) == []
-    control = parse_counters((DATA / "sglang-0.5.21-aggregated.prom").read_text(), KV_COUNTERS)
-    failures = judge((check,), [control], [control])
-    assert [f.name for f in failures] == ["kv_transfer"]
+    # Recorded on an H200: the control's plain servers (nothing moved) and SGLang 0.5.18's sidecar cell, whose
+    # prefill died on the gRPC bridge's missing batch_size before any transfer.
+    for name in ("sglang-0.5.21-aggregated.prom", "sglang-0.5.18-sidecar-prefill-failed.prom"):
+        counters = parse_counters((DATA / name).read_text(), KV_COUNTERS)
+        assert [f.name for f in judge((check,), [before], [counters])] == ["kv_transfer"], name
 
 
 def test_settle_keeps_the_scrape_it_judged(tmp_path: Path) -> None:
