@@ -95,10 +95,36 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read catalog file {path}: {exc.strerror}") from None
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already carries "(at line L, column C)".
         raise ConfigError(f"malformed TOML in {path}: {exc}") from None
+    where = _nul_at(data, "")
+    if where is not None:
+        raise ConfigError(
+            f"{path}: {where} contains a NUL character (\\u0000), which no database can store as text; remove it"
+        )
+    return data
+
+
+def _nul_at(value: Any, where: str) -> str | None:
+    """The dotted path of the first string (or key) holding a NUL, else None."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if "\x00" in str(key):
+                return repr(path)
+            found = _nul_at(item, path)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _backend(e: _Entry) -> BackendSpec:

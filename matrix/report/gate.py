@@ -35,7 +35,7 @@ from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
 from matrix.plan import missing_fixes
 from matrix.report.data import AttemptRow, CaseView, RuntimeView, iter_attempt_rows, latest, load_cases, load_runtimes
-from matrix.report.text import clean
+from matrix.report.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
 __all__ = ["KNOWN_RULES", "GateCell", "GateResult", "Policy", "Reason", "WaiverView", "evaluate_gate", "gate_text"]
@@ -302,4 +302,4 @@ def gate_text(result: GateResult) -> str:
     lines.append(f"required cells: {len(result.cells)} ({passed} passed); previous release: {previous}")
     for case, why in result.not_required:
         lines.append(f"  not required: {case}: {why}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
