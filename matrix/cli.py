@@ -203,12 +203,18 @@ def catalog() -> None:
 @catalog.command("sync")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@click.option(
+    "--prune", is_flag=True,
+    help="Also retire catalog rows from other files (or of unknown file) of every kind FILES define that FILES "
+    "do not list: make FILES the whole catalog.",
+)  # fmt: skip
 @pass_app
-def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
+def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) -> None:
     """Load FILES (default: the seed catalog) into the database, idempotently.
 
-    Entries are added or updated; rows of a kind the files define but no longer list are retired
-    (hidden), never deleted, so results keep their meaning. Prints every change.
+    Entries are added or updated; rows that came from FILES but that they no longer list are retired
+    (hidden), never deleted, so results keep their meaning. Rows of other files are left alone unless
+    --prune is given. Prints every change.
     """
     from matrix.catalog.load import default_catalog_files, load_catalog
     from matrix.catalog.sync import sync_catalog
@@ -216,7 +222,7 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
     spec = load_catalog(list(files) or default_catalog_files())
     factory = app.sessions()
     with factory() as session, session.begin():
-        report = sync_catalog(session, spec)
+        report = sync_catalog(session, spec, prune=prune)
         if dry_run:
             session.rollback()
     from matrix.output import echo
