@@ -8,7 +8,9 @@ cell fails for a reason that has nothing to do with it. So the supervisor
 * tags every process with `MATRIX_CELL_ID` in its environment; children inherit it even when they leave
   the group (MPI launchers and `setsid` do), so a sweep over all processes finds them. The same sweep
   lets a later runner clean up after one that was killed outright;
-* verifies after teardown that no tagged process is left and that the cell's ports can be bound again.
+* verifies after teardown that no tagged process is left and that the cell's ports can be bound again;
+* starts a watchdog (`matrix.launch.watchdog`) that kills the cell's processes within moments of the
+  runner's death, even by SIGKILL, so a killed runner leaves nothing running.
 
 Readiness is polled with a short, gently growing interval rather than fixed sleeps, so a ready pair is
 noticed within about 50 ms and a dead one is reported at once, with the end of its log. Once a server
@@ -28,6 +30,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -159,6 +162,7 @@ class Supervisor:
         self._spawned_at: float | None = None
         self._report: TeardownReport | None = None
         self._teardown_lock = threading.Lock()
+        self._watchdog: _Watchdog | None = None
 
     def __enter__(self) -> Supervisor:
         return self
@@ -182,6 +186,7 @@ class Supervisor:
         if self._spawned_at is not None:
             raise RuntimeError("Supervisor.start() may only be called once")
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._watchdog = _Watchdog.start(self._plan.cell_id, self._base_env)
         self._spawned_at = time.monotonic()
         for spec in self._plan.processes:
             if not spec.start_after:
@@ -356,6 +361,8 @@ class Supervisor:
         busy = _busy_ports(self._plan.ports.values(), _PORT_RELEASE_S)
         for child in self._children:
             child.pump.join(timeout=_PUMP_JOIN_S)
+        if self._watchdog is not None:
+            self._watchdog.dismiss()
         return TeardownReport(
             duration_s=time.monotonic() - started,
             exits=exits,
@@ -364,6 +371,50 @@ class Supervisor:
             survivors=survivors,
             busy_ports=busy,
         )
+
+
+class _Watchdog:
+    """The runner's side of a cell's watchdog: the pipe's write end, and the process to reap."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], write_fd: int) -> None:
+        self._popen, self._write_fd = popen, write_fd
+
+    @classmethod
+    def start(cls, cell_id: str, base_env: Mapping[str, str]) -> _Watchdog | None:
+        from matrix.launch import watchdog
+
+        read_fd, write_fd = os.pipe()  # not inheritable: no other child of the runner holds the write end
+        env = {k: v for k, v in base_env.items() if k != CELL_ENV}  # never part of the cell it watches
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-I", watchdog.__file__, str(read_fd), cell_id],
+                pass_fds=(read_fd,), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            os.close(write_fd)
+            return None  # no watchdog: a killed runner's pair waits for the next run's recovery, as before
+        finally:
+            os.close(read_fd)
+        return cls(popen, write_fd)
+
+    def dismiss(self) -> None:
+        """Teardown is done: tell the watchdog to leave without killing, and reap it."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, watchdog_done())
+        with contextlib.suppress(OSError):
+            os.close(self._write_fd)
+        try:
+            self._popen.wait(timeout=_REAP_S)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+def watchdog_done() -> bytes:
+    from matrix.launch.watchdog import DONE
+
+    return DONE
 
 
 def find_cell_processes(cell_id: str) -> list[psutil.Process]:
