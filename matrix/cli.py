@@ -48,9 +48,9 @@ class MatrixGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MatrixError as exc:
-            from matrix.report.text import printable
+            from matrix.report.text import clean
 
-            click.secho(f"error: {printable(str(exc))}", err=True, fg="red")
+            click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
             ctx.exit(exc.exit_code)
 
 
