@@ -48,7 +48,9 @@ class MatrixGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MatrixError as exc:
-            click.secho(f"error: {exc}", err=True, fg="red")
+            from matrix.report.text import clean
+
+            click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
             ctx.exit(exc.exit_code)
 
 
@@ -201,12 +203,18 @@ def catalog() -> None:
 @catalog.command("sync")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Show what would change; write nothing.")
+@click.option(
+    "--prune", is_flag=True,
+    help="Also retire catalog rows from other files (or of unknown file) of every kind FILES define that FILES "
+    "do not list: make FILES the whole catalog.",
+)  # fmt: skip
 @pass_app
-def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
+def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) -> None:
     """Load FILES (default: the seed catalog) into the database, idempotently.
 
-    Entries are added or updated; rows of a kind the files define but no longer list are retired
-    (hidden), never deleted, so results keep their meaning. Prints every change.
+    Entries are added or updated; rows that came from FILES but that they no longer list are retired
+    (hidden), never deleted, so results keep their meaning. Rows of other files are left alone unless
+    --prune is given. Prints every change.
     """
     from matrix.catalog.load import default_catalog_files, load_catalog
     from matrix.catalog.sync import sync_catalog
@@ -214,12 +222,14 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
     spec = load_catalog(list(files) or default_catalog_files())
     factory = app.sessions()
     with factory() as session, session.begin():
-        report = sync_catalog(session, spec)
+        report = sync_catalog(session, spec, prune=prune)
         if dry_run:
             session.rollback()
+    from matrix.output import echo
+
     for change in report.changes:
         detail = f" ({change.detail})" if change.detail else ""
-        click.echo(f"{change.action:>8}  {change.kind:<8} {change.name}{detail}")
+        echo(f"{change.action:>8}  {change.kind:<8} {change.name}{detail}")
     click.echo(("dry run: " if dry_run else "") + report.summary())
 
 
@@ -478,7 +488,9 @@ def run_cmd(
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
     )  # fmt: skip
-    exit_code = run_campaign(app.sessions(), options, echo=click.echo)
+    from matrix.output import echo
+
+    exit_code = run_campaign(app.sessions(), options, echo=echo)
     if results_out is not None:
         from matrix.cli_fanout import write_results_file
 
@@ -530,10 +542,12 @@ def gpus_cmd(as_json: bool) -> None:
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
     """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    from matrix.report.text import clean_data
     from matrix.results import describe_cell, find_cell
 
     row = find_cell(session, cell)
-    details = describe_cell(row)
+    # Redacted and printable like every other exit: the row may predate redaction, or come from a shard.
+    details = clean_data(describe_cell(row))
     if as_json:
         from matrix.output import print_json
 
@@ -542,7 +556,8 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
     for key, value in details.items():
         if key == "checks":
             for check in value:
-                click.echo(f"  check failed: {check['name']}: {check['message']}")
+                if isinstance(check, dict):
+                    click.echo(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
         elif key == "logs":
             for role, path in value.items():
                 click.echo(f"  log {role}: {path}")

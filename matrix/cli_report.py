@@ -180,7 +180,9 @@ def register(cli: click.Group) -> None:
         missing required fix or a cell never run is NO-GO; unexpired waivers excuse failures; a case that
         passed on the previous release (the greatest final version below VERSION; pre-releases and dev
         builds are skipped) and fails now is a regression, which blocks even when waived under the
-        policy's regressions_block. Exit code: 0 GO, 1 NO-GO, 2 bad input.
+        policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
+        not run (or only skipped) with nothing else wrong give INCOMPLETE. Exit code: 0 GO, 1 NO-GO,
+        3 INCOMPLETE, 2 bad input.
         """
         from matrix.report.gate import evaluate_gate, gate_text
 
@@ -197,7 +199,7 @@ def register(cli: click.Group) -> None:
             click.echo(gate_markdown(result), nl=False)
         else:
             click.echo(gate_text(result))
-        raise SystemExit(0 if result.go else 1)
+        raise SystemExit(result.exit_code)
 
     @cli.group("export", cls=MatrixGroup)
     def export() -> None:

@@ -127,6 +127,12 @@ class Selection:
     runtimes: tuple[str, ...] = ()
     strict_markers: bool = True
 
+    def __post_init__(self) -> None:
+        # `-m ""` means no marker filter, as on pytest's command line (an empty CI variable must not
+        # select nothing and pass).
+        if self.marker_expression == "":
+            object.__setattr__(self, "marker_expression", None)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "marker_expression": self.marker_expression,

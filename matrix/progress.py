@@ -14,6 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from matrix.report.text import clean
+
 
 @dataclass(frozen=True)
 class Event:
@@ -35,6 +37,11 @@ class Reporter(Protocol):
 
 
 def _line(event: Event) -> str:
+    """The event as one line; catalog names and process messages cleaned (redacted, control bytes escaped)."""
+    return clean(_raw_line(event))
+
+
+def _raw_line(event: Event) -> str:
     if event.kind == "cell-start":
         return f"{'START':<11} {event.cell} [{event.cell_id}] attempt {event.attempt}"
     if event.kind == "cell-end":
@@ -72,7 +79,7 @@ class JsonReporter:
     def emit(self, event: Event) -> None:
         record = {"ts": round(time.time(), 3), "event": event.kind, **{
             k: v for k, v in (("cell", event.cell), ("cell_id", event.cell_id), ("attempt", event.attempt),
-                              ("status", event.status), ("detail", event.detail)) if v
+                              ("status", event.status), ("detail", clean(event.detail))) if v
         }, **event.data}  # fmt: skip
         with self._lock:
             print(json.dumps(record, default=str), file=self._stream, flush=True)
@@ -121,7 +128,7 @@ class LiveReporter:
         table = Table.grid(padding=(0, 2))
         now = time.monotonic()
         for cell_id, (cell, since) in sorted(self._running.items(), key=lambda kv: kv[1][1]):
-            table.add_row(f"{now - since:6.1f}s", cell, cell_id)
+            table.add_row(f"{now - since:6.1f}s", Text(clean(cell)), cell_id)
         return Group(header, table)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
 from matrix.errors import ConfigError
+from matrix.report.text import clean_data, store_text
 from matrix.runner import CellOutcome
 
 
@@ -19,10 +20,12 @@ def _u64(value: int | None) -> str | None:
 
 
 def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
+    # Text a process produced is redacted and made printable before it is stored: secrets never reach
+    # the database, and no NUL or escape code reaches a backend, a terminal or a page later.
     row.status = outcome.status
     row.failure_kind = outcome.failure_kind
-    row.message = outcome.message
-    row.checks = [{"name": c.name, "message": c.message} for c in outcome.checks]
+    row.message = store_text(outcome.message)
+    row.checks = [{"name": store_text(c.name), "message": store_text(c.message)} for c in outcome.checks]
     row.ready_s = outcome.ready_s
     row.request_s = outcome.request_s
     row.ttft_s = outcome.ttft_s
@@ -32,12 +35,12 @@ def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
     row.decode_worker_id = _u64(outcome.decode_worker_id)
     row.prompt_tokens = outcome.prompt_tokens
     row.completion_tokens = outcome.completion_tokens
-    row.finish_reason = outcome.finish_reason
-    row.completion_excerpt = outcome.completion_excerpt
+    row.finish_reason = store_text(outcome.finish_reason)[:32] if outcome.finish_reason is not None else None
+    row.completion_excerpt = store_text(outcome.completion_excerpt)
     row.ports = dict(outcome.ports)
     row.exit_codes = dict(outcome.exit_codes)
     row.log_dir = outcome.log_dir or row.log_dir
-    row.components = dict(outcome.components)
+    row.components = clean_data(dict(outcome.components))  # versions a host's tools printed
     row.gpu = dict(outcome.gpu)
     row.peaks = dict(outcome.peaks)
     row.expected_failure = outcome.expected_failure

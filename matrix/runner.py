@@ -269,7 +269,11 @@ def _start_and_query(
     if not ready.ok:
         status = "timeout" if ready.kind == "timeout" else "failed"
         kind = "startup" if ready.kind == "startup" else "health"
-        message = ready.message + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
+        message = (
+            ready.message
+            + (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "")
+            + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
+        )
         # No ready time: the pair never got ready (a timeout would otherwise read as a 120 s start-up).
         return CellOutcome(status, kind, message)
     return _request(plan, ready.ready_s)

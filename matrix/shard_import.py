@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
 from matrix.errors import ConfigError
+from matrix.report.text import clean
 from matrix.schedule.scheduler import attempt_log_dir
 from matrix.shard_results import OUTCOME_FIELDS, ShardAttempt, ShardCampaign, ShardResults, to_utc
 
@@ -191,7 +192,7 @@ def _write_logs(directory: Path, attempt: ShardAttempt, host: str) -> None:
         if size > len(tail.encode("utf-8")):
             text = (
                 f"[matrix import: the last part of {role}.log ({size} bytes) as {host or 'the runner'} had it in "
-                f"{attempt.source_log_dir}]\n{tail}"
+                f"{clean(attempt.source_log_dir)}]\n{tail}"
             )
         (directory / f"{role}.log").write_text(text, encoding="utf-8")
 
@@ -245,7 +246,9 @@ def import_results(session: Session, files: Sequence[ShardResults], logs_root: P
                 number = max(numbers) + 1
                 summary.renumbered += 1
             numbers.add(number)
-            log_dir = a.source_log_dir
+            # Only what the shard carried is ever read for this attempt: its source host's log directory
+            # names a place on another machine (or anything at all), so it is never kept as the log dir.
+            log_dir = ""
             if a.logs:
                 directory = attempt_log_dir(logs_root / f"campaign-{summary.id}", a.key, a.uid)
                 _write_logs(directory, a, a.outcome["owner_host"])

@@ -29,6 +29,7 @@ from matrix import __version__
 from matrix.db.models import FINISHED_STATUSES, Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout import cell_id, check_campaign_key
+from matrix.report.text import clean, clean_data
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
@@ -94,6 +95,21 @@ _CAMPAIGN_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+# Outcome fields that hold text a process produced: cleaned (redacted, printable) on the way out and in.
+_TEXT_FIELDS = ("message", "completion_excerpt", "expected_failure", "owner_host")
+
+
+def clean_outcome_text(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The free-text fields of an outcome (message, checks, completion...) redacted and printable."""
+    cleaned: dict[str, Any] = {name: clean(outcome[name]) for name in _TEXT_FIELDS if isinstance(outcome[name], str)}
+    cleaned["checks"] = clean_data(outcome["checks"])
+    for name in ("finish_reason", "failure_kind"):
+        if isinstance(outcome[name], str):
+            cleaned[name] = clean(outcome[name])[:32]
+    cleaned["components"] = clean_data(outcome["components"])
+    return cleaned
+
+
 def to_utc(value: dt.datetime | None) -> dt.datetime | None:
     """SQLite hands back naive datetimes that were written as UTC; make every value aware UTC."""
     if value is None:
@@ -122,7 +138,8 @@ def log_tails(log_dir: str, limit: int = LOG_TAIL_BYTES) -> dict[str, dict[str, 
             data = fh.read(limit)
         if size > limit and b"\n" in data:
             data = data[data.index(b"\n") + 1 :]  # start at a whole line
-        tails[path.stem] = {"tail": data.decode("utf-8", errors="replace"), "bytes": size}
+        # Redacted and printable: the file is a CI artifact, readable by whoever reads the run.
+        tails[path.stem] = {"tail": clean(data.decode("utf-8", errors="replace")), "bytes": size}
     return tails
 
 
@@ -139,6 +156,7 @@ def _cell_entry(row: CellRun) -> dict[str, Any]:
     for name in OUTCOME_FIELDS:
         value = getattr(row, name)
         entry[name] = _iso(value) if name in _TIME_FIELDS else value
+    entry.update(clean_outcome_text(entry))  # rows stored before redaction existed are cleaned here
     entry["source_log_dir"] = row.log_dir
     entry["logs"] = log_tails(row.log_dir, LOG_TAIL_BYTES_OK if row.status in ("passed", "skipped") else LOG_TAIL_BYTES)
     return entry
@@ -279,13 +297,15 @@ def _attempt(path: Path, index: int, data: Any) -> ShardAttempt:
     for name, types in OUTCOME_FIELDS.items():
         if float in types and isinstance(outcome[name], int):
             outcome[name] = float(outcome[name])
+    # A shard from another host (or an older matrix) is redacted before anything of it is stored.
+    outcome.update(clean_outcome_text(outcome))
     logs: dict[str, tuple[str, int]] = {}
     for role, log in data["logs"].items():
         if not isinstance(log, dict) or not isinstance(log.get("tail"), str) or type(log.get("bytes")) is not int:
             raise _fail(path, f"{where}: logs[{role!r}] must be an object with a string 'tail' and an int 'bytes'")
-        if not role or "/" in role or "\\" in role or role.startswith("."):
+        if not role or "/" in role or "\\" in role or role.startswith(".") or not role.isprintable():
             raise _fail(path, f"{where}: log name {role!r} is not a plain file name")
-        logs[role] = (log["tail"], log["bytes"])
+        logs[role] = (clean(log["tail"]), log["bytes"])
     return ShardAttempt(
         data["case"], data["backend"], data["runtime_version"], data["attempt"], data["uid"], outcome,
         data["source_log_dir"], logs,

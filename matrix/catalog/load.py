@@ -95,10 +95,36 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read catalog file {path}: {exc.strerror}") from None
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already carries "(at line L, column C)".
         raise ConfigError(f"malformed TOML in {path}: {exc}") from None
+    where = _nul_at(data, "")
+    if where is not None:
+        raise ConfigError(
+            f"{path}: {where} contains a NUL character (\\u0000), which no database can store as text; remove it"
+        )
+    return data
+
+
+def _nul_at(value: Any, where: str) -> str | None:
+    """The dotted path of the first string (or key) holding a NUL, else None."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if "\x00" in str(key):
+                return repr(path)
+            found = _nul_at(item, path)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _backend(e: _Entry) -> BackendSpec:
@@ -274,6 +300,8 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
         raise ConfigError("no catalog files given")
     for path in paths:
         doc = _read_toml(path)
+        source = source_id(path)
+        spec.files.add(source)
         unknown = sorted(set(doc) - set(_SECTIONS))
         if unknown:
             raise ConfigError(
@@ -287,10 +315,32 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
             spec.kinds.add(kind)
             for index, raw in enumerate(items):
                 entry = _Entry(path, kind, index, raw)
-                getattr(spec, attr).append(parser(entry))
+                parsed = parser(entry)
+                getattr(spec, attr).append(parsed)
                 entry.finish()
+                spec.sources[(kind, natural_key(kind, parsed))] = source
     _reject_duplicates(spec)
     return spec
+
+
+def source_id(path: Path) -> str:
+    """How a catalog file is recorded on the rows it defines: its file name.
+
+    The name, not the path: a checkout moves (CI work directories differ per run), and a copy of the seed
+    catalog edited elsewhere (`cases.toml`) is meant to take over the rows the seed's `cases.toml` defined.
+    """
+    return path.name
+
+
+def natural_key(kind: str, entry: Any) -> Any:
+    """The key sync matches rows by: a name, (backend, version) of a runtime, (case, spec) of a waiver."""
+    if kind == "runtime":
+        return (entry.backend, entry.version)
+    if kind == "waiver":
+        return (entry.case, entry.runtime_spec)
+    if kind == "fix":
+        return entry.key
+    return entry.name
 
 
 def _reject_duplicates(spec: CatalogSpec) -> None:

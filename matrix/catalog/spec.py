@@ -99,3 +99,7 @@ class CatalogSpec:
     gates: list[GateSpec] = field(default_factory=list)
     waivers: list[WaiverSpec] = field(default_factory=list)
     kinds: set[str] = field(default_factory=set)
+    # The source of every entry, by (kind, natural key), and the sources of the files read (see
+    # `matrix.catalog.load.source_id`): sync records a row's source and retires only rows of these files.
+    sources: dict[tuple[str, Any], str] = field(default_factory=dict)
+    files: set[str] = field(default_factory=set)

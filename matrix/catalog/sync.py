@@ -1,9 +1,12 @@
 """Apply a validated `CatalogSpec` to the database idempotently.
 
 Rows are matched by their natural key (backend name, backend+version, marker name, fix key, case name,
-gate name). Entries that are new are added, entries that differ are updated, and rows of a kind the files
-define but no longer list are *retired* (hidden from plans and lists), never deleted: results keep
-pointing at them. Runtimes and markers added from the command line (`source = "cli"`) are left alone.
+gate name). Entries that are new are added, entries that differ are updated, and rows that came from
+the files being synced but that they no longer list are *retired* (hidden from plans and lists), never
+deleted: results keep pointing at them. Each row records its file (`source_file`), so syncing one file
+never retires what another file (the seed catalog, say) defined. `prune=True` (`--prune`) retires every
+catalog row of a kind the files define that they do not list, whatever its file. Runtimes and markers
+added from the command line (`source = "cli"`) are left alone either way.
 """
 
 from __future__ import annotations
@@ -66,21 +69,27 @@ def _update(row: object, values: Mapping[str, Any]) -> list[str]:
 
 
 class _Syncer:
-    def __init__(self, session: Session, spec: CatalogSpec) -> None:
-        self.session, self.spec, self.report = session, spec, SyncReport()
+    def __init__(self, session: Session, spec: CatalogSpec, *, prune: bool = False) -> None:
+        self.session, self.spec, self.report, self.prune = session, spec, SyncReport(), prune
 
     def record(self, action: str, kind: str, name: str, detail: str = "") -> None:
         self.report.changes.append(Change(action, kind, name, detail))
 
     def upsert(
-        self, kind: str, name: str, existing: RowT | None, make: Callable[[], RowT], values: Mapping[str, Any]
-    ) -> RowT:
+        self, kind: str, name: str, existing: RowT | None, make: Callable[[], RowT], values: Mapping[str, Any],
+        key: Any = None,
+    ) -> RowT:  # fmt: skip
+        # Where the entry comes from is bookkeeping, not a change worth printing.
+        source = self.spec.sources.get((kind, name if key is None else key), "")
         if existing is None:
             row = make()
             _update(row, values)
+            row.source_file = source  # type: ignore[attr-defined]
             self.session.add(row)
             self.record("added", kind, name)
             return row
+        if getattr(existing, "source_file", source) != source:
+            existing.source_file = source  # type: ignore[attr-defined]
         changed = _update(existing, values)
         if getattr(existing, "retired", False):
             existing.retired = False  # type: ignore[attr-defined]
@@ -92,13 +101,16 @@ class _Syncer:
     def retire_missing(
         self, kind: str, rows: Iterable[Any], keep: set[Any], key: Callable[[Any], Any]
     ) -> None:
-        if kind not in self.spec.kinds:
+        if self.prune and kind not in self.spec.kinds:
             return
         for row in rows:
             if row.retired or key(row) in keep or getattr(row, "source", "catalog") != "catalog":
                 continue
+            if not self.prune and row.source_file not in self.spec.files:
+                continue  # defined by another file (or before sources were recorded): not this sync's to retire
             row.retired = True
-            self.record("retired", kind, str(key(row)))
+            name = key(row)
+            self.record("retired", kind, " ".join(name).strip() if isinstance(name, tuple) else str(name))
 
     # --- kinds, in dependency order -------------------------------------------------------------
     def backends(self) -> dict[str, Backend]:
@@ -147,7 +159,7 @@ class _Syncer:
         for r in self.spec.runtimes:
             backend = _lookup(backends, r.backend, "backend", f"runtime {r.backend} {r.version}")
             row = self.upsert(
-                "runtime", f"{r.backend} {r.version}", rows.get(r.key), Runtime, _runtime_values(r, backend)
+                "runtime", f"{r.backend} {r.version}", rows.get(r.key), Runtime, _runtime_values(r, backend), r.key
             )
             rows[r.key] = row
             if _sync_components(row, r.components) and self.report.changes[-1:] != [
@@ -211,6 +223,7 @@ class _Syncer:
                 by_key.get((w.case, w.runtime_spec)),
                 Waiver,
                 values,
+                (w.case, w.runtime_spec),
             )
         keep = {(w.case, w.runtime_spec) for w in self.spec.waivers}
         self.retire_missing("waiver", rows, keep, lambda r: (r.case.name, r.runtime_spec))
@@ -306,9 +319,12 @@ def _flush(row: object) -> None:
         session.flush()
 
 
-def sync_catalog(session: Session, spec: CatalogSpec) -> SyncReport:
-    """Apply `spec`; raises ConfigError (and the caller rolls back) on any cross-reference problem."""
-    syncer = _Syncer(session, spec)
+def sync_catalog(session: Session, spec: CatalogSpec, *, prune: bool = False) -> SyncReport:
+    """Apply `spec`; raises ConfigError (and the caller rolls back) on any cross-reference problem.
+
+    `prune` retires every catalog row of the kinds the files define that they do not list, not only
+    rows that came from these files."""
+    syncer = _Syncer(session, spec, prune=prune)
     backends = syncer.backends()
     markers = syncer.markers()
     fixes = syncer.fixes()

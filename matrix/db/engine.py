@@ -123,7 +123,9 @@ def create_db_engine(url: str) -> Engine:
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+    from matrix.db.textguard import install
+
+    return install(sessionmaker(engine, expire_on_commit=False))
 
 
 @contextmanager

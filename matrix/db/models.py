@@ -52,6 +52,9 @@ class Backend(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     description: Mapped[str] = mapped_column(Text, default="")
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     runtimes: Mapped[list[Runtime]] = relationship(back_populates="backend")
 
@@ -68,6 +71,9 @@ class Runtime(Base):
     provider: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
     notes: Mapped[str] = mapped_column(Text, default="")
     # "catalog" rows are owned by `matrix catalog sync`; "cli" rows were added by hand and sync leaves them.
     source: Mapped[str] = mapped_column(String(16), default="catalog")
@@ -103,6 +109,9 @@ class Marker(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     parametrised: Mapped[bool] = mapped_column(Boolean, default=False)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
     source: Mapped[str] = mapped_column(String(16), default="catalog")
 
 
@@ -117,6 +126,9 @@ class Fix(Base):
     link: Mapped[str] = mapped_column(Text, default="")
     description: Mapped[str] = mapped_column(Text, default="")
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class Case(Base):
@@ -142,6 +154,9 @@ class Case(Base):
     weights_gib: Mapped[float] = mapped_column(Float, default=0.0)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     backend: Mapped[Backend] = relationship()
     markers: Mapped[list[CaseMarker]] = relationship(
@@ -186,6 +201,9 @@ class GatePolicy(Base):
     # e.g. {"flaky_blocks": false, "regressions_block": true}
     rules: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class Waiver(Base):
@@ -199,6 +217,9 @@ class Waiver(Base):
     link: Mapped[str] = mapped_column(Text, default="")
     expires: Mapped[dt.date | None] = mapped_column(Date, nullable=True)
     retired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
+    # rows that came from files of the names it is given.
+    source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     case: Mapped[Case] = relationship()
 

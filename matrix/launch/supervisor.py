@@ -8,10 +8,17 @@ cell fails for a reason that has nothing to do with it. So the supervisor
 * tags every process with `MATRIX_CELL_ID` in its environment; children inherit it even when they leave
   the group (MPI launchers and `setsid` do), so a sweep over all processes finds them. The same sweep
   lets a later runner clean up after one that was killed outright;
-* verifies after teardown that no tagged process is left and that the cell's ports can be bound again.
+* verifies after teardown that no tagged process is left and that the cell's ports can be bound again;
+* starts a watchdog (`matrix.launch.watchdog`) that kills the cell's processes within moments of the
+  runner's death, even by SIGKILL, so a killed runner leaves nothing running.
 
 Readiness is polled with a short, gently growing interval rather than fixed sleeps, so a ready pair is
-noticed within about 50 ms and a dead one is reported at once, with the end of its log.
+noticed within about 50 ms and a dead one is reported at once, with the end of its log. Once a server
+answers HTTP (but is not ready yet) it is asked only every half second: engines log each request, and
+50 ms probes would fill the log's tail with them. A failure message carries the error lines of the whole
+log (ERROR, Traceback, panic, "Failed to"...) before its tail, so the cause survives a chatty process. A
+process that logs a fatal error (FATAL, CRITICAL, a panic, an ERROR that failed to do something) and is
+still not ready a few seconds later fails the start-up at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +62,21 @@ _REAP_S = 5.0
 _PUMP_JOIN_S = 2.0
 _MAX_LINE_BYTES = 65_536  # progress bars redraw with "\r" and may never end a line
 _TAIL_BYTES = 262_144
+# Once a probe gets an HTTP answer, ask at most this often: each request is a log line in most engines.
+_POLL_ANSWERED_S = 0.5
+# Error lines taken from the whole log into a failure message; the log is read up to this many bytes.
+ERROR_LINES = 20
+_ERROR_SCAN_BYTES = 64 * 1024 * 1024
+_ERROR_LINE_CHARS = 500
+ERROR_LINE = re.compile(
+    rb"\b(?:ERROR|CRITICAL|FATAL)\b|Traceback \(most recent call last\)|\bpanic(?:ked)?\b|[Ff]ailed to |"
+    rb"\b\w*(?:Error|Exception): |\berror: "
+)
+# A line that says the process cannot work. ERROR alone is not enough (engines log recoverable errors
+# while they wait for a peer); a fatal line only fails the start-up if no readiness followed in
+# FATAL_GRACE_S, so a process that recovers is not failed early.
+FATAL_LINE = re.compile(rb"\b(?:FATAL|CRITICAL)\b|panicked at|\bpanic: |\bERROR\b.*[Ff]ailed to ")
+FATAL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +98,7 @@ class ReadyResult:
     message: str
     ready_s: float
     log_tail: str
+    error_lines: str = ""  # the error lines of the whole log of the processes concerned
 
 
 @dataclass(frozen=True)
@@ -93,12 +118,26 @@ class TeardownReport:
         return not self.survivors and not self.busy_ports
 
 
+class _FatalWatch:
+    """The first fatal line a process printed, and when (set by its log pump, read by `wait_ready`)."""
+
+    def __init__(self) -> None:
+        self.line: str = ""
+        self.at: float | None = None
+
+    def see(self, line: bytes) -> None:
+        if self.at is None and FATAL_LINE.search(line):
+            self.line = line.decode("utf-8", errors="replace").strip()[:_ERROR_LINE_CHARS]
+            self.at = time.monotonic()
+
+
 @dataclass
 class _Child:
     spec: ProcessSpec
     popen: subprocess.Popen[bytes]
     log_path: Path
     pump: threading.Thread
+    fatal: _FatalWatch
 
     @property
     def role(self) -> str:
@@ -123,6 +162,7 @@ class Supervisor:
         self._spawned_at: float | None = None
         self._report: TeardownReport | None = None
         self._teardown_lock = threading.Lock()
+        self._watchdog: _Watchdog | None = None
 
     def __enter__(self) -> Supervisor:
         return self
@@ -146,6 +186,7 @@ class Supervisor:
         if self._spawned_at is not None:
             raise RuntimeError("Supervisor.start() may only be called once")
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._watchdog = _Watchdog.start(self._plan.cell_id, self._base_env)
         self._spawned_at = time.monotonic()
         for spec in self._plan.processes:
             if not spec.start_after:
@@ -180,8 +221,11 @@ class Supervisor:
             raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
         # Owned at once, so an interruption from here on still ends in this process's teardown.
         assert popen.stdout is not None  # stdout=PIPE
-        pump = threading.Thread(target=_pump, args=(popen.stdout, log), name=f"log-{spec.role}", daemon=True)
-        self._children.append(_Child(spec, popen, log_path, pump))
+        fatal = _FatalWatch()
+        pump = threading.Thread(
+            target=_pump, args=(popen.stdout, log, fatal.see), name=f"log-{spec.role}", daemon=True
+        )
+        self._children.append(_Child(spec, popen, log_path, pump, fatal))
         _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
         pump.start()
 
@@ -221,7 +265,13 @@ class Supervisor:
                 dead = next((child for child in self._children if child.popen.poll() is not None), None)
                 if dead is not None:
                     return self._died(dead)
-                last_answer = _advance(client, pending, deadline) or last_answer
+                doomed = next((child for child in self._children if _fatal_due(child)), None)
+                if doomed is not None:
+                    return self._fatal(doomed)
+                answer = _advance(client, pending, deadline)
+                last_answer = answer or last_answer
+                # A server that answers but is not ready yet is asked less often (see the module docstring).
+                cap = _POLL_ANSWERED_S if answer is not None and answer.startswith("HTTP ") else _POLL_MAX_S
                 if not pending and deferred:
                     healthy = {child.role for child in self._children}
                     # Never empty: the first deferred process only waits on earlier roles, all started.
@@ -238,6 +288,8 @@ class Supervisor:
                     return ReadyResult(True, None, "ready", self._elapsed(), "")
                 if time.monotonic() >= deadline:
                     return self._timed_out(*pending[0], last_answer)
+                if cap != _POLL_MAX_S:
+                    delay = cap
                 time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay = min(delay * _POLL_GROWTH, _POLL_MAX_S)
 
@@ -248,7 +300,17 @@ class Supervisor:
         code = child.popen.returncode
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         message = f"{child.role} {how} before it was ready"
-        return ReadyResult(False, "startup", message, self._elapsed(), _tail(child.log_path))
+        return ReadyResult(
+            False, "startup", message, self._elapsed(), _tail(child.log_path), error_lines(child.log_path)
+        )
+
+    def _fatal(self, child: _Child) -> ReadyResult:
+        message = (
+            f"{child.role} logged a fatal error and was still not ready {FATAL_GRACE_S:g} s later: {child.fatal.line}"
+        )
+        return ReadyResult(
+            False, "startup", message, self._elapsed(), _tail(child.log_path), error_lines(child.log_path)
+        )
 
     def _timed_out(self, owner: _Child | None, probe: HealthProbe, last_answer: str) -> ReadyResult:
         message = (
@@ -258,9 +320,11 @@ class Supervisor:
         # A plan-level probe (e.g. the frontend's model list) may wait on any process: show them all.
         stuck = [owner] if owner is not None else self._children
         tails = [_tail(child.log_path) for child in stuck]
+        errors = [error_lines(child.log_path) for child in self._children]  # the cause may be anywhere
+        errors = [f"==> {child.role} <==\n{e}" for child, e in zip(self._children, errors, strict=True) if e]
         if owner is None:
             tails = [f"==> {child.role} <==\n{tail}" for child, tail in zip(stuck, tails, strict=True)]
-        return ReadyResult(False, "timeout", message, self._elapsed(), "\n".join(tails))
+        return ReadyResult(False, "timeout", message, self._elapsed(), "\n".join(tails), "\n".join(errors))
 
     def _elapsed(self) -> float:
         assert self._spawned_at is not None
@@ -297,6 +361,8 @@ class Supervisor:
         busy = _busy_ports(self._plan.ports.values(), _PORT_RELEASE_S)
         for child in self._children:
             child.pump.join(timeout=_PUMP_JOIN_S)
+        if self._watchdog is not None:
+            self._watchdog.dismiss()
         return TeardownReport(
             duration_s=time.monotonic() - started,
             exits=exits,
@@ -305,6 +371,50 @@ class Supervisor:
             survivors=survivors,
             busy_ports=busy,
         )
+
+
+class _Watchdog:
+    """The runner's side of a cell's watchdog: the pipe's write end, and the process to reap."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], write_fd: int) -> None:
+        self._popen, self._write_fd = popen, write_fd
+
+    @classmethod
+    def start(cls, cell_id: str, base_env: Mapping[str, str]) -> _Watchdog | None:
+        from matrix.launch import watchdog
+
+        read_fd, write_fd = os.pipe()  # not inheritable: no other child of the runner holds the write end
+        env = {k: v for k, v in base_env.items() if k != CELL_ENV}  # never part of the cell it watches
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-I", watchdog.__file__, str(read_fd), cell_id],
+                pass_fds=(read_fd,), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            os.close(write_fd)
+            return None  # no watchdog: a killed runner's pair waits for the next run's recovery, as before
+        finally:
+            os.close(read_fd)
+        return cls(popen, write_fd)
+
+    def dismiss(self) -> None:
+        """Teardown is done: tell the watchdog to leave without killing, and reap it."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, watchdog_done())
+        with contextlib.suppress(OSError):
+            os.close(self._write_fd)
+        try:
+            self._popen.wait(timeout=_REAP_S)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+
+
+def watchdog_done() -> bytes:
+    from matrix.launch.watchdog import DONE
+
+    return DONE
 
 
 def find_cell_processes(cell_id: str) -> list[psutil.Process]:
@@ -349,12 +459,44 @@ def _write_line(sink: IO[bytes], text: str) -> None:
     sink.flush()
 
 
-def _pump(source: IO[bytes], sink: IO[bytes]) -> None:
+def _pump(source: IO[bytes], sink: IO[bytes], see: Callable[[bytes], None] | None = None) -> None:
     """Copy a process's output to its log, one timestamped line at a time, until end-of-file."""
     with source, sink:
         for line in iter(lambda: source.readline(_MAX_LINE_BYTES), b""):
             sink.write(_timestamp().encode() + b" " + line.rstrip(b"\n") + b"\n")
             sink.flush()  # so a log tail read while the process runs is current
+            if see is not None:
+                see(line)
+
+
+def _fatal_due(child: _Child) -> bool:
+    at = child.fatal.at
+    return at is not None and time.monotonic() - at >= FATAL_GRACE_S
+
+
+def error_lines(path: Path, limit: int = ERROR_LINES) -> str:
+    """The first `limit` error lines of the whole log (and how many more there were), for a failure message.
+
+    A process that logs its fatal error once and then one line per request (Dynamo's frontend answering
+    probes) pushes the cause out of any tail; these lines keep it. Long lines are cut.
+    """
+    found: list[str] = []
+    more = 0
+    try:
+        with path.open("rb") as handle:
+            for number, line in enumerate(iter(lambda: handle.readline(_MAX_LINE_BYTES + 64), b"")):
+                if handle.tell() > _ERROR_SCAN_BYTES:
+                    break
+                if not ERROR_LINE.search(line) or line.find(b" [matrix] ") in range(0, 40):
+                    continue
+                if len(found) < limit:
+                    text = line.decode("utf-8", errors="replace").rstrip()
+                    found.append(f"line {number + 1}: {text[:_ERROR_LINE_CHARS]}")
+                else:
+                    more += 1
+    except OSError:
+        return ""
+    return "\n".join(found) + (f"\n... and {more} more error line(s)" if more else "")
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

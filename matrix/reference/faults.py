@@ -26,6 +26,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "kv-transfer-dropped": "the prefill side channel closes mid-transfer, so decode answers 502",
     "ignore-sigterm": "every process ignores SIGTERM, so only SIGKILL stops it",
     "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
+    "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
+    "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
 
 FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
@@ -38,6 +40,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "kv-transfer-dropped",
     "escaped-child",
     "ignore-sigterm",
+    "hostile-output",
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"one-token-completion", "ignore-sigterm"}
 FRONTEND_FAULTS: frozenset[str] = frozenset(
@@ -49,6 +52,7 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "non-json-body",
         "oversized-body",
         "ignore-sigterm",
+        "hostile-output",
     }
 )
 

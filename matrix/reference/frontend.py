@@ -192,6 +192,10 @@ class FrontendApp:
         prefill_id = prefill.get("prefill_worker_id")
         decode_id = prefill_id if "same-worker-id" in faults else decode.get("decode_worker_id")
         text = "" if "empty-completion" in faults else str(decode.get("text", ""))
+        if "hostile-output" in faults:
+            from matrix.reference.hostile import COMPLETION
+
+            text = COMPLETION
         finish = "abort" if "bad-finish-reason" in faults else decode.get("finish_reason", "length")
         prompt_tokens = int(prefill.get("prompt_tokens", 0))
         completion_tokens = int(decode.get("completion_tokens", 0))

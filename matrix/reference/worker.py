@@ -201,6 +201,15 @@ def _spawn_escaped_child(log: EventLog) -> None:
     log(f"spawned escaped child pid={child.pid} in a new session (fault escaped-child)")
 
 
+def _write_hostile() -> None:
+    """Fault hostile-output: the raw lines, straight to stdout (the supervisor's pipe), NUL and all."""
+    from matrix.reference.hostile import LOG_LINES
+
+    for line in LOG_LINES:
+        sys.stdout.buffer.write(line.encode("utf-8", errors="surrogatepass") + b"\n")
+    sys.stdout.buffer.flush()
+
+
 def _first_start() -> bool:
     """True the first time for the state file named by $MATRIX_REFERENCE_STATE (which this creates)."""
     state = os.environ.get(STATE_ENV)
@@ -225,6 +234,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         f"faults={','.join(sorted(faults)) or '-'}")  # fmt: skip
     if "ignore-sigterm" in faults:
         log("ignoring SIGTERM (fault ignore-sigterm)")
+    if "hostile-output" in faults:
+        _write_hostile()
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
         return 1

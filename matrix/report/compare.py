@@ -14,7 +14,15 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import FAILED_STATUSES, CellRun
 from matrix.errors import ConfigError
-from matrix.report.data import AttemptRow, CaseView, RuntimeView, iter_attempt_rows, load_cases, load_runtimes
+from matrix.report.data import (
+    UNINFORMATIVE_STATUSES,
+    AttemptRow,
+    CaseView,
+    RuntimeView,
+    iter_attempt_rows,
+    load_cases,
+    load_runtimes,
+)
 from matrix.versions import parse_version
 
 __all__ = [
@@ -126,6 +134,8 @@ def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Out
         if runtime is None:
             continue
         current = chosen.get(attempt.case_id)
+        if current is not None and attempt.status in UNINFORMATIVE_STATUSES and current.attempt.finished:
+            continue  # a skip never replaces a result
         if attempt.finished or current is None or not current.attempt.finished:
             chosen[attempt.case_id] = Outcome(runtime, attempt)
     return chosen

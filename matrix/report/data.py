@@ -261,13 +261,41 @@ def _aware(value: dt.datetime) -> dt.datetime:
 A = TypeVar("A", AttemptRow, AttemptDetail)
 
 
+# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
+# never started. A later one never hides an earlier pass or failure.
+UNINFORMATIVE_STATUSES = frozenset({"skipped", "not-run"})
+
+
 def latest(attempts: Sequence[A]) -> A | None:
-    """The attempt that stands for a cell: the newest finished one, else the newest (still running)."""
+    """The attempt that stands for a cell: the newest informative finished one (a pass or a failure), else
+    the newest finished one (a skip), else the newest (still running).
+
+    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
+    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
+    """
+    fallback: A | None = None
     for index in range(len(attempts) - 1, -1, -1):
         attempt: A = attempts[index]
         if attempt.status in FINISHED_STATUSES:
-            return attempt
+            if attempt.status not in UNINFORMATIVE_STATUSES:
+                return attempt
+            fallback = fallback or attempt
+    if fallback is not None:
+        return fallback
     return attempts[len(attempts) - 1] if attempts else None  # still running (or pending)
+
+
+def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
+    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
+    if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
+        return None
+    for index in range(len(attempts) - 1, -1, -1):
+        attempt: A = attempts[index]
+        if attempt is chosen:
+            return None
+        if attempt.status in UNINFORMATIVE_STATUSES:
+            return attempt
+    return None
 
 
 @dataclass
@@ -284,6 +312,11 @@ class Cell:
     def latest(self) -> AttemptRow | None:
         """The attempt that stands for the cell (computed once: attempts are complete after loading)."""
         return latest(self.attempts)
+
+    @functools.cached_property
+    def later_skip(self) -> AttemptRow | None:
+        """A skip (or not-run) after the attempt that stands for the cell, if any."""
+        return later_skip(self.attempts, self.latest)
 
     @property
     def key(self) -> str:

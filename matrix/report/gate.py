@@ -5,8 +5,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
 
 1. A required fix the runtime's components lack blocks, before anything has run; waivers do not
    excuse it (the catalog knows the runtime is broken for this case).
-2. The latest finished attempt (any campaign) must pass. No attempt, or one that was skipped, not run
-   or still running, blocks as *not run*; waivers do not excuse it (nothing shows how it behaves).
+2. The latest informative attempt (any campaign) must pass: a skipped or never-started attempt proves
+   nothing, so it never replaces an earlier pass or failure (it is reported beside it, with its reason).
+   No informative attempt (never run, only skipped, still running) leaves the cell *not run*; waivers do
+   not excuse it (nothing shows how it behaves).
 3. A failed attempt blocks unless a waiver for the case admits the version (its `runtime_spec`, empty
    meaning every version) and has not expired. A waiver is valid through its `expires` day (UTC);
    an expired one is reported and excuses nothing.
@@ -17,13 +19,17 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    default) a regression blocks even when a waiver covers its failure.
 5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
 
-A policy that selects no case for the runtime is NO-GO: nothing shows that the release works.
+The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
+when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
+and ask again); else GO. A GO where not every required cell passed (failures excused by waivers) says
+so on its first line. A policy that selects no case for the runtime is NO-GO: nothing shows that the
+release works. `matrix gate` exits 0 for GO, 1 for NO-GO, 3 for INCOMPLETE and 2 for bad input.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +40,29 @@ from matrix.db.models import FAILED_STATUSES, CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
 from matrix.plan import missing_fixes
-from matrix.report.data import AttemptRow, CaseView, RuntimeView, iter_attempt_rows, latest, load_cases, load_runtimes
-from matrix.report.text import clean
+from matrix.report.data import (
+    UNINFORMATIVE_STATUSES,
+    AttemptRow,
+    CaseView,
+    RuntimeView,
+    iter_attempt_rows,
+    later_skip,
+    latest,
+    load_cases,
+    load_runtimes,
+)
+from matrix.report.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
-__all__ = ["KNOWN_RULES", "GateCell", "GateResult", "Policy", "Reason", "WaiverView", "evaluate_gate", "gate_text"]
+__all__ = [
+    "EXIT_CODES", "KNOWN_RULES", "GateCell", "GateResult", "Policy", "Reason", "WaiverView", "evaluate_gate",
+    "gate_text",
+]  # fmt: skip
+
+# `matrix gate` exit code per verdict (2 is bad input, as for every command).
+EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3}
+# Blocking findings that mean "evidence missing" rather than "something is wrong".
+INCOMPLETE_KINDS = frozenset({"not-run"})
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
 KNOWN_RULES: Mapping[str, bool] = {"flaky_blocks": False, "regressions_block": True}
@@ -79,6 +103,7 @@ class Reason:
     """One finding. `blocking` findings make the gate NO-GO; the others are reported for the record."""
 
     # missing-fix | not-run | failed | regression | flaky | waived | waiver-expired | unexpected-pass | no-cases
+    # | skipped-later (a skip after the attempt that decides: reported, never blocking)
     kind: str
     case: str
     message: str
@@ -117,12 +142,39 @@ class GateResult:
         return not any(r.blocking for r in self.reasons)
 
     @property
+    def incomplete(self) -> bool:
+        """Only missing evidence blocks: no finding says the runtime is wrong."""
+        blocking = [r for r in self.reasons if r.blocking]
+        return bool(blocking) and all(r.kind in INCOMPLETE_KINDS for r in blocking)
+
+    @property
     def verdict(self) -> str:
-        return "GO" if self.go else "NO-GO"
+        return "GO" if self.go else "INCOMPLETE" if self.incomplete else "NO-GO"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def passed(self) -> int:
+        return sum(1 for c in self.cells if c.status == "passed")
+
+    @property
+    def caveat(self) -> str:
+        """Why a GO is lenient (not every required cell passed), else ""."""
+        if not self.go or self.passed == len(self.cells):
+            return ""
+        waived = sum(1 for r in self.reasons if r.kind == "waived")
+        return (f"lenient: only {self.passed} of {len(self.cells)} required cells passed; "
+                f"{waived} failure(s) excused by waivers")  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "caveat": self.caveat,
+            "required": len(self.cells),
+            "passed": self.passed,
             "backend": self.runtime.backend,
             "version": self.runtime.version,
             "policy": {"name": self.policy.name, "expression": self.policy.expression,
@@ -221,15 +273,21 @@ def evaluate_gate(
     ):
         waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
 
+    skips = _skip_messages(session, history.values())
     reasons: list[Reason] = []
     cells: list[GateCell] = []
     for case in required:
-        now = latest(history.get((case.id, runtime.id), []))
+        attempts = history.get((case.id, runtime.id), [])
+        now = latest(attempts)
         before = latest(history.get((case.id, previous.id), [])) if previous else None
         applicable = [w for w in waivers.get(case.id, []) if w.admits(runtime.version)]
         valid = next((w for w in applicable if not w.expired(today)), None)
         expired = tuple(w for w in applicable if w.expired(today))
-        found = _judge(case, runtime, previous, policy, now, before, valid, expired)
+        found = _judge(case, runtime, previous, policy, now, before, valid, expired, skips)
+        skip = later_skip(attempts, now)
+        if skip is not None and now is not None:
+            found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
+                                f"attempt of campaign {now.campaign_id}, which decides: a skip proves nothing", False))
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
         cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found)))
@@ -250,6 +308,7 @@ def _judge(
     before: AttemptRow | None,
     waiver: WaiverView | None,
     expired: tuple[WaiverView, ...],
+    skips: Mapping[int, str],
 ) -> list[Reason]:
     """Every finding for one required cell."""
     name = case.name
@@ -257,7 +316,12 @@ def _judge(
     for w in expired:
         found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
     if now is None or (now.status != "passed" and now.status not in FAILED_STATUSES):
-        what = "never run" if now is None else f"latest attempt is {now.status} (campaign {now.campaign_id})"
+        if now is None:
+            what = "never run"
+        elif now.status in UNINFORMATIVE_STATUSES:
+            what = f"latest attempt {_skip_text(now, skips)}"
+        else:
+            what = f"latest attempt is {now.status} (campaign {now.campaign_id})"
         found.append(Reason("not-run", name, f"not run on {runtime.label}: {what}", True))
         return found
     if now.status == "passed":
@@ -286,20 +350,40 @@ def _judge(
     return found
 
 
+def _skip_messages(session: Session, histories: Iterable[Sequence[AttemptRow]]) -> dict[int, str]:
+    """Attempt id -> message of every skipped or not-run attempt (their reasons: "needs 1 GPU, host has 0")."""
+    ids = [a.id for attempts in histories for a in attempts if a.status in UNINFORMATIVE_STATUSES]
+    found: dict[int, str] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for attempt_id, message in session.execute(select(CellRun.id, CellRun.message).where(CellRun.id.in_(chunk))):
+            found[attempt_id] = message
+    return found
+
+
+def _skip_text(attempt: AttemptRow, skips: Mapping[int, str]) -> str:
+    reason = clean(skips.get(attempt.id, "")).strip().splitlines()
+    why = f": {reason[0]}" if reason else ""
+    return f"was {attempt.status} (campaign {attempt.campaign_id}){why}"
+
+
 def gate_text(result: GateResult) -> str:
     """The verdict and every reason, for a terminal."""
     policy = result.policy
+    caveat = f" ({result.caveat})" if result.caveat else ""
     lines = [
-        f"{result.verdict}: {result.runtime.backend} {result.runtime.version} under policy {policy.name} "
+        f"{result.verdict}{caveat}: {result.runtime.backend} {result.runtime.version} under policy {policy.name} "
         f"({policy.expression})",
     ]
     for reason in result.reasons:
         mark = "x" if reason.blocking else "-"
         subject = f"{reason.case}: " if reason.case else ""
         lines.append(f"  {mark} {reason.kind:<15} {subject}{reason.message}")
-    passed = sum(1 for c in result.cells if c.status == "passed")
     previous = result.previous.version if result.previous else "none"
-    lines.append(f"required cells: {len(result.cells)} ({passed} passed); previous release: {previous}")
+    lines.append(f"required cells: {len(result.cells)} ({result.passed} passed); previous release: {previous}")
+    if result.incomplete:
+        lines.append("INCOMPLETE: no finding says the runtime is wrong, but required cells have not run: run them "
+                     "(on a host that can) and ask again")  # fmt: skip
     for case, why in result.not_required:
         lines.append(f"  not required: {case}: {why}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from matrix.db.models import FAILED_STATUSES
 from matrix.report.data import AttemptDetail, Cell, Results, RuntimeView, latest, load_details
 from matrix.report.fmt import fmt_time
-from matrix.report.text import clean, log_tails, shorten
+from matrix.report.text import clean, log_tails, printable, shorten
 
 __all__ = ["junit_xml"]
 
@@ -77,7 +77,7 @@ def _system_out(attempt: AttemptDetail, cell: Cell) -> str:
     for tail in log_tails(attempt.log_dir, max_lines=TAIL_LINES, max_bytes=TAIL_BYTES):
         cut = f" of {tail.size} bytes" if tail.truncated else ""
         parts.append(f"----- {tail.name}.log: last {tail.lines} line(s){cut} -----\n{tail.text}")
-    return "\n".join(parts)
+    return printable("\n".join(parts))  # the cell key holds catalog names
 
 
 def _testcase(suite: ET.Element, cell: Cell, attempts: Sequence[AttemptDetail]) -> str:

@@ -103,9 +103,13 @@ def _failure_row(cell: Cell) -> list[str]:
 def gate_markdown(result: GateResult) -> str:
     """The gate's verdict, every reason and the required cells."""
     runtime, policy = result.runtime, result.policy
-    icon = "GO" if result.go else "NO-GO"
+    caveat = f" ({md(result.caveat)})" if result.caveat else ""
     lines = [
-        f"## Release gate: **{icon}** for {md(runtime.backend)} {md(runtime.version)}",
+        f"## Release gate: **{result.verdict}**{caveat} for {md(runtime.backend)} {md(runtime.version)}",
+        "",
+        f"Required cells: {len(result.cells)} ({result.passed} passed)."
+        + (" Required cells have not run and nothing found is wrong: run them and ask again." if result.incomplete
+           else ""),
         "",
         f"Policy `{md(policy.name)}`: {md(policy.expression)} (flaky_blocks {str(policy.flaky_blocks).lower()}, "
         f"regressions_block {str(policy.regressions_block).lower()}); previous release "

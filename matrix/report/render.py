@@ -24,7 +24,8 @@ from matrix.report.compare import Comparison, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult
-from matrix.report.text import clean, log_tails
+from matrix.report.redact import redact_pair
+from matrix.report.text import clean, log_tails, printable
 from matrix.report.views import (
     STATUS_LABELS,
     CampaignSummary,
@@ -47,6 +48,9 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        # Every printed value is made printable first (control bytes as visible escapes), so a catalog
+        # name or note carrying NUL or ESC reaches no page raw; autoescaping then makes it inert.
+        finalize=_printable,
     )
     env.filters["seconds"] = fmt_seconds
     env.filters["ratio"] = fmt_ratio
@@ -55,6 +59,10 @@ def environment() -> Environment:
     env.globals["cell_href"] = _cell_href
     env.globals["matrix_version"] = __version__
     return env
+
+
+def _printable(value: Any) -> Any:
+    return printable(value) if isinstance(value, str) else value
 
 
 def _cell_href(runtime: RuntimeView, case: Any) -> str:
@@ -146,7 +154,8 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
         _write(env, "runtime.html", out_dir / links.runtime_page(runtime.backend, runtime.version), {
             "runtime": runtime,
             "components": sorted(runtime.components.items()),
-            "provider": [(k, clean(v)) for k, v in flatten(runtime.provider)],
+            # Names and values are shown apart, so the name decides too: env.HF_TOKEN hides its whole value.
+            "provider": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(runtime.provider)],
             "totals": status_counts(cells),
             "cells": cell_views(cells, details),
         })  # fmt: skip
@@ -155,7 +164,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
         statuses = [st for st in STATUS_LABELS if summary.counts[st]]
         _write(env, "campaign.html", out_dir / links.campaign_page(campaign.id), {
             **_campaign_context(campaign),
-            "selection": [(k, clean(v)) for k, v in flatten(campaign.selection) if k != "cells"],
+            "selection": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(campaign.selection) if k != "cells"],
             "totals": [(st, status_label(st), summary.counts[st]) for st in statuses],
             "statuses": [(st, status_label(st)) for st in statuses],
             "by_runtime": [(label, [counts[st] for st in statuses]) for label, counts in summary.by_runtime.items()],

@@ -12,10 +12,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from matrix.report.redact import redact
 
-__all__ = ["LogTail", "clean", "log_tails", "printable", "read_tail", "shorten"]
+__all__ = ["LogTail", "clean", "clean_data", "log_tails", "printable", "read_tail", "shorten", "store_text"]
 
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
@@ -48,8 +49,32 @@ def printable(text: str) -> str:
 
 
 def clean(text: str | None) -> str:
-    """Redacted and printable: what every rendered piece of untrusted text goes through."""
-    return printable(redact(text or ""))
+    """Redacted and printable: what every printed or rendered piece of untrusted text goes through.
+
+    Escape codes go first, so one inside a secret (``HF_TOKEN=\\x1b[0mhf_...``) cannot shield it.
+    """
+    if not text:
+        return ""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return printable(redact(text))
+
+
+def clean_data(value: Any) -> Any:
+    """`value` (JSON-like: dicts, lists, strings, numbers) with every string and key `clean`ed."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {clean(str(k)): clean_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_data(v) for v in value]
+    return value
+
+
+def store_text(text: str | None) -> str:
+    """What the database keeps of text a process produced: `clean`, so no secret and no control byte is
+    ever stored (PostgreSQL refuses NUL in text and JSON; the rest would reach terminals later)."""
+    return clean(text)
 
 
 def shorten(text: str, limit: int) -> str:

@@ -116,6 +116,11 @@ def _grid_cell(cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded
         notes.append("flaky")
     if last.unexpected_pass:
         notes.append("unexpected pass")
+    skip = cell.later_skip
+    if skip is not None:
+        # The skip stands beside the result it did not replace.
+        notes.append(f"then {status_label(skip.status).lower()}")
+        detail += f"; later {skip.status} in campaign {skip.campaign_id} (proves nothing)"
     runs = len(cell.attempts)
     # A plain first-try pass needs no tooltip; leaving it out keeps a 100,000-cell grid a third smaller.
     plain = last.status == "passed" and runs == 1 and not notes

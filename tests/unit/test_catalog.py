@@ -220,3 +220,44 @@ def test_unopenable_database_url(matrix: Matrix, tmp_path: Path) -> None:
     result = matrix("--db", "postgresql://matrix:hunter2@127.0.0.1:1/matrix", "plan")
     assert result.exit_code == 2
     assert "hunter2" not in result.output
+
+
+MY_RUNTIMES = """
+[[runtime]]
+backend = "reference"
+version = "0.5.0"
+provider = { kind = "builtin" }
+"""
+
+
+def _active_runtimes(m: Matrix) -> set[str]:
+    return {f"{b}={v}" for b, v in m.sql(
+        "SELECT backend.name, runtime.version FROM runtime JOIN backend ON backend.id = backend_id "
+        "WHERE NOT runtime.retired")}  # fmt: skip
+
+
+@pytest.mark.all_databases
+def test_sync_retires_only_rows_from_the_files_it_is_given(seeded: Matrix, tmp_path: Path) -> None:
+    """[M11] item 11: a user's file and the seed catalog never retire each other's rows; --prune does."""
+    seed = _active_runtimes(seeded)
+    mine = tmp_path / "my-runtimes.toml"
+    mine.write_text(MY_RUNTIMES)
+    result = seeded("catalog", "sync", str(mine))
+    assert result.exit_code == 0, result.output
+    assert "retired" not in result.output and "added  runtime  reference 0.5.0" in result.output
+    assert _active_runtimes(seeded) == seed | {"reference=0.5.0"}
+    again = seeded("catalog", "sync")  # the seed catalog alone: the user's runtime stays
+    assert again.exit_code == 0 and again.output.strip() == "0 changes", again.output
+    assert _active_runtimes(seeded) == seed | {"reference=0.5.0"}
+    assert seeded.sql("SELECT source_file FROM runtime WHERE version = '0.5.0'") == [("my-runtimes.toml",)]
+    # The file drops its entry: that row, and only that row, is retired.
+    mine.write_text("[[runtime]]\nbackend = \"reference\"\nversion = \"0.6.0\"\nprovider = { kind = \"builtin\" }\n")
+    result = seeded("catalog", "sync", str(mine))
+    assert "retired  runtime  reference 0.5.0" in result.output and result.output.count("retired  ") == 1
+    # A full prune is explicit: every runtime the file does not list goes.
+    before = seeded.dump()
+    dry = seeded("catalog", "sync", "--prune", "--dry-run", str(mine))
+    assert dry.exit_code == 0 and dry.output.count("retired  runtime") == len(seed)
+    assert seeded.dump() == before
+    assert seeded("catalog", "sync", "--prune", str(mine)).exit_code == 0
+    assert _active_runtimes(seeded) == {"reference=0.6.0"}

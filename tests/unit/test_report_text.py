@@ -8,7 +8,7 @@ import pytest
 
 from matrix.report.links import external_url, runtime_page, slug
 from matrix.report.markdown import md
-from matrix.report.redact import redact
+from matrix.report.redact import redact, redact_pair
 from matrix.report.text import clean, printable, read_tail
 
 
@@ -24,15 +24,47 @@ from matrix.report.text import clean, printable, read_tail
         ("Authorization: Bearer abc.def", "Authorization: Bearer ***"),
         ("password: hunter2", "password: ***"),
         ("db_password=pw1;", "db_password=***;"),
+        # Value shapes: well-known token formats wherever they stand, prefix kept ([M11] item 4).
+        ("bare hf_abcdefghijklmnop1234 in a line", "bare hf_*** in a line"),
+        ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_***"),
+        ("token github_pat_11ABCDEFG0_abcdefghijklmnop.", "token github_pat_***."),
+        ("client(sk-proj-abcdefghijklmnop1234)", "client(sk-proj-***)"),
+        ("key id AKIAIOSFODNN7EXAMPLE here", "key id AKIA*** here"),
+        ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "Authorization: Basic ***"),
+        ("{'authorization': 'Token abc123'}", "{'authorization': 'Token ***'}"),
+        # Secret words anywhere in a name.
+        ("MY_SECRET_VALUE=hunter2 x", "MY_SECRET_VALUE=*** x"),
+        ("HF_TOKEN_2=abc", "HF_TOKEN_2=***"),
+        ("AWS_CREDENTIALS: abc", "AWS_CREDENTIALS: ***"),
+        ("HF_TOKEN=\x1b[0mhf_abcdefghijkl", "HF_TOKEN=***"),
     ],
 )
 def test_redact_hides_secret_values(text: str, expected: str) -> None:
-    assert redact(text) == expected
+    assert clean(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown"),
+    [
+        ("env.HF_TOKEN", "hf_x", "***"),  # [M11] item 1: a name and value shown apart
+        ("env.DEPLOY_PASSWORD", "plain", "***"),
+        ("env.API_KEY", "abc", "***"),
+        ("env.MAX_TOKENS", "16", "16"),
+        ("env.NOTE", "hf_abcdefghijklmnop", "hf_***"),
+        ("python", "/usr/bin/python3", "/usr/bin/python3"),
+    ],
+)
+def test_redact_pair_judges_the_name_too(name: str, value: str, shown: str) -> None:
+    assert redact_pair(name, value) == shown
 
 
 @pytest.mark.parametrize(
     "text",
-    ["completion_tokens=64 prompt_tokens=91", "fix key: vllm#54814", "https://example.org/a:b@c", "ports: {'a': 1}"],
+    [
+        "completion_tokens=64 prompt_tokens=91", "fix key: vllm#54814", "https://example.org/a:b@c", "ports: {'a': 1}",
+        "max_num_batched_tokens=2048", "tokenizer='Qwen/Qwen3-0.6B'", "task-abcdefghijklmnop", "Basic setup done",
+        "disk-usage-abcdefghijk",
+    ],
 )
 def test_redact_leaves_ordinary_text_alone(text: str) -> None:
     assert redact(text) == text

@@ -1,0 +1,70 @@
+"""[M11] item 14: a runner killed with SIGKILL leaves nothing running: its cells' watchdogs kill the pairs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import DATA, Matrix
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+HANGING = """
+[[case]]
+name = "hanging_pair"
+backend = "reference"
+arm = "reference"
+model = "matrix-reference-tiny"
+markers = ["e2e", "gpu_0"]
+startup_timeout_s = 60
+request_timeout_s = 30
+launch = { faults = ["hang-at-start"] }
+"""
+
+
+def cell_processes(home: Path) -> list[psutil.Process]:
+    """Processes of this test's cells: they carry a MATRIX_CELL_ID and this test's MATRIX_HOME."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_sigkilled_runner_leaves_no_process_after_two_seconds(matrix: Matrix) -> None:
+    extra = matrix.home / "hanging.toml"
+    extra.write_text(HANGING)
+    assert matrix("catalog", "sync", *map(str, sorted(DATA.glob("*.toml"))), str(extra)).exit_code == 0
+    runner = matrix.popen("run", "--case", "hanging_pair", "--runtime", "reference=0.1.0", "-j", "2", "--no-report")
+    try:
+        deadline = time.monotonic() + 60
+        while len(cell_processes(matrix.home)) < 3:  # frontend, prefill and decode, all hanging
+            assert runner.poll() is None and time.monotonic() < deadline, "the pair never started"
+            time.sleep(0.1)
+        pair = cell_processes(matrix.home)
+        watchdogs = [p for p in psutil.Process(runner.pid).children() if "watchdog.py" in " ".join(p.cmdline())]
+        assert len(watchdogs) == 1, "one watchdog per running cell"
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+        killed_at = time.monotonic()
+        while cell_processes(matrix.home) and time.monotonic() - killed_at < 2.0:
+            time.sleep(0.05)
+        survivors = cell_processes(matrix.home)
+        assert survivors == [], f"{len(survivors)} of {len(pair)} processes survived the runner by 2 s"
+        psutil.wait_procs(watchdogs, timeout=2)  # the watchdog's job is done: it exits too
+        assert not any(w.is_running() and w.status() != "zombie" for w in watchdogs)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        for proc in cell_processes(matrix.home):
+            proc.kill()

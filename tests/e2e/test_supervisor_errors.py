@@ -1,0 +1,77 @@
+"""[M11] item 12: failures name their cause even when a process keeps talking after it.
+
+A process that logs its fatal error once and then a line per request (Dynamo 1.1.1-1.3.1's frontend)
+pushes the cause out of any log tail: the error lines of the whole log go into the failure message, the
+start-up fails once the fatal line has stood for a few seconds without readiness (not after the whole
+timeout), and a server that answers is probed every half second, not every 50 ms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from matrix.launch.plan import HealthProbe, ProcessSpec
+from matrix.launch.supervisor import FATAL_GRACE_S, LOG_TAIL_LINES, Supervisor
+from tests.e2e.test_supervisor import make_plan, models_probe, ports  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# Logs a fatal model error once, then serves an empty model list forever, logging every request.
+CHATTY_SERVER = textwrap.dedent("""
+    import http.server, json, sys, time
+    print("ERROR dynamo_llm::discovery: Failed to load model 'Qwen/Qwen3-0.6B': config.json not found", flush=True)
+    for i in range(%d):
+        print(f"INFO dynamo_runtime: heartbeat {i}", flush=True)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": []}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            print(f"http response sent status=200 at={time.monotonic():.4f}", flush=True)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""") % (LOG_TAIL_LINES * 2)
+
+
+def test_a_fatal_line_fails_the_start_fast_and_is_in_the_message(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+    server = ProcessSpec(role="frontend", argv=(sys.executable, "-c", CHATTY_SERVER, str(ports[0])))
+    plan = make_plan((server,), ports, ready_probes=(models_probe(ports[0]),), startup_timeout_s=100.0)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        ready = sup.wait_ready()
+    assert not ready.ok and ready.kind == "startup", ready  # not a timeout after 100 s
+    assert f"frontend logged a fatal error and was still not ready {FATAL_GRACE_S:g} s later" in ready.message
+    assert "Failed to load model 'Qwen/Qwen3-0.6B'" in ready.message
+    assert "Failed to load model" in ready.error_lines and "heartbeat" not in ready.error_lines
+    assert "Failed to load model" not in ready.log_tail  # the tail alone would have lost it
+    # Probes of a server that answers come at least half a second apart (one log line each).
+    log = (tmp_path / "logs" / "frontend.log").read_text()
+    times = [float(m[1]) for m in re.finditer(r"http response sent status=200 at=([0-9.]+)$", log, re.MULTILINE)]
+    assert len(times) >= 3
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.4, times
+
+
+def test_a_crash_message_carries_the_traceback_from_the_whole_log(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+    code = (
+        "import sys\n"
+        "print('Traceback (most recent call last):')\n"
+        "print('  File \"engine.py\", line 1, in <module>')\n"
+        "print('ValueError: boom: the real cause')\n"
+        f"for i in range({LOG_TAIL_LINES * 3}): print(f'shutting down worker {{i}}')\n"
+        "sys.exit(1)\n"
+    )
+    health = (HealthProbe(f"http://127.0.0.1:{ports[0]}/health"),)  # never answers: the exit decides
+    plan = make_plan((ProcessSpec(role="decode", argv=(sys.executable, "-c", code), health=health),), ports)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        ready = sup.wait_ready()
+    assert ready.kind == "startup" and "exited with code 1" in ready.message
+    assert "Traceback (most recent call last)" in ready.error_lines
+    assert "ValueError: boom: the real cause" in ready.error_lines
+    assert "ValueError" not in ready.log_tail
