@@ -1,4 +1,4 @@
-"""The report in a real browser: Debian's headless Chromium loads every page type from file://.
+"""The report in a real browser: Playwright drives Debian's headless Chromium over every page type from file://.
 
 Each page must load with no console error, no exception and no request other than its own file (the
 pages are self-contained), contain no script element even though the results hold hostile text, and
@@ -14,13 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.cdp import Browser, chromium_path
+from tests.browser.conftest import HEIGHT, WIDTH, Tab
 from tests.conftest import DATA, Matrix
-
-pytestmark = pytest.mark.skipif(
-    chromium_path() is None, reason="chromium is not installed (Debian: apt-get install -y chromium)"
-)
-
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 HOSTILE = "<script>alert('pwned')</script> \"quoted\" <img src=x onerror=alert(1)> \x1b[31mred\x1b[0m"
@@ -95,14 +90,8 @@ PAGES = {
 }
 
 
-@pytest.fixture(scope="module")
-def browser() -> Browser:
-    with Browser(width=1400, height=900) as b:
-        yield b  # type: ignore[misc]
-
-
 @pytest.mark.parametrize("kind", sorted(PAGES))
-def test_page_loads_clean_and_self_contained(report: Path, browser: Browser, kind: str) -> None:
+def test_page_loads_clean_and_self_contained(report: Path, browser: Tab, kind: str) -> None:
     page = browser.load((report / PAGES[kind]).as_uri())
     assert page.errors == [], page.errors
     assert page.requests and all(url.startswith("file://") for url in page.requests), page.requests
@@ -112,11 +101,11 @@ def test_page_loads_clean_and_self_contained(report: Path, browser: Browser, kin
     )
     assert counts == [0, 0, 0]
     shot = browser.screenshot(ARTIFACTS / f"{kind}.png")
-    assert png_size(shot) == (1400, 900)
+    assert png_size(shot) == (WIDTH, HEIGHT)
     assert len(shot) > 10_000  # not a blank page
 
 
-def test_index_screenshot_shows_the_grid(report: Path, browser: Browser) -> None:
+def test_index_screenshot_shows_the_grid(report: Path, browser: Tab) -> None:
     browser.load((report / "index.html").as_uri())
     grid = browser.evaluate(
         """(() => { const t = document.querySelector('table.grid'); const r = t.getBoundingClientRect();
@@ -125,14 +114,14 @@ def test_index_screenshot_shows_the_grid(report: Path, browser: Browser) -> None
                 svg: t.querySelectorAll('svg polyline').length,
                 colour: getComputedStyle(t.querySelector('td.st-passed')).backgroundColor}; })()"""
     )
-    assert 0 <= grid["top"] < 900 and grid["width"] > 200 and grid["height"] > 40  # on the first screen
+    assert 0 <= grid["top"] < HEIGHT and grid["width"] > 200 and grid["height"] > 40  # on the first screen
     assert "PASS" in grid["labels"] and "FAIL" in grid["labels"]
     assert grid["svg"] >= 2
     assert grid["colour"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")  # the status is coloured too
     browser.screenshot(ARTIFACTS / "index-full.png", full_page=True)
 
 
-def test_hostile_text_renders_as_text(report: Path, browser: Browser) -> None:
+def test_hostile_text_renders_as_text(report: Path, browser: Tab) -> None:
     browser.load((report / PAGES["runtime"]).as_uri())
     text = browser.evaluate("document.body.innerText")
     assert "<script>alert('pwned')</script>" in text
@@ -142,7 +131,7 @@ def test_hostile_text_renders_as_text(report: Path, browser: Browser) -> None:
     browser.screenshot(ARTIFACTS / "runtime-logs-open.png")
 
 
-def test_the_harness_sees_console_errors_and_external_requests(tmp_path: Path, browser: Browser) -> None:
+def test_the_harness_sees_console_errors_and_external_requests(tmp_path: Path, browser: Tab) -> None:
     """The checks above mean something only if a broken page fails them."""
     bad = tmp_path / "bad.html"
     bad.write_text(
