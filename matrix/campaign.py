@@ -226,12 +226,13 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         cells = _cells_with_latest(session, campaign)
         chosen = []
         for cell, attempt, status in cells:
-            if options.resume is not None and status == "pending":  # never started: claim that row
+            if status == "pending":  # never started (its runner died first): claim that row
                 chosen.append((cell, attempt, False))
             elif options.resume is not None and status in ("", "interrupted", "not-run"):
                 chosen.append((cell, attempt + 1, False))
             elif options.rerun_failed is not None and status in FAILED_STATUSES:
-                chosen.append((cell, attempt + 1, True))
+                # An interruption says nothing about the cell: passing after one is not flaky.
+                chosen.append((cell, attempt + 1, status != "interrupted"))
         campaign.status = "running"
         campaign.finished_at = None
         # The resuming runner owns the campaign now, so recovery elsewhere does not mark it interrupted.

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
@@ -50,6 +51,20 @@ class MatrixGroup(click.Group):
         except MatrixError as exc:
             click.secho(f"error: {exc}", err=True, fg="red")
             ctx.exit(exc.exit_code)
+        except SQLAlchemyError as exc:
+            # A write the database refused as read-only is the user's to fix; anything else is a bug.
+            error = _read_only(ctx, exc)
+            if error is None:
+                raise
+            click.secho(f"error: {error}", err=True, fg="red")
+            ctx.exit(error.exit_code)
+
+
+def _read_only(ctx: click.Context, exc: SQLAlchemyError) -> MatrixError | None:
+    from matrix.db.engine import read_only_error, resolve_url
+
+    app = ctx.find_object(App)
+    return read_only_error(exc, resolve_url(app.db_url if app else None))
 
 
 pass_app = click.make_pass_decorator(App)
@@ -451,6 +466,7 @@ def run_cmd(
     from matrix.cli_runtime import provision_source
     from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
+    from matrix.paths import usable_dir
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
@@ -470,6 +486,10 @@ def run_cmd(
 
         check_results_path(results_out)
     source = provision_source(find_links, offline)  # checked before a campaign exists
+    if logs_dir is not None:
+        usable_dir(logs_dir, "--logs-dir")
+    if report and report_dir is not None:
+        usable_dir(report_dir, "--report-dir")
     ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
