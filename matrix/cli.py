@@ -235,6 +235,10 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool) -> None:
     for change in report.changes:
         detail = f" ({change.detail})" if change.detail else ""
         click.echo(f"{change.action:>8}  {change.kind:<8} {change.name}{detail}")
+    if report.relocated:
+        # Not a change of the catalog: its files are read from another place (e.g. an editable checkout now).
+        where = ", ".join(sorted({c.source_dir for c in spec.cases if c.name in report.relocated}))
+        click.echo(f"note: {len(report.relocated)} case(s) now read their launch files from {where}")
     click.echo(("dry run: " if dry_run else "") + report.summary())
 
 
@@ -276,11 +280,19 @@ def runtime() -> None:
 @click.option("--tag", help="Release tag (default: v + VERSION).")
 @click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
 @click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
-@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin"]))
+@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin", "venv"]))
+@click.option("--pip", multiple=True, metavar="ARGS",
+              help="venv: one `pip install ARGS` step, e.g. --pip 'ai-dynamo==1.6.1'. Repeatable, in order.")
+@click.option("--python", metavar="VERSION", help="venv: the interpreter, e.g. 3.11 (default: matrix's own).")
 @click.option("--notes", default="")
 @with_session
 def runtime_add(session: Session, **kw: Any) -> None:
-    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`."""
+    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`.
+
+    \b
+    A venv runtime, built by `matrix runtime provision` or `matrix run`:
+      matrix runtime add dynamo 1.7.0 --provider venv --pip 'ai-dynamo==1.7.0' --component ai-dynamo=1.7.0
+    """
     from matrix.catalog.edit import add_runtime
 
     row = add_runtime(session, **kw)

@@ -100,7 +100,8 @@ def register(cli: click.Group) -> None:
             return
         print_table(
             ("id", "status", "started", "finished", "executor", "host", "cells", "outcomes", "key"),
-            [(r["id"], r["status"], r["started_at"] or "", r["finished_at"] or "", r["executor"], r["host"], r["cells"],
+            [(r["id"], r["status"], _seconds(r["started_at"]), _seconds(r["finished_at"]), r["executor"], r["host"],
+              r["cells"],
               ", ".join(f"{n} {status}" for status, n in r["outcomes"].items()), r["key"]) for r in rows],
         )  # fmt: skip
 
@@ -246,3 +247,12 @@ def register(cli: click.Group) -> None:
         "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", markdown,
     )  # fmt: skip
     export_command("json", "Every cell in scope with its latest attempt, as JSON.", as_json)
+
+
+def _seconds(iso: str | None) -> str:
+    """A table's timestamp: to the second, zone kept (`--json` has every digit)."""
+    if not iso:
+        return ""
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(iso).isoformat(timespec="seconds")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def print_json(data: Any) -> None:
@@ -22,7 +23,8 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title:
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        # Text, not markup: values are data, and `disagg-matrix[ray]` or `[[case]]` must print as written.
+        table.add_row(*(Text("" if v is None else str(v)) for v in row))
     if not console.is_terminal:
         console = Console(width=max(200, console.width), soft_wrap=False)
     console.print(table)

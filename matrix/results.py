@@ -64,7 +64,10 @@ def find_cell(session: Session, text: str) -> CellRun:
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat(timespec="seconds") if value else None
+    """UTC with its zone and every digit the database kept (SQLite hands back naive UTC datetimes)."""
+    if value is None:
+        return None
+    return (value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)).isoformat()
 
 
 def describe_cell(row: CellRun) -> dict[str, Any]:

@@ -115,10 +115,14 @@ def create_db_engine(url: str) -> Engine:
         engine.dispose()
         orig = getattr(exc, "orig", None)
         reason = _without_secret(str(orig) if orig is not None else str(exc), parsed)
-        raise DatabaseError(
-            f"cannot open database {shown}: {reason.strip().splitlines()[0]}. "
-            "Check the URL, permissions and that the server is running"
-        ) from None
+        reason = reason.strip().splitlines()[0]
+        if parsed.get_backend_name() != "sqlite":
+            hint = "Check the URL, permissions and that the server is running"
+        elif "not a database" in reason:
+            hint = f"{parsed.database} is not a SQLite database: pass a matrix database (or a new path) with --db"
+        else:
+            hint = "Check the path and that this user may read and write the file and its directory"
+        raise DatabaseError(f"cannot open database {shown}: {reason}. {hint}") from None
     return engine
 
 
