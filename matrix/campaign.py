@@ -349,6 +349,9 @@ def _run(
             _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo, stop)
         except BuildInterrupted:
             stop.requested = True
+        except BaseException:
+            stop.restore()
+            raise
         if stop.requested:
             stop.restore()
             state = leave_campaign(factory, campaign_id, interrupted=True)

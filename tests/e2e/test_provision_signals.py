@@ -165,12 +165,10 @@ def test_a_killed_runners_build_processes_are_swept_by_the_next_run(slow: tuple[
     assert orphan.is_running()
     assert orphan.environ()[OWNER_ENV].endswith(f":{runner.pid}")  # tagged with the dead runner
 
-    # The next run (of something else entirely) finds and kills them before it starts.
+    # The next run (of something else entirely) finds and kills them before it starts. (Any matrix run on this
+    # host sweeps a dead runner's build processes, so the message may come from another one running now.)
     result = m.subprocess("run", "--runtime", "reference=0.1.0", "--no-report", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    left = [(p.pid, p.cmdline()) for p in _tagged()]
-    assert "environment build process(es) left by a runner that died" in result.stdout + result.stderr, (
-        result.stdout + result.stderr + f"\nstill tagged: {left}; backend alive: {orphan.is_running()}"
-    )
-    assert left == []
+    assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE, f"{orphan.cmdline()} survived"
+    assert _tagged() == []
     assert m.sql("SELECT status FROM campaign WHERE id = 1") == [("interrupted",)]
