@@ -34,6 +34,7 @@ from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
 from matrix.launch.arms import get_arm
+from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.supervisor import kill_cell_processes
 from matrix.paths import port_registry_path, runs_dir
@@ -88,9 +89,13 @@ def _git_sha() -> str:
 
 
 def recover_stale(factory: sessionmaker[Session], echo: Echo) -> int:
-    """Mark cells of dead runners `interrupted` and kill any process still carrying their cell id."""
+    """Mark cells of dead runners `interrupted` and kill any process still carrying their cell id, or the
+    provisioning tag of a runner on this host that is gone (pip of a SIGKILLed build)."""
     now = utcnow()
     recovered = 0
+    builds = sweep_orphans()
+    if builds:
+        echo(f"killed {len(builds)} environment build process(es) left by a runner that died")
     with transaction(factory) as session:
         for row in session.scalars(select(CellRun).where(CellRun.status == "running")):
             if owner_gone(row, now):
@@ -221,12 +226,13 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         cells = _cells_with_latest(session, campaign)
         chosen = []
         for cell, attempt, status in cells:
-            if options.resume is not None and status == "pending":  # never started: claim that row
+            if status == "pending":  # never started (its runner died first): claim that row
                 chosen.append((cell, attempt, False))
             elif options.resume is not None and status in ("", "interrupted", "not-run"):
                 chosen.append((cell, attempt + 1, False))
             elif options.rerun_failed is not None and status in FAILED_STATUSES:
-                chosen.append((cell, attempt + 1, True))
+                # An interruption says nothing about the cell: passing after one is not flaky.
+                chosen.append((cell, attempt + 1, status != "interrupted"))
         campaign.status = "running"
         campaign.finished_at = None
         # The resuming runner owns the campaign now, so recovery elsewhere does not mark it interrupted.
@@ -254,8 +260,10 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     return campaign.id, [(cell, 1, False) for cell in planned]
 
 
-def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
-    """Build the environments the cells need first, with progress; cells of a failed build are skipped."""
+def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal) -> None:
+    """Build the environments the cells need first, with progress; cells of a failed build are skipped.
+
+    Raises `BuildInterrupted` on SIGINT/SIGTERM, with the half-built environment removed."""
     from matrix.launch.providers import ensure_provisioned
 
     def say(line: str) -> None:
@@ -264,7 +272,10 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo) -> None:
         elif not options.quiet:
             echo(line)
 
-    for label, error in ensure_provisioned([cell.runtime for cell in cells], say, options.provision_source).items():
+    failures = ensure_provisioned(
+        [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
+    )
+    for label, error in failures.items():
         say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
 
 
@@ -329,8 +340,24 @@ def _run(
         cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
+    # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
+    # `interrupted` with its cells pending (`--resume` finishes it).
+    stop = StopSignal()
+    stop.install()
     if ray_executor is None:  # Ray workers build what their cells need on their own nodes
-        _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo)
+        try:
+            _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo, stop)
+        except BuildInterrupted:
+            stop.requested = True
+        except BaseException:
+            stop.restore()
+            raise
+        if stop.requested:
+            stop.restore()
+            state = leave_campaign(factory, campaign_id, interrupted=True)
+            echo(f"campaign {campaign_id} {state}: {stop.signal_name or 'stopped'} while provisioning, no cell ran; "
+                 f"`matrix run --resume {campaign_id}` finishes it")  # fmt: skip
+            return EXIT_INTERRUPTED
     executor = ray_executor or LocalExecutor(
         pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace
     )
@@ -341,8 +368,6 @@ def _run(
         Event("campaign-start", detail=f"campaign {campaign_id}: {len(jobs)} cells, {jobs_limit} at once, "
               f"{where}, logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
     )  # fmt: skip
-    stop = StopSignal()
-    stop.install()
     heartbeat = _Heartbeat(factory)
     heartbeat.start()
     started = time.monotonic()

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
@@ -52,6 +53,20 @@ class MatrixGroup(click.Group):
 
             click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
             ctx.exit(exc.exit_code)
+        except SQLAlchemyError as exc:
+            # A write the database refused as read-only is the user's to fix; anything else is a bug.
+            error = _read_only(ctx, exc)
+            if error is None:
+                raise
+            click.secho(f"error: {error}", err=True, fg="red")
+            ctx.exit(error.exit_code)
+
+
+def _read_only(ctx: click.Context, exc: SQLAlchemyError) -> MatrixError | None:
+    from matrix.db.engine import read_only_error, resolve_url
+
+    app = ctx.find_object(App)
+    return read_only_error(exc, resolve_url(app.db_url if app else None))
 
 
 pass_app = click.make_pass_decorator(App)
@@ -230,6 +245,10 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) 
     for change in report.changes:
         detail = f" ({change.detail})" if change.detail else ""
         echo(f"{change.action:>8}  {change.kind:<8} {change.name}{detail}")
+    if report.relocated:
+        # Not a change of the catalog: its files are read from another place (e.g. an editable checkout now).
+        where = ", ".join(sorted({c.source_dir for c in spec.cases if c.name in report.relocated}))
+        echo(f"note: {len(report.relocated)} case(s) now read their launch files from {where}")
     click.echo(("dry run: " if dry_run else "") + report.summary())
 
 
@@ -271,11 +290,19 @@ def runtime() -> None:
 @click.option("--tag", help="Release tag (default: v + VERSION).")
 @click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
 @click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
-@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin"]))
+@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin", "venv"]))
+@click.option("--pip", multiple=True, metavar="ARGS",
+              help="venv: one `pip install ARGS` step, e.g. --pip 'ai-dynamo==1.6.1'. Repeatable, in order.")
+@click.option("--python", metavar="VERSION", help="venv: the interpreter, e.g. 3.11 (default: matrix's own).")
 @click.option("--notes", default="")
 @with_session
 def runtime_add(session: Session, **kw: Any) -> None:
-    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`."""
+    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`.
+
+    \b
+    A venv runtime, built by `matrix runtime provision` or `matrix run`:
+      matrix runtime add dynamo 1.7.0 --provider venv --pip 'ai-dynamo==1.7.0' --component ai-dynamo=1.7.0
+    """
     from matrix.catalog.edit import add_runtime
 
     row = add_runtime(session, **kw)
@@ -461,6 +488,7 @@ def run_cmd(
     from matrix.cli_runtime import provision_source
     from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
+    from matrix.paths import usable_dir
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
@@ -480,6 +508,10 @@ def run_cmd(
 
         check_results_path(results_out)
     source = provision_source(find_links, offline)  # checked before a campaign exists
+    if logs_dir is not None:
+        usable_dir(logs_dir, "--logs-dir")
+    if report and report_dir is not None:
+        usable_dir(report_dir, "--report-dir")
     ran: list[int] = []
     options = RunOptions(
         selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,

@@ -100,27 +100,31 @@ def register(cli: click.Group) -> None:
             return
         print_table(
             ("id", "status", "started", "finished", "executor", "host", "cells", "outcomes", "key"),
-            [(r["id"], r["status"], r["started_at"] or "", r["finished_at"] or "", r["executor"], r["host"], r["cells"],
+            [(r["id"], r["status"], _seconds(r["started_at"]), _seconds(r["finished_at"]), r["executor"], r["host"],
+              r["cells"],
               ", ".join(f"{n} {status}" for status, n in r["outcomes"].items()), r["key"]) for r in rows],
         )  # fmt: skip
 
     @cli.command("report")
     @selection_options
     @click.option(
-        "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("report"),
-        show_default=True, help="Directory to write the pages into.",
+        "--out", "out_dir", type=click.Path(path_type=Path),
+        help="Directory to write the pages into. Default: report/ in the data directory, where `matrix run` "
+        "writes it.",
     )  # fmt: skip
     @with_session
-    def report_cmd(session: Session, out_dir: Path, **kw: Any) -> None:
+    def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
         """Write the HTML report: a grid of versions by cases, a page per runtime and per campaign.
 
         Pages are static and self-contained (no script, no external asset): open OUT/index.html, or
         publish the directory as a CI artifact. Selection options narrow it to the cells `matrix plan`
         would list with the same options.
         """
+        from matrix.paths import data_dir, usable_dir
         from matrix.report import write_report
 
-        index = write_report(session, out_dir, _selection(make_selection, kw))
+        out = usable_dir(out_dir, "--out") if out_dir is not None else data_dir() / "report"
+        index = write_report(session, out, _selection(make_selection, kw))
         click.echo(f"report: {index}")
 
     @cli.command("compare")
@@ -245,3 +249,12 @@ def register(cli: click.Group) -> None:
         "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", markdown,
     )  # fmt: skip
     export_command("json", "Every cell in scope with its latest attempt, as JSON.", as_json)
+
+
+def _seconds(iso: str | None) -> str:
+    """A table's timestamp: to the second, zone kept (`--json` has every digit)."""
+    if not iso:
+        return ""
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(iso).isoformat(timespec="seconds")

@@ -147,6 +147,8 @@ def provision_cmd(
     names, from exactly the files its manifest locks. Exit code 1 when any environment could not be built, 2
     when the input was wrong (among them a wheelhouse lacking a runtime or a file).
     """
+    from matrix.interrupts import StopSignal
+    from matrix.launch.providers.buildprocs import BuildInterrupted
     from matrix.launch.providers.venv import provision_target
 
     _cases, runtimes, _markers, known_backends = view
@@ -158,16 +160,25 @@ def provision_cmd(
         return
     failed = []
     config_errors = 0
-    for runtime in chosen:
-        try:
-            result = provision_target(runtime, echo=click.echo, source=source)
-        except MatrixError as exc:  # a bad recipe or a failed build: report it and go on with the others
-            failed.append(runtime.label)
-            config_errors += isinstance(exc, ConfigError)
-            click.secho(str(exc), err=True, fg="red")  # the message names the runtime
-            continue
-        how = "built" if result.built else ("built by another runner" if result.waited else "already provisioned")
-        click.echo(f"{runtime.label}: {how}: {result.path}")
+    # SIGINT/SIGTERM end the build in progress (its processes and half-built directory) and exit 3.
+    stop = StopSignal()
+    stop.install()
+    try:
+        for runtime in chosen:
+            try:
+                result = provision_target(runtime, echo=click.echo, source=source, stop=lambda: stop.requested)
+            except MatrixError as exc:  # a bad recipe or a failed build: report it and go on with the others
+                failed.append(runtime.label)
+                config_errors += isinstance(exc, ConfigError)
+                click.secho(str(exc), err=True, fg="red")  # the message names the runtime
+                continue
+            how = "built" if result.built else ("built by another runner" if result.waited else "already provisioned")
+            click.echo(f"{runtime.label}: {how}: {result.path}")
+    except BuildInterrupted:
+        click.secho(f"interrupted by {stop.signal_name or 'a signal'}: the build in progress was removed", err=True)
+        raise SystemExit(3) from None
+    finally:
+        stop.restore()
     click.echo(f"{len(chosen) - len(failed)} of {len(chosen)} runtime(s) provisioned")
     if failed:
         raise SystemExit(2 if config_errors else 1)

@@ -33,8 +33,8 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title:
     for column in columns:
         table.add_column(printable(column), overflow="fold")
     for row in rows:
-        # Catalog names and notes may hold control bytes: shown as visible escapes, never sent raw. Rich
-        # markup in a value is printed as written, not interpreted.
+        # Text, not markup: values are data, and `disagg-matrix[ray]` or `[[case]]` must print as written.
+        # Catalog names and notes may hold control bytes: shown as visible escapes, never sent raw.
         table.add_row(*(Text(printable("" if v is None else str(v))) for v in row))
     if not console.is_terminal:
         console = Console(width=max(200, console.width), soft_wrap=False)

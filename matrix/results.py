@@ -67,7 +67,10 @@ def find_cell(session: Session, text: str) -> CellRun:
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat(timespec="seconds") if value else None
+    """UTC with its zone and every digit the database kept (SQLite hands back naive UTC datetimes)."""
+    if value is None:
+        return None
+    return (value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)).isoformat()
 
 
 def describe_cell(row: CellRun) -> dict[str, Any]:
@@ -132,6 +135,23 @@ def new_cell_row(
     return row
 
 
+def shown_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
+    """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
+    `interrupted` (the next `matrix run` records that; listing changes nothing)."""
+    from matrix.schedule.claims import owner_alive, owner_gone
+
+    if campaign.status != "running":
+        return campaign.status
+    running = list(
+        session.scalars(select(CellRun).where(CellRun.campaign_id == campaign.id, CellRun.status == "running"))
+    )
+    if any(not owner_gone(row, now) for row in running):
+        return "running"  # a live runner (the owner, or one that joined) still runs a cell
+    alive = owner_alive(campaign.host, campaign.owner_pid)
+    # Its owner's pid is gone on this host, or on another host every running row's heartbeat is stale.
+    return "interrupted" if alive is False or (alive is None and running) else "running"
+
+
 def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
     """The latest `limit` campaigns, newest first, with their cells counted by latest-attempt status.
 
@@ -148,6 +168,7 @@ def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
         for campaign_id, case_id, runtime_id, attempt, status in rows:
             latest[campaign_id][(case_id, runtime_id)] = (attempt, status)
     out = []
+    now = utcnow()
     for campaign in campaigns:
         counts: dict[str, int] = {}
         for _, status in latest[campaign.id].values():
@@ -155,7 +176,7 @@ def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
         out.append(
             {
                 "id": campaign.id,
-                "status": campaign.status,
+                "status": shown_status(session, campaign, now),
                 "started_at": _iso(campaign.started_at),
                 "finished_at": _iso(campaign.finished_at),
                 "executor": campaign.executor,

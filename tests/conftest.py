@@ -94,16 +94,27 @@ class Matrix:
         return runner.invoke(cli, list(args), env=self.env, catch_exceptions=False)
 
     def subprocess(self, *args: str, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
-        """A real `matrix` process, for commands that launch pairs or get signals."""
-        return subprocess.run(
-            [sys.executable, "-m", "matrix", *args],
+        """A real `matrix` process, for commands that launch pairs or get signals.
+
+        When the test is stopped while it waits (its own timeout, pytest-timeout, Ctrl-C) `matrix` gets
+        SIGTERM first, so it tears down its pairs and provisioning like a user's Ctrl-C would, instead of a
+        SIGKILL that would leave them running on loopback.
+        """
+        argv = [sys.executable, "-m", "matrix", *args]
+        with subprocess.Popen(
+            argv,
             env=self.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
-            check=False,
-            **kw,  # type: ignore[arg-type]
-        )
+            **kw,  # type: ignore[call-overload]
+        ) as proc:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except BaseException:
+                stop_gracefully(proc)
+                raise
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -156,6 +167,17 @@ class Matrix:
                 return [tuple(row) for row in result.all()] if result.returns_rows else []
         finally:
             engine.dispose()
+
+
+def stop_gracefully(proc: subprocess.Popen[str], grace: float = 60) -> None:
+    """SIGTERM, time to tear down, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -44,9 +46,12 @@ def add_runtime(
     components: Sequence[str],
     provider: str,
     notes: str,
+    pip: Sequence[str] = (),
+    python: str | None = None,
 ) -> Runtime:
     row_backend = _backend(session, backend)
     parsed = parse_version(version)
+    provider_entry = _provider_entry(f"runtime {backend} {parsed}", provider, pip, python)
     if any(parse_version(r.version) == parsed for r in row_backend.runtimes):
         raise ConfigError(f"runtime {backend} {parsed} already exists; see `matrix runtimes list`")
     parsed_components = {}
@@ -62,7 +67,7 @@ def add_runtime(
         version=str(parsed),
         tag=tag or tag_for(parsed),
         channel=channel,
-        provider={"kind": provider},
+        provider=provider_entry,
         notes=notes,
         source="cli",
         enabled=True,
@@ -72,6 +77,25 @@ def add_runtime(
     session.add(row)
     session.flush()
     return row
+
+
+def _provider_entry(label: str, kind: str, pip: Sequence[str], python: str | None) -> dict[str, Any]:
+    """The provider table `runtime add` stores: for `venv`, one pip step per --pip (checked like the catalog's)."""
+    if kind != "venv":
+        if pip or python:
+            raise ConfigError("--pip and --python describe a venv runtime: add --provider venv")
+        return {"kind": kind}
+    if not pip:
+        raise ConfigError(
+            "a venv runtime needs its install steps: --pip 'PKG==VERSION' (repeatable, one `pip install` each)"
+        )
+    entry: dict[str, Any] = {"kind": "venv", "steps": [shlex.split(step) for step in pip]}
+    if python:
+        entry["python"] = python
+    from matrix.launch.providers.recipe import parse_venv
+
+    parse_venv(entry, label)  # the catalog's own checks: an empty step, an unknown key...
+    return entry
 
 
 def set_runtime_enabled(session: Session, backend: str, version: str, enabled: bool) -> Runtime:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -298,6 +298,7 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
     spec = CatalogSpec()
     if not paths:
         raise ConfigError("no catalog files given")
+    first_seen: dict[tuple[str, str], str] = {}  # (kind, natural key) -> where it was defined
     for path in paths:
         doc = _read_toml(path)
         source = source_id(path)
@@ -319,7 +320,7 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
                 getattr(spec, attr).append(parsed)
                 entry.finish()
                 spec.sources[(kind, natural_key(kind, parsed))] = source
-    _reject_duplicates(spec)
+                _reject_duplicate(first_seen, kind, parsed, f"{path} ([[{kind}]] #{index + 1})")
     return spec
 
 
@@ -343,20 +344,25 @@ def natural_key(kind: str, entry: Any) -> Any:
     return entry.name
 
 
-def _reject_duplicates(spec: CatalogSpec) -> None:
-    checks: Iterable[tuple[str, Iterable[object]]] = (
-        ("backend", (b.name for b in spec.backends)),
-        ("runtime", (f"{r.backend} {r.version}" for r in spec.runtimes)),
-        ("marker", (m.name for m in spec.markers)),
-        ("fix", (f.key for f in spec.fixes)),
-        ("case", (c.name for c in spec.cases)),
-        ("gate", (g.name for g in spec.gates)),
-    )
-    for kind, names in checks:
-        seen: set[object] = set()
-        for name in names:
-            if name in seen:
-                raise ConfigError(
-                    f"duplicate {kind} {name!s}: each {kind} may be defined once across the catalog files"
-                )
-            seen.add(name)
+# The natural key of each kind that may be defined only once across the files (waivers may repeat).
+_KEYS: dict[str, Callable[[Any], str]] = {
+    "backend": lambda b: str(b.name),
+    "runtime": lambda r: f"{r.backend} {r.version}",
+    "marker": lambda m: str(m.name),
+    "fix": lambda f: str(f.key),
+    "case": lambda c: str(c.name),
+    "gate": lambda g: str(g.name),
+}
+
+
+def _reject_duplicate(first_seen: dict[tuple[str, str], str], kind: str, parsed: Any, where: str) -> None:
+    key_of = _KEYS.get(kind)
+    if key_of is None:
+        return
+    key = (kind, key_of(parsed))
+    if key in first_seen:
+        raise ConfigError(
+            f"duplicate {kind} {key[1]}: {where} defines it again after {first_seen[key]}; "
+            f"each {kind} may be defined once across the catalog files"
+        )
+    first_seen[key] = where

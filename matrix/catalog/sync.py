@@ -46,9 +46,15 @@ class Change:
     detail: str = ""
 
 
+# Where a case's files are read from, not what the catalog says: the same files reached through another path
+# (an installed wheel, then an editable checkout) update it without counting as a change.
+LOCATION_ONLY = frozenset({"source_dir"})
+
+
 @dataclass
 class SyncReport:
     changes: list[Change] = field(default_factory=list)
+    relocated: list[str] = field(default_factory=list)  # cases whose source_dir alone moved
 
     def count(self, action: str) -> int:
         return sum(1 for c in self.changes if c.action == action)
@@ -94,8 +100,10 @@ class _Syncer:
         if getattr(existing, "retired", False):
             existing.retired = False  # type: ignore[attr-defined]
             self.record("restored", kind, name)
+        elif changed and set(changed) <= LOCATION_ONLY:
+            self.report.relocated.append(name)
         elif changed:
-            self.record("changed", kind, name, ", ".join(changed))
+            self.record("changed", kind, name, ", ".join(c for c in changed if c not in LOCATION_ONLY))
         return existing
 
     def retire_missing(

@@ -115,11 +115,40 @@ def create_db_engine(url: str) -> Engine:
         engine.dispose()
         orig = getattr(exc, "orig", None)
         reason = _without_secret(str(orig) if orig is not None else str(exc), parsed)
-        raise DatabaseError(
-            f"cannot open database {shown}: {reason.strip().splitlines()[0]}. "
-            "Check the URL, permissions and that the server is running"
-        ) from None
+        reason = reason.strip().splitlines()[0]
+        if parsed.get_backend_name() != "sqlite":
+            hint = "Check the URL, permissions and that the server is running"
+        elif "not a database" in reason:
+            hint = f"{parsed.database} is not a SQLite database: pass a matrix database (or a new path) with --db"
+        else:
+            hint = "Check the path and that this user may read and write the file and its directory"
+        raise DatabaseError(f"cannot open database {shown}: {reason}. {hint}") from None
     return engine
+
+
+# PostgreSQL's SQLSTATE for a write in a read-only transaction (`default_transaction_read_only`, a standby).
+_PG_READ_ONLY = "25006"
+
+
+def read_only_error(exc: SQLAlchemyError, url: str) -> DatabaseError | None:
+    """The user's error for a write refused because the database is read-only; None for anything else.
+
+    SQLite says "attempt to write a readonly database" (file or directory not writable, a read-only
+    filesystem); PostgreSQL refuses with SQLSTATE 25006. Nothing was written: the transaction failed whole.
+    """
+    orig = getattr(exc, "orig", None)
+    text = (str(orig if orig is not None else exc).strip().splitlines() or [""])[0]
+    if "readonly database" not in text and getattr(orig, "sqlstate", None) != _PG_READ_ONLY:
+        return None
+    how = (
+        "make the file and its directory writable by this user"
+        if url.startswith("sqlite")
+        else "use a user and server that accept writes"
+    )
+    return DatabaseError(
+        f"database {display_url(url)} is read-only ({_without_secret(text, _parse(url))}): {how}, "
+        "or pass another --db / MATRIX_DB"
+    )
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

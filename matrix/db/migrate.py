@@ -6,6 +6,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Engine, inspect
 
 from matrix.errors import DatabaseError
@@ -41,7 +42,17 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
 
 def downgrade(engine: Engine, revision: str) -> tuple[str | None, str | None]:
     before = current_revision(engine)
-    command.downgrade(alembic_config(engine), revision)
+    config = alembic_config(engine)
+    try:
+        command.downgrade(config, revision)
+    except CommandError as exc:
+        # Alembic resolves the target before it runs any migration, so nothing has changed.
+        known = [rev.revision for rev in ScriptDirectory.from_config(config).walk_revisions()]
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not a revision"
+        raise DatabaseError(
+            f"cannot downgrade to {revision!r}: {reason}. Give one of: base, {', '.join(known)} "
+            "(`matrix db current` shows where the database is)"
+        ) from None
     return before, current_revision(engine)
 
 

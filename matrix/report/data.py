@@ -48,6 +48,7 @@ __all__ = [
     "latest",
     "load_details",
     "load_results",
+    "load_skip_reasons",
 ]
 
 CellKey = tuple[int, int]  # (case id, runtime id)
@@ -425,6 +426,23 @@ def iter_attempt_rows(session: Session, stmt_filter: Iterable[Any] = ()) -> Iter
             rid, campaign, case, runtime, attempt, status, kind, bool(flaky), expected or "", bool(unexpected),
             ready, request, total, _checks(checks),
         )  # fmt: skip
+
+
+def load_skip_reasons(session: Session, results: Results) -> dict[int, str]:
+    """Attempt id -> why it was skipped (the first line of its message), for the skipped attempts in scope.
+
+    Summaries carry no messages (they would weigh on a 100,000-attempt report); skips are few and each one
+    must say why wherever it is shown."""
+    wanted = {a.id for cell in results.cells.values() for a in cell.attempts if a.status == "skipped"}
+    if not wanted:
+        return {}
+    found = {}
+    for attempt_id, message in session.execute(
+        select(CellRun.id, CellRun.message).where(CellRun.status == "skipped")
+    ):
+        if attempt_id in wanted:
+            found[attempt_id] = (str(message or "").strip().splitlines() or [""])[0]
+    return found
 
 
 def load_details(

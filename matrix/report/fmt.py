@@ -48,7 +48,9 @@ def fmt_time(value: dt.datetime | None) -> str:
 
 
 def fmt_value(key: str, value: Any) -> str:
-    """One leaf of a GPU/peaks mapping: byte counts in units, the rest as written."""
+    """One leaf of a GPU/peaks mapping: byte counts in units, nothing as a dash, the rest as written."""
+    if value is None:
+        return DASH  # never Python's `None` on a page
     kind = type(value)
     if kind is int or kind is float:
         if "bytes" in key:
@@ -67,7 +69,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
         if isinstance(value, dict):  # JSON objects; a concrete type check is much cheaper than Mapping's
             pairs.extend(flatten(value, f"{name}."))
         elif isinstance(value, list | tuple):
-            pairs.append((name, ", ".join(fmt_value(name, v) for v in value)))
+            pairs.append((name, ", ".join(fmt_value(name, v) for v in value) or DASH))
         else:
             pairs.append((name, fmt_value(name, value)))
     return pairs

@@ -11,7 +11,17 @@ import functools
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["INDEX", "campaign_page", "cell_anchor", "cell_href", "compare_page", "external_url", "runtime_page", "slug"]
+__all__ = [
+    "INDEX",
+    "campaign_page",
+    "cell_anchor",
+    "cell_href",
+    "compare_page",
+    "external_url",
+    "gate_page",
+    "runtime_page",
+    "slug",
+]
 
 INDEX = "index.html"
 
@@ -26,6 +36,10 @@ def slug(text: str) -> str:
 
 def runtime_page(backend: str, version: str) -> str:
     return f"runtime-{slug(backend)}-{slug(version)}.html"
+
+
+def gate_page(backend: str, version: str, policy: str) -> str:
+    return f"gate-{slug(backend)}-{slug(version)}-{slug(policy)}.html"
 
 
 def campaign_page(campaign_id: int) -> str:

@@ -21,14 +21,15 @@ from matrix import __version__
 from matrix.plan import Selection
 from matrix.report import links
 from matrix.report.compare import Comparison, Side, compare
-from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results
+from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
-from matrix.report.gate import GateResult
+from matrix.report.gate import GateResult, evaluate_gate
 from matrix.report.redact import redact_pair
 from matrix.report.text import clean, log_tails, printable
 from matrix.report.views import (
     STATUS_LABELS,
     CampaignSummary,
+    GateBadge,
     backend_sections,
     campaign_summaries,
     cell_views,
@@ -145,7 +146,9 @@ def write_report(session: Session, out_dir: Path, selection: Selection | None = 
 def _write_pages(session: Session, env: Environment, out_dir: Path, results: Results) -> Path:
     selection = results.selection
     comparisons = default_comparisons(results)
-    summaries = campaign_summaries(results)
+    reasons = load_skip_reasons(session, results)
+    summaries = campaign_summaries(results, reasons)
+    gates = _write_gates(session, env, out_dir, results)
     campaigns = [c for c in results.campaigns if c.id in summaries or selection is None]
 
     for runtime in results.runtimes:
@@ -180,7 +183,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
     _write(env, "index.html", index, {
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
-        "sections": backend_sections(results),
+        "sections": backend_sections(results, reasons, gates),
         "comparisons": compare_links,
         "campaigns": [
             {**_campaign_context(c), "href": links.campaign_page(c.id), "attempts": _attempts(summaries, c.id)}
@@ -188,6 +191,45 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
         ],
     })  # fmt: skip
     return index
+
+
+def _write_gates(
+    session: Session, env: Environment, out_dir: Path, results: Results
+) -> dict[int, tuple[GateBadge, ...]]:
+    """Each runtime's verdict under every gate policy of the catalog, each with its page of reasons.
+
+    The badge shows the verdict the gate gives, whatever it is (GO, NO-GO, INCOMPLETE), so the index needs
+    no change when the gate learns a new verdict; only its colour falls back to neutral.
+    """
+    from sqlalchemy import select
+
+    from matrix.db.models import GatePolicy
+    from matrix.errors import MatrixError
+
+    policies = list(
+        session.scalars(select(GatePolicy.name).where(GatePolicy.retired.is_(False)).order_by(GatePolicy.name))
+    )
+    badges: dict[int, tuple[GateBadge, ...]] = {}
+    for runtime in results.runtimes:
+        found = []
+        for policy in policies:
+            href = links.gate_page(runtime.backend, runtime.version, policy)
+            try:
+                result = evaluate_gate(session, runtime.backend, runtime.version, policy)
+            except MatrixError as exc:  # a policy the gate refuses (an unknown rule): say so, link nothing
+                found.append(GateBadge(policy, "error", "verdict-error", "", clean(str(exc))))
+                continue
+            _write(env, "gate.html", out_dir / href, {"result": result})
+            blocking = [r for r in result.reasons if r.blocking]
+            title = (
+                f"{len(blocking)} blocking reason(s); first: {blocking[0].message}"
+                if blocking
+                else "no blocking reason"
+            )
+            found.append(GateBadge(policy, result.verdict, "verdict-" + links.slug(result.verdict.lower()), href,
+                                   clean(title)))  # fmt: skip
+        badges[runtime.id] = tuple(found)
+    return badges
 
 
 def _attempts(summaries: Mapping[int, CampaignSummary], campaign_id: int) -> int:

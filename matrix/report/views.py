@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, Cell, Results, RuntimeView, latest
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
-from matrix.report.sparkline import Sparkline, sparkline
 from matrix.report.text import clean, printable, shorten
+from matrix.report.trend import Trend, trend
 
 __all__ = [
     "STATUS_LABELS",
@@ -27,6 +27,7 @@ __all__ = [
     "CampaignSummary",
     "CellView",
     "Column",
+    "GateBadge",
     "GridCell",
     "GridRow",
     "attempt_view",
@@ -64,12 +65,27 @@ def status_css(status: str) -> str:
     return "st-" + links.slug(status)
 
 
+# Latest statuses that are a failure of the cell: the grid names their failure kind and checks.
+FAILING = frozenset({"failed", "error", "timeout", "interrupted"})
+NOTE_LIMIT = 60
+
+
+class GateBadge(NamedTuple):
+    """A runtime's gate verdict under one policy, linking to the page with every reason."""
+
+    policy: str
+    verdict: str  # whatever the gate says (GO, NO-GO, INCOMPLETE), shown as given
+    css: str
+    href: str
+    title: str
+
+
 @dataclass(frozen=True)
 class Column:
     runtime: RuntimeView
     href: str
-    passed: int
-    results: int
+    counts: str  # "1 passed, 1 skipped": words, never a fraction that hides skips
+    gates: tuple[GateBadge, ...] = ()
 
 
 class GridCell(NamedTuple):
@@ -85,7 +101,7 @@ class GridCell(NamedTuple):
 class GridRow:
     case: CaseView
     cells: tuple[GridCell, ...]
-    spark: Sparkline | None
+    trend: Trend | None
 
 
 @dataclass(frozen=True)
@@ -95,7 +111,16 @@ class BackendSection:
     rows: tuple[GridRow, ...]
 
 
-def _grid_cell(cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded: str | None) -> GridCell:
+def counts_text(statuses: Iterable[str]) -> str:
+    """``2 passed, 1 failed, 1 skipped`` in the report's status order; ``no results`` for none."""
+    counts = Counter(statuses)
+    order = [s for s in STATUS_LABELS if counts[s]] + sorted(s for s in counts if s not in STATUS_LABELS)
+    return ", ".join(f"{counts[s]} {s}" for s in order) or "no results"
+
+
+def _grid_cell(
+    cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded: str | None, reasons: Mapping[int, str]
+) -> GridCell:
     key = f"{case.name}@{runtime.label}"
     if cell is None:
         why = excluded or "not a cell of this selection"
@@ -110,6 +135,14 @@ def _grid_cell(cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded
     detail = last.status
     if last.failure_kind:
         detail += f" ({last.failure_kind}" + (f": {', '.join(last.check_names)}" if last.check_names else "") + ")"
+    if last.status in FAILING and last.failure_kind:
+        # What failed, in the grid itself: the kind and the checks ("validation: worker_ids_distinct").
+        checks = ", ".join(last.check_names)
+        notes.append(shorten(f"{last.failure_kind}: {checks}" if checks else last.failure_kind, NOTE_LIMIT))
+    reason = reasons.get(last.id, "")
+    if last.status == "skipped" and reason:
+        notes.append(shorten(reason, NOTE_LIMIT))
+        detail += f": {reason}"
     if last.attempt > 1:
         notes.append(f"attempt {last.attempt}")
     if last.flaky:
@@ -128,8 +161,16 @@ def _grid_cell(cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded
     return GridCell(last.status, status_label(last.status), status_css(last.status), href, title, tuple(notes))
 
 
-def backend_sections(results: Results) -> list[BackendSection]:
-    """One grid per backend: its versions (PEP 440 order) as columns, its cases as rows."""
+def backend_sections(
+    results: Results,
+    reasons: Mapping[int, str] | None = None,
+    gates: Mapping[int, tuple[GateBadge, ...]] | None = None,
+) -> list[BackendSection]:
+    """One grid per backend: its versions (PEP 440 order) as columns, its cases as rows.
+
+    `reasons` maps an attempt id to why it was skipped; `gates` a runtime id to its gate verdicts."""
+    reasons = reasons or {}
+    gates = gates or {}
     sections = []
     for backend in results.backends():
         runtimes = results.runtimes_of(backend)
@@ -139,20 +180,24 @@ def backend_sections(results: Results) -> list[BackendSection]:
         columns = []
         for runtime in runtimes:
             outcomes = [c.latest for c in (results.cells.get((case.id, runtime.id)) for case in cases) if c]
-            finished = [o for o in outcomes if o is not None]
-            passed = sum(1 for o in finished if o.status == "passed")
+            finished = [o.status for o in outcomes if o is not None]
             href = links.runtime_page(runtime.backend, runtime.version)
-            columns.append(Column(runtime, href, passed, len(finished)))
+            columns.append(Column(runtime, href, counts_text(finished), gates.get(runtime.id, ())))
+        versions = [runtime.version for runtime in runtimes]
         rows = []
         for case in cases:
-            cells, ready, request = [], [], []
+            cells: list[GridCell] = []
+            ready: list[list[float]] = []
+            request: list[list[float]] = []
             for runtime in runtimes:
                 cell = results.cells.get((case.id, runtime.id))
-                cells.append(_grid_cell(cell, runtime, case, results.excluded.get((case.id, runtime.id))))
-                last = cell.latest if cell else None
-                ready.append(last.ready_s if last else None)
-                request.append(last.request_s if last else None)
-            rows.append(GridRow(case, tuple(cells), sparkline(ready, request)))
+                excluded = results.excluded.get((case.id, runtime.id))
+                cells.append(_grid_cell(cell, runtime, case, excluded, reasons))
+                # Every repeat with a timing (all campaigns in scope): the chart shows their spread.
+                attempts = cell.attempts if cell else []
+                ready.append([a.ready_s for a in attempts if a.ready_s is not None])
+                request.append([a.request_s for a in attempts if a.request_s is not None])
+            rows.append(GridRow(case, tuple(cells), trend(versions, ready, request)))
         sections.append(BackendSection(backend, tuple(columns), tuple(rows)))
     return sections
 
@@ -323,6 +368,7 @@ class CampaignRow(NamedTuple):
     attempt: AttemptRow
     label: str
     css: str
+    reason: str  # why it was skipped; empty otherwise
 
 
 @dataclass
@@ -337,8 +383,9 @@ class CampaignSummary:
     rows: list[CampaignRow] = field(default_factory=list)
 
 
-def campaign_summaries(results: Results) -> dict[int, CampaignSummary]:
-    """A summary per campaign in scope, built in one pass over the attempts."""
+def campaign_summaries(results: Results, reasons: Mapping[int, str] | None = None) -> dict[int, CampaignSummary]:
+    """A summary per campaign in scope, built in one pass over the attempts (`reasons`: skipped attempts' why)."""
+    reasons = reasons or {}
     summaries: dict[int, CampaignSummary] = {}
     for cell in results.cells.values():
         for attempt in cell.attempts:
@@ -351,7 +398,8 @@ def campaign_summaries(results: Results) -> dict[int, CampaignSummary]:
             if attempt.status != "passed" or attempt.flaky:
                 href = links.cell_href(cell.runtime.backend, cell.runtime.version, cell.case.name)
                 label, css = status_label(attempt.status), status_css(attempt.status)
-                summary.rows.append(CampaignRow(cell.case.name, cell.runtime.label, href, attempt, label, css))
+                reason = reasons.get(attempt.id, "")
+                summary.rows.append(CampaignRow(cell.case.name, cell.runtime.label, href, attempt, label, css, reason))
     for summary in summaries.values():
         summary.rows.sort(key=lambda r: r.attempt.id)
     return summaries

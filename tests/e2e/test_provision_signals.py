@@ -1,0 +1,174 @@
+"""Provisioning under signals, with a real environment build that blocks without any index: a pip step
+installs a local project whose in-tree build backend sleeps (no build requirements, `--no-index`).
+
+* SIGTERM or SIGINT to `matrix run` during the build: exit 3, the campaign `interrupted` (its cells pending
+  for `--resume`), the build's processes ended and the half-built environment removed.
+* SIGKILL: pip and its build backend survive the runner, tagged with its (dead) pid; the next `matrix run`
+  kills them, as it kills a dead runner's cell processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from matrix.launch.providers.buildprocs import OWNER_ENV
+from tests.conftest import DATA, Matrix, stop_gracefully, toml_value
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+BACKEND = """
+import os, time
+
+def get_requires_for_build_wheel(config_settings=None):
+    with open({marker!r}, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    return []
+"""
+PYPROJECT = """
+[project]
+name = "slowpkg"
+version = "1.0"
+
+[build-system]
+requires = []
+build-backend = "slowbackend"
+backend-path = ["."]
+"""
+
+
+def _catalog(home: Path, project: Path) -> Path:
+    provider = {"kind": "venv", "steps": [["--no-index", str(project)]]}
+    path = home / "slow.toml"
+    path.write_text(f"""
+[[runtime]]
+backend = "reference"
+version = "0.1.0"
+provider = {{ kind = "builtin" }}
+components = {{ matrix-reference = "0.1.0" }}
+
+[[runtime]]
+backend = "reference"
+version = "9.0"
+provider = {toml_value(provider)}
+components = {{}}
+
+[[case]]
+name = "slow_build"
+backend = "reference"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 20
+""")
+    return path
+
+
+@pytest.fixture
+def slow(matrix: Matrix, tmp_path: Path) -> Iterator[tuple[Matrix, Path]]:
+    """A catalog whose only runtime blocks in its build; yields the file the build backend writes its pid to."""
+    project = tmp_path / "slowpkg"
+    project.mkdir()
+    marker = tmp_path / "backend.pid"
+    (project / "pyproject.toml").write_text(PYPROJECT)
+    (project / "slowbackend.py").write_text(BACKEND.format(marker=str(marker)))
+    files = [str(_catalog(matrix.home, project))] + [str(DATA / n) for n in ("backends.toml", "markers.toml")]
+    synced = matrix("catalog", "sync", *files)
+    assert synced.exit_code == 0, synced.output
+    yield matrix, marker
+    for proc in _tagged():  # whatever a failed test left
+        proc.kill()
+
+
+def _tagged() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if OWNER_ENV in proc.environ():
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _start(m: Matrix, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "matrix", *args], env=m.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for_build(proc: subprocess.Popen[str], marker: Path) -> int:
+    deadline = time.monotonic() + 120
+    while not (marker.exists() and marker.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_gracefully(proc)
+            pytest.fail(f"the build never reached its backend: {proc.communicate()[0]}")
+        time.sleep(0.05)
+    return int(marker.read_text())
+
+
+def _temps(m: Matrix) -> list[str]:
+    envs = m.home / "envs"
+    return [p.name for p in envs.iterdir() if p.is_dir()] if envs.exists() else []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_build_interrupts_the_campaign_and_removes_the_build(
+    slow: tuple[Matrix, Path], sig: signal.Signals
+) -> None:
+    m, marker = slow
+    runner = _start(m, "run", "--runtime", "reference=9.0", "--no-report")
+    backend = _wait_for_build(runner, marker)
+    assert any(name.startswith(".tmp-") for name in _temps(m))
+    runner.send_signal(sig)
+    try:
+        output = runner.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        stop_gracefully(runner)
+        pytest.fail("matrix run did not stop")
+    assert runner.returncode == 3, output
+    assert f"campaign 1 interrupted: {sig.name} while provisioning" in output
+    assert m.sql("SELECT status FROM campaign") == [("interrupted",)]
+    assert m.sql("SELECT status FROM cell_run") == [("pending",)]  # `--resume 1` runs it
+    assert not psutil.pid_exists(backend) or psutil.Process(backend).status() == psutil.STATUS_ZOMBIE
+    assert _tagged() == []
+    assert _temps(m) == []  # the half-built environment is gone
+
+
+def test_runtime_provision_is_interrupted_the_same_way(slow: tuple[Matrix, Path]) -> None:
+    m, marker = slow
+    provisioner = _start(m, "runtime", "provision", "--runtime", "reference=9.0")
+    _wait_for_build(provisioner, marker)
+    provisioner.send_signal(signal.SIGTERM)
+    output = provisioner.communicate(timeout=60)[0]
+    assert provisioner.returncode == 3, output
+    assert "interrupted by SIGTERM: the build in progress was removed" in output
+    assert _tagged() == [] and _temps(m) == []
+
+
+def test_a_killed_runners_build_processes_are_swept_by_the_next_run(slow: tuple[Matrix, Path]) -> None:
+    m, marker = slow
+    runner = _start(m, "run", "--runtime", "reference=9.0", "--no-report")
+    backend = _wait_for_build(runner, marker)
+    runner.kill()  # kill -9: no chance to clean up
+    runner.communicate(timeout=30)
+    orphan = psutil.Process(backend)
+    assert orphan.is_running()
+    assert orphan.environ()[OWNER_ENV].endswith(f":{runner.pid}")  # tagged with the dead runner
+
+    # The next run (of something else entirely) finds and kills them before it starts. (Any matrix run on this
+    # host sweeps a dead runner's build processes, so the message may come from another one running now.)
+    result = m.subprocess("run", "--runtime", "reference=0.1.0", "--no-report", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE, f"{orphan.cmdline()} survived"
+    assert _tagged() == []
+    assert m.sql("SELECT status FROM campaign WHERE id = 1") == [("interrupted",)]
