@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,8 @@ class Tab:
         return data
 
 
-@pytest.fixture(scope="session", autouse=True)
-def require_browser() -> None:
+def require_browser_here() -> None:
+    """Skip the calling test without a browser, or fail it under CI=true."""
     reason = missing_browser()
     if reason is None:
         return
@@ -95,8 +96,9 @@ def require_browser() -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Tab]:
+@contextmanager
+def open_tab() -> Iterator[Tab]:
+    """A headless Chromium with one page, closed on exit (also for tests outside this directory)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -105,3 +107,14 @@ def browser() -> Iterator[Tab]:
             yield Tab(chromium.new_page(viewport={"width": WIDTH, "height": HEIGHT}))
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def require_browser() -> None:
+    require_browser_here()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Tab]:
+    with open_tab() as tab:
+        yield tab

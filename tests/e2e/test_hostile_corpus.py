@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.browser.cdp import Browser, chromium_path
 
 from matrix.reference.hostile import SECRETS
+from tests.browser.conftest import open_tab, require_browser_here
 from tests.conftest import DATA, Matrix, toml_value
 
 # Secrets that only the catalog holds: values under secret names, shown apart from their names.
@@ -136,9 +136,8 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
 
     for name, text in outputs.items():
         assert_clean(name, text)
-    if chromium_path() is None:
-        pytest.skip("Chromium is not installed: the pages were checked as files only")
-    with Browser() as browser:
+    require_browser_here()  # the pages were checked as files above; a skip (locally) says why
+    with open_tab() as browser:
         for page in (runtime_page, gate_page, report_dir / "index.html"):
             load = browser.load(page.as_uri())
             assert load.errors == [], load.errors
