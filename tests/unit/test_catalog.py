@@ -123,7 +123,7 @@ BAD_TOML = {
     "unknown arm": (
         "extra.toml",
         '[[case]]\nname = "x"\nbackend = "reference"\narm = "magic"\nmodel = "m"\n',
-        ["unknown arm 'magic'", "known arms: dynamo, reference, vllm_native"],
+        ["unknown arm 'magic'", "known arms: dynamo, reference, sglang_native, vllm_native"],
     ),
     "invalid version": (
         "extra.toml",

