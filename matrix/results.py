@@ -8,8 +8,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
+from matrix.db.models import Campaign, Case, CellRun, utcnow
 from matrix.errors import ConfigError
+from matrix.owners import owner_alive, owner_gone
 from matrix.report.text import clean_data, store_text
 from matrix.runner import CellOutcome
 
@@ -112,34 +113,9 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
     }
 
 
-def new_cell_row(
-    session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int
-) -> CellRun:
-    import os
-    import socket
-
-    row = CellRun(
-        uid=uid,
-        campaign=campaign,
-        case=session.get_one(Case, case_id),
-        runtime=session.get_one(Runtime, runtime_id),
-        attempt=attempt,
-        status="running",
-        started_at=utcnow(),
-        heartbeat_at=utcnow(),
-        owner_host=socket.gethostname(),
-        owner_pid=os.getpid(),
-        checks=[],
-    )
-    session.add(row)
-    return row
-
-
 def shown_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
     """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
     `interrupted` (the next `matrix run` records that; listing changes nothing)."""
-    from matrix.schedule.claims import owner_alive, owner_gone
-
     if campaign.status != "running":
         return campaign.status
     running = list(

@@ -21,7 +21,7 @@ from typing import Literal
 import httpx
 
 from matrix.check.http import loopback_client
-from matrix.launch.plan import RequestSpec
+from matrix.check.specs import RequestSpec
 
 __all__ = ["ERROR_KINDS", "ErrorKind", "Response", "build_payload", "send_chat"]
 

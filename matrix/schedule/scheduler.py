@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
-from matrix.executors import CellExecutor, Submission
 from matrix.interrupts import StopSignal
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
 from matrix.runner import CellOutcome
 from matrix.schedule.claims import claim_attempt
+from matrix.schedule.executor import CellExecutor, Submission
 from matrix.schedule.slots import Demand, Lease, SlotPool
 
 RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
