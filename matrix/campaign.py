@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.db.engine import transaction
-from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
+from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.executors import EXECUTORS
 from matrix.executors.local import LocalExecutor
@@ -37,6 +37,7 @@ from matrix.launch.arms import get_arm
 from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.supervisor import kill_cell_processes
+from matrix.outcome import FAILED_STATUSES
 from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from matrix.hardware.gpus import Gpu, memory_used
 from matrix.hardware.ports import PortAllocator
-from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.outcome import CellOutcome
+from matrix.runner import LiveCells, Resources, run_cell
 from matrix.schedule.executor import Submission
 from matrix.schedule.slots import Lease, SlotPool
 
