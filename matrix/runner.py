@@ -39,7 +39,7 @@ class Resources:
     host_gpus: int = 0
     # A checkout that case launch scripts resolve against (`matrix run --workspace`).
     workspace: Path | None = None
-    # Held while the pair starts, so start-ups on one GPU never overlap (DOMAIN.md section 7.5).
+    # Held while the pair starts, so start-ups on one GPU never overlap.
     startup_gate: AbstractContextManager[object] = field(default_factory=nullcontext)
 
 
