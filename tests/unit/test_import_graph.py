@@ -112,3 +112,34 @@ def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) 
     graph = import_graph(pkg)
     assert find_cycles(graph) == [["a", "b"]]
     assert graph["b"]["a"] == {"pkg.b.y"}
+
+
+# What each stage may not import (docs/architecture.md, "Stages"): unit -> units it must never import.
+FORBIDDEN: dict[str, set[str]] = {
+    "catalog": {"plan", "schedule", "executors", "runner", "check", "outcome", "results", "shard_results",
+                "shard_import", "report", "campaign"},
+    "plan": {"launch", "schedule", "executors", "runner", "check", "results", "outcome", "report", "campaign"},
+    "schedule": {"executors", "runner", "launch", "check", "campaign"},
+    "executors": {"db", "results", "shard_results", "shard_import", "report", "campaign"},
+    "runner": {"db", "schedule", "executors", "results", "shard_results", "shard_import", "report", "campaign"},
+    "telemetry": {"db", "results", "report", "campaign"},
+    "launch": {"runner", "schedule", "executors", "results", "outcome", "report", "db", "campaign"},
+    "check": {"launch", "runner", "schedule", "executors", "db", "results", "outcome", "report", "plan",
+              "campaign", "catalog"},
+    "outcome": {"runner", "launch", "executors", "schedule", "db", "results", "report"},
+    "results": {"runner", "launch", "executors", "schedule", "campaign"},
+    "shard_results": {"runner", "launch", "executors", "campaign"},
+    "shard_import": {"runner", "launch", "executors", "campaign"},
+    "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
+}  # fmt: skip
+
+
+def test_no_stage_imports_what_the_architecture_forbids() -> None:
+    graph = import_graph(ROOT)
+    assert set(FORBIDDEN) <= set(graph) | {"check"}  # every named stage exists (check imports nothing)
+    broken = [
+        f"{unit} -> {target} (from {', '.join(sorted(graph[unit][target]))})"
+        for unit, targets in FORBIDDEN.items()
+        for target in sorted(targets & set(graph.get(unit, {})))
+    ]
+    assert not broken, "imports docs/architecture.md forbids:\n" + "\n".join(broken)
