@@ -21,20 +21,16 @@ def _u64(value: int | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _text(value: str) -> str:
-    return store_text(value)
-
-
 # How a field of the outcome becomes its column where a plain copy will not do. Text a process produced is
 # redacted and made printable before it is stored: secrets never reach the database, and no NUL or escape
 # code reaches a backend, a terminal or a page later.
 _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
-    "message": _text,
+    "message": store_text,
     "checks": lambda checks: [{"name": store_text(c.name), "message": store_text(c.message)} for c in checks],
     "prefill_worker_id": _u64,
     "decode_worker_id": _u64,
     "finish_reason": lambda value: store_text(value)[:32] if value is not None else None,
-    "completion_excerpt": _text,
+    "completion_excerpt": store_text,
     "components": lambda value: clean_data(dict(value)),  # versions a host's tools printed
 }
 
