@@ -25,9 +25,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.db.engine import transaction
-from matrix.db.models import FAILED_STATUSES, Campaign, CellRun, utcnow
+from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
-from matrix.executors import EXECUTORS, CellExecutor
+from matrix.executors import EXECUTORS
 from matrix.executors.local import LocalExecutor
 from matrix.fanout import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
@@ -37,10 +37,13 @@ from matrix.launch.arms import get_arm
 from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.supervisor import kill_cell_processes
+from matrix.outcome import FAILED_STATUSES
+from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Cell, Selection, plan_from_db
 from matrix.progress import Event, make_reporter
-from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, owner_alive, owner_gone
+from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign
+from matrix.schedule.executor import CellExecutor
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
+from matrix.db.models import Campaign, Case, CellRun, utcnow
 from matrix.errors import ConfigError
+from matrix.outcome import STORED_COLUMNS, CellOutcome
+from matrix.owners import owner_alive, owner_gone
 from matrix.report.text import clean_data, store_text
-from matrix.runner import CellOutcome
 
 
 def _u64(value: int | None) -> str | None:
@@ -19,32 +21,27 @@ def _u64(value: int | None) -> str | None:
     return None if value is None else str(value)
 
 
+# How a field of the outcome becomes its column where a plain copy will not do. Text a process produced is
+# redacted and made printable before it is stored: secrets never reach the database, and no NUL or escape
+# code reaches a backend, a terminal or a page later.
+_TO_COLUMN: dict[str, Callable[[Any], Any]] = {
+    "message": store_text,
+    "checks": lambda checks: [{"name": store_text(c.name), "message": store_text(c.message)} for c in checks],
+    "prefill_worker_id": _u64,
+    "decode_worker_id": _u64,
+    "finish_reason": lambda value: store_text(value)[:32] if value is not None else None,
+    "completion_excerpt": store_text,
+    "components": lambda value: clean_data(dict(value)),  # versions a host's tools printed
+}
+
+
 def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
-    # Text a process produced is redacted and made printable before it is stored: secrets never reach
-    # the database, and no NUL or escape code reaches a backend, a terminal or a page later.
-    row.status = outcome.status
-    row.failure_kind = outcome.failure_kind
-    row.message = store_text(outcome.message)
-    row.checks = [{"name": store_text(c.name), "message": store_text(c.message)} for c in outcome.checks]
-    row.ready_s = outcome.ready_s
-    row.request_s = outcome.request_s
-    row.ttft_s = outcome.ttft_s
-    row.teardown_s = outcome.teardown_s
-    row.total_s = outcome.total_s
-    row.prefill_worker_id = _u64(outcome.prefill_worker_id)
-    row.decode_worker_id = _u64(outcome.decode_worker_id)
-    row.prompt_tokens = outcome.prompt_tokens
-    row.completion_tokens = outcome.completion_tokens
-    row.finish_reason = store_text(outcome.finish_reason)[:32] if outcome.finish_reason is not None else None
-    row.completion_excerpt = store_text(outcome.completion_excerpt)
-    row.ports = dict(outcome.ports)
-    row.exit_codes = dict(outcome.exit_codes)
+    """Every stored column of the outcome (`STORED_COLUMNS`) onto its row, and the row finished."""
+    for name in STORED_COLUMNS:
+        value = getattr(outcome, name)
+        convert = _TO_COLUMN.get(name)
+        setattr(row, name, convert(value) if convert else dict(value) if isinstance(value, Mapping) else value)
     row.log_dir = outcome.log_dir or row.log_dir
-    row.components = clean_data(dict(outcome.components))  # versions a host's tools printed
-    row.gpu = dict(outcome.gpu)
-    row.peaks = dict(outcome.peaks)
-    row.expected_failure = outcome.expected_failure
-    row.unexpected_pass = outcome.unexpected_pass
     row.finished_at = utcnow()
 
 
@@ -112,34 +109,9 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
     }
 
 
-def new_cell_row(
-    session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int
-) -> CellRun:
-    import os
-    import socket
-
-    row = CellRun(
-        uid=uid,
-        campaign=campaign,
-        case=session.get_one(Case, case_id),
-        runtime=session.get_one(Runtime, runtime_id),
-        attempt=attempt,
-        status="running",
-        started_at=utcnow(),
-        heartbeat_at=utcnow(),
-        owner_host=socket.gethostname(),
-        owner_pid=os.getpid(),
-        checks=[],
-    )
-    session.add(row)
-    return row
-
-
 def shown_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
     """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
     `interrupted` (the next `matrix run` records that; listing changes nothing)."""
-    from matrix.schedule.claims import owner_alive, owner_gone
-
     if campaign.status != "running":
         return campaign.status
     running = list(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,39 +25,9 @@ from matrix.launch.plan import LaunchPlan
 from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.models import resolve_model_dir
+from matrix.outcome import CellOutcome, FailureKind, Status
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    """What happened to one attempt; mirrors the `cell_run` row."""
-
-    status: str  # passed | failed | error | timeout | skipped | interrupted
-    failure_kind: str | None = None  # config | startup | health | request | validation | teardown | infra
-    message: str = ""
-    checks: tuple[CheckFailure, ...] = ()
-    ready_s: float | None = None
-    request_s: float | None = None
-    ttft_s: float | None = None
-    teardown_s: float | None = None
-    total_s: float | None = None
-    prefill_worker_id: int | None = None
-    decode_worker_id: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    completion_excerpt: str = ""
-    ports: Mapping[str, int] = field(default_factory=dict)
-    exit_codes: Mapping[str, Any] = field(default_factory=dict)
-    log_dir: str = ""
-    components: Mapping[str, str] = field(default_factory=dict)
-    gpu: Mapping[str, Any] = field(default_factory=dict)
-    # Time spent waiting for the GPU's start-up gate (other cells starting): excluded from total_s.
-    queued_s: float = 0.0
-    peaks: Mapping[str, Any] = field(default_factory=dict)
-    expected_failure: str = ""
-    unexpected_pass: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,7 +39,7 @@ class Resources:
     host_gpus: int = 0
     # A checkout that case launch scripts resolve against (`matrix run --workspace`).
     workspace: Path | None = None
-    # Held while the pair starts, so start-ups on one GPU never overlap (DOMAIN.md section 7.5).
+    # Held while the pair starts, so start-ups on one GPU never overlap.
     startup_gate: AbstractContextManager[object] = field(default_factory=nullcontext)
 
 
@@ -267,8 +236,8 @@ def _start_and_query(
     except MatrixError as exc:
         return CellOutcome("failed", "startup", str(exc))
     if not ready.ok:
-        status = "timeout" if ready.kind == "timeout" else "failed"
-        kind = "startup" if ready.kind == "startup" else "health"
+        status: Status = "timeout" if ready.kind == "timeout" else "failed"
+        kind: FailureKind = "startup" if ready.kind == "startup" else "health"
         message = (
             ready.message
             + (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "")

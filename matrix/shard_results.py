@@ -26,9 +26,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from matrix import __version__
-from matrix.db.models import FINISHED_STATUSES, Campaign, CellRun, Runtime
+from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout import cell_id, check_campaign_key
+from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
 from matrix.report.text import clean, clean_data
 
 FORMAT = "matrix-shard-results"
@@ -40,35 +41,17 @@ LOG_TAIL_BYTES_OK = 4 * 1024
 MAX_LOGS_PER_ATTEMPT = 8
 
 _NONE = type(None)
-# Every outcome column of `cell_run` that travels, with the JSON types it may have. Database ids,
-# heartbeats and runner pids stay behind: they mean nothing in another database.
+# Every outcome column of `cell_run` that travels (`matrix.outcome.STORED_COLUMNS`, when and where it ran
+# after the verdict), with the JSON types it may have. Database ids, heartbeats and runner pids stay
+# behind: they mean nothing in another database.
+_ROW_FIELDS: dict[str, tuple[type, ...]] = {
+    "started_at": (str, _NONE), "finished_at": (str, _NONE), "owner_host": (str,)
+}  # fmt: skip
+_HEAD = ("status", "failure_kind", "message", "checks", "expected_failure", "unexpected_pass", "flaky")
 OUTCOME_FIELDS: dict[str, tuple[type, ...]] = {
-    "status": (str,),
-    "failure_kind": (str, _NONE),
-    "message": (str,),
-    "checks": (list,),
-    "expected_failure": (str,),
-    "unexpected_pass": (bool,),
-    "flaky": (bool,),
-    "started_at": (str, _NONE),
-    "finished_at": (str, _NONE),
-    "owner_host": (str,),
-    "ready_s": (float, _NONE),
-    "request_s": (float, _NONE),
-    "ttft_s": (float, _NONE),
-    "teardown_s": (float, _NONE),
-    "total_s": (float, _NONE),
-    "prefill_worker_id": (str, _NONE),
-    "decode_worker_id": (str, _NONE),
-    "prompt_tokens": (int, _NONE),
-    "completion_tokens": (int, _NONE),
-    "finish_reason": (str, _NONE),
-    "completion_excerpt": (str,),
-    "ports": (dict,),
-    "exit_codes": (dict,),
-    "gpu": (dict,),
-    "peaks": (dict,),
-    "components": (dict,),
+    **{name: STORED_COLUMNS[name] for name in _HEAD},
+    **_ROW_FIELDS,
+    **{name: types for name, types in STORED_COLUMNS.items() if name not in _HEAD},
 }
 _TIME_FIELDS = ("started_at", "finished_at")
 _UID = re.compile(r"[A-Za-z0-9_-]{1,64}")

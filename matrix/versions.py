@@ -1,7 +1,7 @@
 """PEP 440 versions: parsing, tags, ``--since``/``--until`` windows, catalog constraints and fixes.
 
 Every version in the matrix is a `packaging.version.Version`, so ordering follows PEP 440 exactly, including
-the pre-release and dev builds that real runtimes ship (DOMAIN.md section 3)::
+the pre-release and dev builds that real runtimes ship::
 
     0.29.0 < 0.29.1rc0 < 0.29.1rc1.dev347+gdee37d891 < 0.29.1rc1 < 0.30.0
 

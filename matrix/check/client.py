@@ -1,4 +1,4 @@
-"""Send the cell's chat completion and measure it (DOMAIN.md section 2).
+"""Send the cell's one chat completion (`build_payload`) and measure it.
 
 One request, one `Response`: never an exception for anything the server or the network does. Transport
 failures, timeouts, oversized bodies and broken streams come back as ``error``/``error_kind`` so the cell
@@ -21,7 +21,7 @@ from typing import Literal
 import httpx
 
 from matrix.check.http import loopback_client
-from matrix.launch.plan import RequestSpec
+from matrix.check.specs import RequestSpec
 
 __all__ = ["ERROR_KINDS", "ErrorKind", "Response", "build_payload", "send_chat"]
 
@@ -53,7 +53,7 @@ class Response:
 
 
 def build_payload(spec: RequestSpec, *, stream: bool = False) -> dict[str, object]:
-    """The request body of DOMAIN.md section 2.
+    """The request body every cell sends: one user message, greedy, one choice, worker ids asked for.
 
     ``temperature=0`` and ``n=1`` make the answer reproducible and the one-choice check meaningful;
     ``nvext.extra_fields=["worker_id"]`` asks a Dynamo frontend to report which prefill and decode workers

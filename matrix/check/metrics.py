@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from matrix.check.http import loopback_client
+from matrix.check.specs import MetricsCheck
 from matrix.check.validate import CheckFailure
-from matrix.launch.plan import MetricsCheck
 
 CHECK_NAME = "kv_transfer"
 

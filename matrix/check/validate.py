@@ -1,4 +1,4 @@
-"""Named checks on a disaggregated chat completion (DOMAIN.md section 2).
+"""Named checks on a disaggregated chat completion (the answer to `matrix.check.client.build_payload`).
 
 Every check is an explicit comparison that records a `CheckFailure`; nothing here uses ``assert``, which
 ``python -O`` strips. All independent failures are reported, not only the first, so one run shows every

@@ -298,5 +298,3 @@ class CellRun(Base):
         return f"{self.case.name}@{self.runtime.label}"
 
 
-FINISHED_STATUSES = frozenset({"passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"})
-FAILED_STATUSES = frozenset({"failed", "error", "timeout", "interrupted"})

@@ -7,10 +7,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from matrix.executors import Submission
 from matrix.hardware.gpus import Gpu, memory_used
 from matrix.hardware.ports import PortAllocator
-from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.outcome import CellOutcome
+from matrix.runner import LiveCells, Resources, run_cell
+from matrix.schedule.executor import Submission
 from matrix.schedule.slots import Lease, SlotPool
 
 # After a GPU cell, how long to wait for NVML to show the GPU back near its baseline, and how near.

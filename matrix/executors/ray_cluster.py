@@ -20,11 +20,11 @@ from typing import Any
 
 from matrix import __version__
 from matrix.errors import ConfigError
-from matrix.executors import Submission
 from matrix.executors.remote import RemoteResult, run_remote_cell, write_logs
 from matrix.hardware.gpus import Gpu
 from matrix.launch.supervisor import kill_cell_processes
-from matrix.runner import CellOutcome
+from matrix.outcome import CellOutcome
+from matrix.schedule.executor import Submission
 
 INSTALL_HINT = "install it with: pip install 'disagg-matrix[ray]'"
 # Stand-ins for the cluster's GPUs in the driver's slot pool: they only count; Ray picks the device.

@@ -19,9 +19,10 @@ from matrix.executors.local import wait_for_baseline
 from matrix.hardware.gpus import Gpu, inventory, memory_used
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.supervisor import kill_cell_processes
+from matrix.outcome import CellOutcome
 from matrix.paths import port_registry_path
 from matrix.plan import Cell
-from matrix.runner import CellOutcome, LiveCells, Resources, run_cell
+from matrix.runner import LiveCells, Resources, run_cell
 
 # What of a remote cell's logs travels back: the tail of each file, and at most this much in all.
 LOG_FILE_CAP_BYTES = 256 * 1024

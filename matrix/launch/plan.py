@@ -9,6 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# The request and the metrics checks are the check stage's own input; a plan carries them (re-exported here
+# for the arms that build plans).
+from matrix.check.specs import MetricsCheck, RequestSpec
+
+__all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "ProcessSpec", "RequestSpec"]
+
 
 @dataclass(frozen=True)
 class HealthProbe:
@@ -30,35 +36,6 @@ class ProcessSpec:
     # Roles (earlier in the plan) whose probes must pass before this process is started: a sidecar that
     # connects to its engine's gRPC port once, at start, must not start before the engine listens.
     start_after: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """The chat completion sent once the pair is ready (DOMAIN.md section 2)."""
-
-    url: str
-    model: str
-    prompt: str
-    max_tokens: int = 64
-    timeout_s: float = 60.0
-    max_response_bytes: int = 1_048_576
-
-
-@dataclass(frozen=True)
-class MetricsCheck:
-    """Prometheus counters on one instance that must grow during the request.
-
-    Worker ids cannot tell a real KV handoff from a decode that quietly recomputed the prompt; the decode
-    instance's own counters (KV transfers, external prefix-cache hits) can.
-    """
-
-    url: str
-    counters: tuple[str, ...]
-    # "all": every counter must grow; "any": one is proof enough (the same transfer shows in several
-    # counters, and not every server path fills every one of them).
-    require: str = "all"
-    # Where the last scrape is kept (in the cell's log directory): the evidence the check judged.
-    record: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from matrix.db.models import FAILED_STATUSES, CellRun
+from matrix.db.models import CellRun
 from matrix.errors import ConfigError
+from matrix.outcome import FAILED_STATUSES
 from matrix.report.data import (
     UNINFORMATIVE_STATUSES,
     AttemptRow,

@@ -24,7 +24,6 @@ from sqlalchemy import Select, String, select, type_coerce
 from sqlalchemy.orm import Session, selectinload
 
 from matrix.db.models import (
-    FINISHED_STATUSES,
     Backend,
     Campaign,
     Case,
@@ -34,6 +33,7 @@ from matrix.db.models import (
     Marker,
     Runtime,
 )
+from matrix.outcome import FINISHED_STATUSES
 from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
 from matrix.versions import parse_version
 

@@ -36,9 +36,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from matrix.db.models import FAILED_STATUSES, CellRun, GatePolicy, Waiver
+from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
+from matrix.outcome import FAILED_STATUSES
 from matrix.plan import missing_fixes
 from matrix.report.data import (
     UNINFORMATIVE_STATUSES,

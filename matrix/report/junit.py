@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from matrix.db.models import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES
 from matrix.report.data import AttemptDetail, Cell, Results, RuntimeView, latest, load_details
 from matrix.report.fmt import fmt_time
 from matrix.report.text import clean, log_tails, printable, shorten

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from matrix.db.models import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES
 from matrix.report.data import Cell, Results
 from matrix.report.gate import GateResult
 from matrix.report.text import clean, shorten

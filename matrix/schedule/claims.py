@@ -15,25 +15,21 @@ last one out, when no live runner still has a cell running, sets the campaign's 
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-import psutil
 from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.db.engine import transaction
-from matrix.db.models import Campaign, CellRun, utcnow
+from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
+from matrix.owners import owner_gone
 from matrix.plan import Cell
-from matrix.results import new_cell_row
 
-# A running row whose heartbeat is older than this belongs to a runner that is gone.
-STALE_AFTER_S = 60.0
 # Latest-attempt statuses that leave a campaign unfinished (resumable).
 UNFINISHED_STATUSES = frozenset({"pending", "running", "interrupted"})
 
@@ -47,6 +43,27 @@ def _ids(cell: Cell) -> tuple[int, int]:
     if cell.case.id is None or cell.runtime.id is None:
         raise RuntimeError(f"cell {cell.key} was not planned from the database")
     return cell.case.id, cell.runtime.id
+
+
+def new_cell_row(
+    session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int
+) -> CellRun:
+    """The `running` row of an attempt that had no pending row (a retry, or a campaign from before them)."""
+    row = CellRun(
+        uid=uid,
+        campaign=campaign,
+        case=session.get_one(Case, case_id),
+        runtime=session.get_one(Runtime, runtime_id),
+        attempt=attempt,
+        status="running",
+        started_at=utcnow(),
+        heartbeat_at=utcnow(),
+        owner_host=socket.gethostname(),
+        owner_pid=os.getpid(),
+        checks=[],
+    )
+    session.add(row)
+    return row
 
 
 def add_pending_rows(session: Session, campaign_id: int, cells: Iterable[Cell]) -> None:
@@ -108,23 +125,6 @@ def claim_attempt(
             return uid, row.id
     except IntegrityError:
         return None
-
-
-def owner_alive(host: str, pid: int | None) -> bool | None:
-    """True/False on this host; None when the owner is on another host (only the heartbeat can tell)."""
-    if host != socket.gethostname():
-        return None
-    return pid is not None and psutil.pid_exists(pid) and pid != os.getpid()
-
-
-def owner_gone(row: CellRun, now: dt.datetime) -> bool:
-    """Whether the runner of a running row is gone: its pid on this host, its heartbeat elsewhere."""
-    alive = owner_alive(row.owner_host, row.owner_pid)
-    heartbeat = row.heartbeat_at
-    if heartbeat is not None and heartbeat.tzinfo is None:  # SQLite hands back naive UTC datetimes
-        heartbeat = heartbeat.replace(tzinfo=now.tzinfo)
-    stale = heartbeat is None or (now - heartbeat).total_seconds() > STALE_AFTER_S
-    return alive is False or (alive is None and stale)
 
 
 def latest_statuses(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:

@@ -17,17 +17,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
-from matrix.executors import CellExecutor, Submission
 from matrix.interrupts import StopSignal
+from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, RETRYABLE_KINDS, CellOutcome
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
-from matrix.runner import CellOutcome
 from matrix.schedule.claims import claim_attempt
+from matrix.schedule.executor import CellExecutor, Submission
 from matrix.schedule.slots import Demand, Lease, SlotPool
 
-RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
-FAILING = frozenset({"failed", "error", "timeout"})
 _POLL_S = 0.1
 
 
@@ -58,7 +56,7 @@ class Tally:
 
     @property
     def any_failed(self) -> bool:
-        return any(self.counts.get(s) for s in (*FAILING, "interrupted"))
+        return any(self.counts.get(s) for s in FAILED_STATUSES)
 
 
 @dataclass
@@ -182,14 +180,14 @@ class Scheduler:
             )  # fmt: skip
         # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
         retry = (
-            (outcome.status in FAILING or outcome.status == "interrupted")
+            outcome.status in FAILED_STATUSES
             and outcome.failure_kind in RETRYABLE_KINDS
             and job.attempt < self._options.max_attempts
             and not self._stop.requested
         )
-        flaky = outcome.status == "passed" and job.failed_before
-        self._write(entry.row_id, outcome, flaky=flaky)
-        detail = _detail(outcome) + (" (flaky: passed after a failed attempt)" if flaky else "")
+        outcome = replace(outcome, flaky=outcome.status == "passed" and job.failed_before)
+        self._write(entry.row_id, outcome)
+        detail = _detail(outcome) + (" (flaky: passed after a failed attempt)" if outcome.flaky else "")
         if retry:
             detail += f"; retrying (attempt {job.attempt + 1} of {self._options.max_attempts})"
         else:
@@ -197,7 +195,8 @@ class Scheduler:
         self._reporter.emit(
             Event("cell-end", job.cell.key, entry.uid, job.attempt, outcome.status, detail, {"will_retry": retry})
         )
-        if outcome.status in FAILING and not retry and self._options.fail_fast and not self.tally.failed_fast:
+        fault = outcome.status in CELL_FAULT_STATUSES
+        if fault and not retry and self._options.fail_fast and not self.tally.failed_fast:
             self.tally.failed_fast = True
             self._reporter.emit(Event("message", detail="fail-fast: no new cells will start; running cells finish"))
         if retry:
@@ -213,11 +212,9 @@ class Scheduler:
     def _log_dir(self, job: Job, uid: str) -> Path:
         return attempt_log_dir(self._logs_root, job.cell.key, uid)
 
-    def _write(self, row_id: int, outcome: CellOutcome, *, flaky: bool = False) -> None:
+    def _write(self, row_id: int, outcome: CellOutcome) -> None:
         with transaction(self._factory) as session:
-            row = session.get_one(CellRun, row_id)
-            record_outcome(row, outcome)
-            row.flaky = flaky
+            record_outcome(session.get_one(CellRun, row_id), outcome)
 
     def _record_not_run(self, job: Job) -> None:
         claimed = self._claim(job)

@@ -1,5 +1,5 @@
 """`matrix run` over the host provider: a runtime whose installed components are not the catalog's fails
-as `config` (DOMAIN.md section 7.4); one whose components match runs and records them."""
+as `config` (version skew); one whose components match runs and records them."""
 
 from __future__ import annotations
 

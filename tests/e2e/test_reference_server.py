@@ -222,7 +222,7 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
 
 
 def check_dynamo_shape(data: dict[str, Any], max_tokens: int) -> None:
-    """The checks of DOMAIN.md section 2, written out."""
+    """The checks of `matrix.check.validate`, written out independently."""
     assert data["object"] == "chat.completion"
     assert data["model"] == MODEL
     assert len(data["choices"]) == 1

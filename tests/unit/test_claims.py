@@ -1,51 +1,26 @@
 """Claims on a real database (SQLite and PostgreSQL): pending rows, one owner per attempt under real
-concurrent processes, and the last runner out setting the campaign's status."""
+concurrent processes (in `tests/e2e/test_claims_processes.py`), and the last runner out setting the
+campaign's status."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import random
 import subprocess
-from collections import Counter
 
 import pytest
 from sqlalchemy import select
 
-from matrix.campaign import RunOptions, _selected_cells
-from matrix.catalog.load import default_catalog_files, load_catalog
-from matrix.catalog.sync import sync_catalog
-from matrix.db.engine import create_db_engine, session_factory, transaction
-from matrix.db.migrate import ensure_schema
+from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun
-from matrix.plan import Cell, Selection, plan_from_db
 from matrix.schedule.claims import claim_attempt, leave_campaign
+from tests.unit.claims_db import _cells, _new_campaign, catalog_factory
 
 pytestmark = pytest.mark.all_databases
-
-REFERENCE = Selection(backends=("reference",))
-
-
-def _cells(factory) -> list[Cell]:  # type: ignore[no-untyped-def]
-    with factory() as session:
-        return list(plan_from_db(session, REFERENCE).cells)
-
-
-def _new_campaign(factory) -> int:  # type: ignore[no-untyped-def]
-    with transaction(factory) as session:
-        campaign_id, _ = _selected_cells(session, RunOptions(selection=REFERENCE), lambda _: None)
-        return campaign_id
 
 
 @pytest.fixture
 def factory(db_url: str):  # type: ignore[no-untyped-def]
-    engine = create_db_engine(db_url)
-    ensure_schema(engine)
-    factory = session_factory(engine)
-    with transaction(factory) as session:
-        sync_catalog(session, load_catalog(default_catalog_files()))
-    yield factory
-    engine.dispose()
+    yield from catalog_factory(db_url)
 
 
 def test_a_new_campaign_records_a_pending_row_per_cell(factory) -> None:  # type: ignore[no-untyped-def]
@@ -74,33 +49,6 @@ def test_an_attempt_is_claimed_once_and_a_retry_gets_its_own_row(factory) -> Non
             first[0],
             f"logs/{first[0]}",
         )
-
-
-def _claim_everything(url: str, campaign_ids: list[int], seed: int) -> list[tuple[int, str]]:
-    """One runner process: try to claim every cell of every campaign, in its own random order."""
-    engine = create_db_engine(url)
-    factory = session_factory(engine)
-    work = [(campaign_id, cell) for campaign_id in campaign_ids for cell in _cells(factory)]
-    random.Random(seed).shuffle(work)
-    won = []
-    for campaign_id, cell in work:
-        if claim_attempt(factory, campaign_id, cell, 1, lambda uid: uid) is not None:
-            won.append((campaign_id, cell.key))
-    engine.dispose()
-    return won
-
-
-def test_concurrent_runner_processes_claim_each_cell_exactly_once(factory, db_url: str) -> None:  # type: ignore[no-untyped-def]
-    campaign_ids = [_new_campaign(factory) for _ in range(15)]
-    cells = len(_cells(factory))
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
-        results = pool.starmap(_claim_everything, [(db_url, campaign_ids, seed) for seed in range(4)])
-    claims = Counter(claim for won in results for claim in won)
-    assert len(claims) == len(campaign_ids) * cells  # every cell claimed...
-    assert set(claims.values()) == {1}  # ...by exactly one runner
-    with factory() as session:
-        statuses = session.scalars(select(CellRun.status).where(CellRun.campaign_id.in_(campaign_ids))).all()
-    assert set(statuses) == {"running"} and len(statuses) == len(claims)
 
 
 def test_only_the_last_runner_out_finishes_the_campaign(factory) -> None:  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ from matrix.versions import (
     tag_for,
 )
 
-# The chain of DOMAIN.md section 3, in ascending order.
+# Release, pre-release, dev and local builds as runtimes ship them, in ascending PEP 440 order.
 CHAIN = ["0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.29.1rc1", "0.30.0"]
 VLLM_54814 = ["0.29.1rc0", "0.30.0"]
 

@@ -25,7 +25,7 @@ from matrix.plan import CaseInfo
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
 SYSTEM_PORT_MAX = 32767
 
-# Engine ports per backend, as the upstream sidecar launch scripts read them (DOMAIN.md section 5).
+# Engine ports per backend, as the upstream sidecar launch scripts read them.
 ENGINE_PORTS: dict[str, tuple[str, ...]] = {
     "mocker": (),
     "vllm": (
@@ -49,7 +49,7 @@ def _engine(case: CaseInfo) -> str:
 
 
 def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
-    """Engine flags that bound the KV cache absolutely (DOMAIN.md section 5), forwarded by the launch
+    """Engine flags that bound the KV cache absolutely (bytes or blocks, not a fraction), forwarded by the launch
     script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
     launch, bound = case.launch, case.kv_bound
     if engine == "vllm" and "bytes" in bound:

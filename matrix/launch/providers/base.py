@@ -46,7 +46,7 @@ class Mismatch(Unavailable):
     """The runtime is present but is not what the catalog says (or its provider entry is invalid).
 
     Such a cell must *fail* with failure kind ``config``: skipping it would hide a broken installation
-    (DOMAIN.md section 7.4, version skew between components). It subclasses `Unavailable` so that a caller
+    (version skew between components). It subclasses `Unavailable` so that a caller
     that only knows `Unavailable` still never runs the cell; callers that know better test `Mismatch` first.
     """
 

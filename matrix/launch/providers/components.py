@@ -4,7 +4,7 @@ A component is looked up first as a Python distribution inside the target interp
 for every name, so a runtime with five components costs one interpreter start), then as an executable on
 the environment's PATH answering ``NAME --version``. Versions compare as PEP 440 versions, so ``0.30`` and
 ``0.30.0`` are equal, while a local label (``+gdee37d891``) must match exactly: two dev builds that differ
-only in their commit are different builds (DOMAIN.md section 7.4, version skew).
+only in their commit are different builds (version skew).
 """
 
 from __future__ import annotations

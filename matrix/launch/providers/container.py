@@ -2,7 +2,7 @@
 
 Each process becomes ``docker run`` (or ``podman run``) of the image with the process's argv. The
 containers share the host's network (the pair talks over loopback ports the runner allocated), see only
-the cell's GPUs, get a large /dev/shm (NIXL fails with Docker's 64 MiB default, DOMAIN.md section 5), mount
+the cell's GPUs, get a large /dev/shm (NIXL fails with Docker's 64 MiB default), mount
 the cell's work directory at the same path, and carry the cell id as a name and a label, so a container
 left behind by a runner that was killed can be found and removed (`leftover_argv`, `remove_cell_containers`).
 
@@ -31,7 +31,7 @@ INFO_TIMEOUT_S = 5.0
 STATUS_TTL_S = 30.0
 CELL_LABEL = "matrix.cell"
 ROLE_LABEL = "matrix.role"
-# /dev/shm for engines that move KV blocks through shared memory (DOMAIN.md section 5: upstream uses 10 GiB).
+# /dev/shm for engines that move KV blocks through shared memory (upstream's containers use 10 GiB).
 DEFAULT_SHM_GIB: Mapping[str, float] = {"trtllm": 10.0}
 
 _status: dict[str, tuple[float, str | None]] = {}

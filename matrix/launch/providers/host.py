@@ -2,7 +2,7 @@
 
 Before a cell runs, the components the catalog lists are looked up in that interpreter (and on PATH) and
 must match: a host whose vllm-rs is not the catalog's vllm-rs would test something else under the
-runtime's name, so that is a `config` failure, not a skip (DOMAIN.md section 7.4).
+runtime's name, so that is a `config` failure, not a skip (version skew).
 """
 
 from __future__ import annotations

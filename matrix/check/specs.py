@@ -1,0 +1,37 @@
+"""What the check stage is asked to do: the one request sent to a ready deployment and the metrics checks
+around it. Pure data; an arm puts them into its `LaunchPlan` (the launch stage depends on check, never the
+reverse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """The chat completion sent once the pair is ready (body built by `matrix.check.client`)."""
+
+    url: str
+    model: str
+    prompt: str
+    max_tokens: int = 64
+    timeout_s: float = 60.0
+    max_response_bytes: int = 1_048_576
+
+
+@dataclass(frozen=True)
+class MetricsCheck:
+    """Prometheus counters on one instance that must grow during the request.
+
+    Worker ids cannot tell a real KV handoff from a decode that quietly recomputed the prompt; the decode
+    instance's own counters (KV transfers, external prefix-cache hits) can.
+    """
+
+    url: str
+    counters: tuple[str, ...]
+    # "all": every counter must grow; "any": one is proof enough (the same transfer shows in several
+    # counters, and not every server path fills every one of them).
+    require: str = "all"
+    # Where the last scrape is kept (in the cell's log directory): the evidence the check judged.
+    record: str | None = None

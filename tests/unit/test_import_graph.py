@@ -1,0 +1,145 @@
+"""No import cycle between the packages of `matrix` (read from the source with `ast`, nothing imported).
+
+A unit is a subpackage (`matrix.schedule`) or a top-level module (`matrix.results`); every import counts,
+also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. The CLI's
+top-level modules (`cli.py`, `cli_*.py`) are one front end and count as one unit, `cli`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import matrix
+
+ROOT = Path(matrix.__file__).parent
+
+
+def _unit(dotted: str, package: str) -> str:
+    parts = dotted.split(".")
+    if len(parts) == 1:
+        return package
+    name = parts[1]
+    return "cli" if name.startswith("cli_") else name
+
+
+def import_graph(root: Path) -> dict[str, dict[str, set[str]]]:
+    """unit -> {unit it imports: the modules that import it}."""
+    package = root.name
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        source = _unit(module, package)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                if target.startswith(package + "."):
+                    unit = _unit(target, package)
+                    if unit != source:
+                        graph.setdefault(source, {}).setdefault(unit, set()).add(module)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
+    """Strongly connected components of more than one unit (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in graph.get(node, {}):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def _describe(graph: dict[str, dict[str, set[str]]], cycle: list[str]) -> str:
+    edges = [
+        f"  {a} -> {b} (from {', '.join(sorted(graph[a][b]))})"
+        for a in cycle
+        for b in cycle
+        if b in graph.get(a, {})
+    ]
+    return " <-> ".join(cycle) + "\n" + "\n".join(edges)
+
+
+def test_no_cycle_between_packages_of_matrix() -> None:
+    graph = import_graph(ROOT)
+    # The walk saw the packages and the direction the interfaces fix: users own them, implementers import.
+    assert "check" in graph["launch"] and "schedule" in graph["executors"]
+    assert "launch" not in graph.get("check", {}) and "executors" not in graph["schedule"]
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(_describe(graph, c) for c in cycles)
+
+
+def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    for sub in ("a", "b", "c"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from pkg.b.y import f\n")
+    (pkg / "b" / "y.py").write_text("def f():\n    import pkg.a.x\n")
+    (pkg / "c" / "z.py").write_text("from pkg.a import x\n")  # depends on the cycle, is not in it
+    graph = import_graph(pkg)
+    assert find_cycles(graph) == [["a", "b"]]
+    assert graph["b"]["a"] == {"pkg.b.y"}
+
+
+# What each stage may not import (docs/architecture.md, "Stages"): unit -> units it must never import.
+FORBIDDEN: dict[str, set[str]] = {
+    "catalog": {"plan", "schedule", "executors", "runner", "check", "outcome", "results", "shard_results",
+                "shard_import", "report", "campaign"},
+    "plan": {"launch", "schedule", "executors", "runner", "check", "results", "outcome", "report", "campaign"},
+    "schedule": {"executors", "runner", "launch", "check", "campaign"},
+    "executors": {"db", "results", "shard_results", "shard_import", "report", "campaign"},
+    "runner": {"db", "schedule", "executors", "results", "shard_results", "shard_import", "report", "campaign"},
+    "telemetry": {"db", "results", "report", "campaign"},
+    "launch": {"runner", "schedule", "executors", "results", "outcome", "report", "db", "campaign"},
+    "check": {"launch", "runner", "schedule", "executors", "db", "results", "outcome", "report", "plan",
+              "campaign", "catalog"},
+    "outcome": {"runner", "launch", "executors", "schedule", "db", "results", "report"},
+    "results": {"runner", "launch", "executors", "schedule", "campaign"},
+    "shard_results": {"runner", "launch", "executors", "campaign"},
+    "shard_import": {"runner", "launch", "executors", "campaign"},
+    "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
+}  # fmt: skip
+
+
+def test_no_stage_imports_what_the_architecture_forbids() -> None:
+    graph = import_graph(ROOT)
+    assert set(FORBIDDEN) <= set(graph) | {"check"}  # every named stage exists (check imports nothing)
+    broken = [
+        f"{unit} -> {target} (from {', '.join(sorted(graph[unit][target]))})"
+        for unit, targets in FORBIDDEN.items()
+        for target in sorted(targets & set(graph.get(unit, {})))
+    ]
+    assert not broken, "imports docs/architecture.md forbids:\n" + "\n".join(broken)

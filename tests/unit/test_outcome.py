@@ -1,0 +1,74 @@
+"""The outcome vocabulary is one list: `cell_run`, the database writer, shard files, `show` and the JSON
+export agree with `matrix.outcome`, so a new outcome field cannot be forgotten in one of them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from matrix.check.validate import CheckFailure
+from matrix.db.models import Backend, Case, CellRun, Runtime
+from matrix.outcome import (
+    CELL_FAULT_STATUSES,
+    FAILED_STATUSES,
+    FINISHED_STATUSES,
+    NOT_STORED,
+    STATUSES,
+    STORED_COLUMNS,
+    CellOutcome,
+)
+from matrix.report.data import AttemptDetail
+from matrix.report.export_json import attempt_dict
+from matrix.results import describe_cell, record_outcome
+from matrix.shard_results import OUTCOME_FIELDS
+
+# `matrix show` predates the flaky column and does not print it (its output is unchanged by M13).
+SHOW_OMITS = {"flaky"}
+
+
+def test_every_outcome_field_is_stored_or_says_why_not() -> None:
+    fields = {f.name for f in dataclasses.fields(CellOutcome)}
+    assert fields == set(STORED_COLUMNS) | set(NOT_STORED)
+    assert not set(STORED_COLUMNS) & set(NOT_STORED)
+    assert set(STORED_COLUMNS) | {"log_dir"} <= set(CellRun.__table__.columns.keys())
+
+
+def test_status_sets_have_one_meaning_each() -> None:
+    assert FAILED_STATUSES <= FINISHED_STATUSES <= set(STATUSES)
+    assert {"interrupted"} == FAILED_STATUSES - CELL_FAULT_STATUSES
+    assert "skipped" not in FAILED_STATUSES and "passed" not in FAILED_STATUSES
+
+
+def test_the_writer_stores_every_column_of_a_full_outcome() -> None:
+    outcome = CellOutcome(
+        status="failed", failure_kind="validation", message="bad\x00 body", checks=(CheckFailure("json_body", "x"),),
+        ready_s=1.0, request_s=2.0, ttft_s=0.5, teardown_s=3.0, total_s=7.0,
+        prefill_worker_id=2**64 - 1, decode_worker_id=7, prompt_tokens=5, completion_tokens=9,
+        finish_reason="length", completion_excerpt="hello", ports={"frontend": 8000}, exit_codes={"decode": 0},
+        log_dir="logs/c1", components={"vllm": "0.11"}, gpu={"index": "0"}, queued_s=0.25,
+        peaks={"decode": {"rss_mib": 10}}, expected_failure="lacks vllm#1", unexpected_pass=True, flaky=True,
+    )  # fmt: skip
+    row = CellRun(log_dir="")
+    record_outcome(row, outcome)
+    stored = {name: getattr(row, name) for name in STORED_COLUMNS}
+    assert stored["message"] == "bad\\x00 body"  # text a process produced is made storable
+    assert stored["checks"] == [{"name": "json_body", "message": "x"}]
+    assert stored["prefill_worker_id"] == str(2**64 - 1) and stored["decode_worker_id"] == "7"
+    plain = {n for n in STORED_COLUMNS if n not in ("message", "checks", "prefill_worker_id", "decode_worker_id")}
+    assert {n: stored[n] for n in plain} == {n: getattr(outcome, n) for n in plain}
+    assert row.log_dir == "logs/c1" and row.finished_at is not None
+
+
+def test_shard_files_carry_every_stored_column_and_when_it_ran() -> None:
+    assert set(OUTCOME_FIELDS) == set(STORED_COLUMNS) | {"started_at", "finished_at", "owner_host"}
+    assert all(OUTCOME_FIELDS[name] == types for name, types in STORED_COLUMNS.items())
+
+
+def test_show_and_the_json_export_print_every_stored_column() -> None:
+    row = CellRun(uid="c1", campaign_id=1, attempt=1, log_dir="")
+    record_outcome(row, CellOutcome("passed"))
+    row.case = Case(name="case")
+    row.runtime = Runtime(version="1.0", backend=Backend(name="reference"))
+    assert set(STORED_COLUMNS) - SHOW_OMITS <= set(describe_cell(row))
+    assert set(STORED_COLUMNS) <= set(AttemptDetail._fields)
+    values = {name: getattr(row, name, None) for name in AttemptDetail._fields}
+    assert set(STORED_COLUMNS) <= set(attempt_dict(AttemptDetail(**values)))
