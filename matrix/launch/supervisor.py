@@ -300,9 +300,16 @@ class Supervisor:
         code = child.popen.returncode
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         message = f"{child.role} {how} before it was ready"
-        return ReadyResult(
-            False, "startup", message, self._elapsed(), _tail(child.log_path), error_lines(child.log_path)
-        )
+        return ReadyResult(False, "startup", message, self._elapsed(), _tail(child.log_path), self._errors(child))
+
+    def _errors(self, first: _Child) -> str:
+        """The error lines of every process, the one that failed first: a worker that died may have died of
+        its peer (and when both die at once, which one is seen first is a race)."""
+        ordered = [first, *(c for c in self._children if c is not first)]
+        found = [(child, lines) for child in ordered if (lines := error_lines(child.log_path))]
+        if len(found) == 1 and found[0][0] is first:
+            return found[0][1]
+        return "\n".join(f"==> {child.role} <==\n{lines}" for child, lines in found)
 
     def _fatal(self, child: _Child) -> ReadyResult:
         message = (

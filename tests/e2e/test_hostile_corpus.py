@@ -103,12 +103,11 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
         cli(f"show {uid}", "show", str(uid))
         cli(f"show --json {uid}", "show", str(uid), "--json")
     crashed = next(r for r in rows if r[1] == "failed")
-    # Both workers crash at start and only prefill writes the corpus, so the failure message carries it only
-    # when prefill is the one found dead first (a race); `show` has every role's log tail either way.
-    shown = outputs[f"show {crashed[0]}"]
-    assert "hostile-output fault wrote every hostile format" in shown  # the tail is there, cleaned
-    assert "HF_TOKEN=***" in shown and "ghp_***" in shown
-    assert str(crashed[2]).split(" ", 1)[0] in ("prefill", "decode")  # the message names the process that died
+    # Both workers crash at start and only prefill writes the corpus; which one is found dead first is a
+    # race, and the message carries the error lines of both either way (cleaned).
+    assert "hostile-output fault wrote every hostile format" in str(crashed[2])
+    if str(crashed[2]).startswith("prefill"):  # then its tail is the one shown, redacted
+        assert "HF_TOKEN=***" in str(crashed[2]) and "ghp_***" in str(crashed[2])
 
     cli("report", "report", "--out", str(tmp_path / "report2"))
     for fmt in ("junit", "markdown", "json"):
