@@ -503,6 +503,8 @@ def run_cmd(
         raise click.UsageError(
             "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
         )
+    if new_only and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
     if results_out is not None:

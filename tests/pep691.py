@@ -42,7 +42,7 @@ def serve_index(root: Path) -> Iterator[str]:
     requests: list[dict[str, str]] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             requests.append({"path": self.path, "accept": self.headers.get("Accept", "")})
             parts = [p for p in self.path.split("/") if p]
             if len(parts) == 2 and parts[0] in ("simple", "html") and (root / f"{parts[1]}.json").is_file():
@@ -60,7 +60,7 @@ def serve_index(root: Path) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
