@@ -76,12 +76,14 @@ class BisectResult:
     unsure: list[str] = field(default_factory=list)
     note: str = ""
     cells_run: int = 0  # attempts this invocation ran (a resumed bisect reuses earlier ones)
+    confidence: float | None = None  # the posterior of `first` (probabilistic bisection only)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "campaign": self.campaign_id, "case": self.case, "backend": self.backend, "good": self.good,
             "bad": self.bad, "versions": len(self.versions), "direction": self.direction, "first": self.first,
             "last_other": self.last_other, "unsure": self.unsure, "note": self.note, "cells_run": self.cells_run,
+            "confidence": self.confidence,
             "attempts": sum(len(p.statuses) for p in self.probes),
             "probes": [{"version": p.version, "verdict": p.verdict, "statuses": p.statuses,
                         "messages": p.messages, "attempts": p.uids} for p in self.probes],
@@ -218,6 +220,36 @@ def _first_line(row: CellRun) -> str:
     return (kind + head)[:160] if row.status != PASSED else ""
 
 
+def _attempt(
+    factory: sessionmaker[Session], campaign_id: int, cell: Cell, selection: Selection,
+    run_options: dict[str, Any] | None,
+) -> str:  # fmt: skip
+    """Run one more attempt of `cell` in the bisect campaign, through `matrix run --resume`'s path; its status."""
+    from matrix.campaign import EXIT_INTERRUPTED, RunOptions, run_campaign
+
+    with transaction(factory) as session:
+        before, _ = _evidence(session, campaign_id, cell)
+        _queue(session, campaign_id, cell)
+    options = RunOptions(selection=selection, resume=campaign_id, quiet=True, **(run_options or {}))
+    if run_campaign(factory, options, echo=lambda line: None) == EXIT_INTERRUPTED:
+        raise BisectInterrupted(campaign_id)
+    with transaction(factory) as session:
+        after, _ = _evidence(session, campaign_id, cell)
+        if len(after) > len(before):
+            return after[-1].status
+        # Skipped or not run: this version says nothing, and bisecting around it would guess.
+        last = session.scalars(
+            select(CellRun).where(CellRun.campaign_id == campaign_id, CellRun.case_id == cell.case.id,
+                                  CellRun.runtime_id == cell.runtime.id)
+            .order_by(CellRun.attempt.desc())
+        ).first()  # fmt: skip
+        why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
+    raise ConfigError(
+        f"cannot bisect: {cell.runtime.label} gives no outcome ({why.splitlines()[0][:200]}); "
+        f"make it runnable here (`matrix doctor`) or bisect a range without it"
+    )
+
+
 class BisectInterrupted(Exception):
     def __init__(self, campaign_id: int) -> None:
         super().__init__(campaign_id)
@@ -226,16 +258,28 @@ class BisectInterrupted(Exception):
 
 def bisect(
     factory: sessionmaker[Session], case: str, good: str, bad: str, *, backend: str | None = None, repeat: int = 1,
-    echo: Echo = print, run_options: dict[str, Any] | None = None,
+    echo: Echo = print, run_options: dict[str, Any] | None = None, flaky: float | None = None,
+    confidence: float = 0.95, cell_limit: int = 100,
 ) -> BisectResult:  # fmt: skip
-    """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted."""
-    from matrix.campaign import EXIT_INTERRUPTED, RunOptions, run_campaign
+    """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted.
 
+    With `flaky` (the failure rate of a bad version) the search is probabilistic (`matrix.bisect_prob`):
+    one attempt at a time until one version holds `confidence`, or `cell_limit` attempts."""
     if repeat < 1:
         raise ConfigError("--repeat must be at least 1")
+    if flaky is not None and not 0 < flaky < 1:
+        raise ConfigError("--flaky RATE is the failure rate of a bad version: a number between 0 and 1, e.g. 0.4")
+    if not 0.5 <= confidence < 1:
+        raise ConfigError("--confidence must be at least 0.5 and below 1, e.g. 0.95")
+    if flaky is not None and repeat > 1:
+        raise ConfigError("--flaky chooses how often to run each version: drop --repeat")
     with transaction(factory) as session:
         backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
         params = _bisect_params(case, backend_name, str(parse_version(good)), str(parse_version(bad)), repeat)
+        if flaky is not None:
+            if bad_index == 0:
+                raise ConfigError("--flaky bisects a break: give GOOD older than BAD")
+            params.update(flaky=flaky, confidence=confidence)
         selection = Selection(cases=(case,), backends=(backend_name,), strict_markers=False)
         campaign_id, resumed = _find_or_create_campaign(session, params, selection)
     n = len(cells)
@@ -244,6 +288,8 @@ def bisect(
          f"{versions[0]} .. {versions[-1]} (at most {max_cells(n) * repeat} cells)")  # fmt: skip
     probes: dict[int, Probe] = {}
     cells_run = 0
+    if flaky is not None:
+        return _bisect_flaky(factory, campaign_id, cells, params, selection, echo, run_options, cell_limit)
     while True:
         verdicts = {i: p.verdict for i, p in probes.items()}
         index, first = next_probe(n, bad_index, verdicts)
@@ -257,30 +303,11 @@ def bisect(
                 probe.statuses = [r.status for r in finished]
                 probe.messages = [_first_line(r) for r in finished]
                 probe.uids = [r.uid for r in finished]
-                if len(finished) >= repeat:
-                    break
-                _queue(session, campaign_id, cell)
+            if len(finished) >= repeat:
+                break
             echo(f"probe {cell.runtime.label} (attempt {len(finished) + 1} of {repeat})")
-            options = RunOptions(selection=selection, resume=campaign_id, quiet=True, **(run_options or {}))
-            code = run_campaign(factory, options, echo=lambda line: None)
+            echo(f"  {cell.runtime.label}: {_attempt(factory, campaign_id, cell, selection, run_options)}")
             cells_run += 1
-            if code == EXIT_INTERRUPTED:
-                raise BisectInterrupted(campaign_id)
-            with transaction(factory) as session:
-                finished_after, _ = _evidence(session, campaign_id, cell)
-            if len(finished_after) <= len(finished):  # skipped or not run: nothing to learn from this version
-                with transaction(factory) as session:
-                    last = session.scalars(
-                        select(CellRun).where(CellRun.campaign_id == campaign_id, CellRun.case_id == cell.case.id,
-                                              CellRun.runtime_id == cell.runtime.id)
-                        .order_by(CellRun.attempt.desc())
-                    ).first()  # fmt: skip
-                    why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
-                raise ConfigError(
-                    f"cannot bisect: {cell.runtime.label} gives no outcome ({why.splitlines()[0][:200]}); "
-                    f"make it runnable here (`matrix doctor`) or bisect a range without it"
-                )
-            echo(f"  {cell.runtime.label}: {finished_after[-1].status}")
     result = BisectResult(
         campaign_id, case, backend_name, versions, params["good"], params["bad"],
         [probes[i] for i in sorted(probes)], cells_run=cells_run,
@@ -303,13 +330,63 @@ def bisect(
     elif flaky:
         result.unsure = [p.version for p in flaky]
         result.note = "a probe both passed and failed: rerun with --repeat K to bisect a flaky failure"
+    _record_result(factory, campaign_id, result)
+    return result
+
+
+def _bisect_flaky(
+    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], params: dict[str, Any],
+    selection: Selection, echo: Echo, run_options: dict[str, Any] | None, cell_limit: int,
+) -> BisectResult:  # fmt: skip
+    from matrix.bisect_prob import next_version, posterior
+
+    n, rate, confidence = len(cells), float(params["flaky"]), float(params["confidence"])
+    versions = [c.runtime.version for c in cells]
+    probes: dict[int, Probe] = {}
+    cells_run = 0
+    while True:
+        with transaction(factory) as session:
+            for index, cell in enumerate(cells):
+                finished, _ = _evidence(session, campaign_id, cell)
+                if finished:
+                    probes[index] = Probe(index, versions[index], [r.status for r in finished],
+                                          [_first_line(r) for r in finished], [r.uid for r in finished])  # fmt: skip
+        observations = {
+            i: (sum(1 for s in p.statuses if s != PASSED), sum(1 for s in p.statuses if s == PASSED))
+            for i, p in probes.items()
+        }
+        p = posterior(n, observations, rate)
+        best = max(range(n), key=lambda i: p[i])
+        attempts = sum(len(pr.statuses) for pr in probes.values())
+        if p[best] >= confidence or attempts >= cell_limit:
+            break
+        index = next_version(p, rate)
+        echo(f"probe {cells[index].runtime.label} (P(first bad = {versions[best]}) = {p[best]:.2f})")
+        echo(f"  {cells[index].runtime.label}: {_attempt(factory, campaign_id, cells[index], selection, run_options)}")
+        cells_run += 1
+    result = BisectResult(campaign_id, params["case"], params["backend"], versions, params["good"], params["bad"],
+                          [probes[i] for i in sorted(probes)], cells_run=cells_run)  # fmt: skip
+    result.confidence = p[best]
+    result.unsure = [versions[i] for i in range(n) if i != best and p[i] >= 0.01]
+    if p[best] >= confidence:
+        result.first, result.last_other = versions[best], versions[best - 1]
+        result.note = (f"first bad {versions[best]} with probability {p[best]:.3f} (>= {confidence}), assuming a bad "
+                       f"version fails {rate:.0%} of its attempts and {params['bad']} is bad")  # fmt: skip
+    else:
+        result.note = (f"not confident after {attempts} attempts (--max-cells): most likely first bad "
+                       f"{versions[best]} at {p[best]:.2f}")  # fmt: skip
+    _record_result(factory, campaign_id, result)
+    return result
+
+
+def _record_result(factory: sessionmaker[Session], campaign_id: int, result: BisectResult) -> None:
+    """The campaign's bisect entry gets its result: the same command later starts a new bisect."""
     with transaction(factory) as session:
         campaign = session.get(Campaign, campaign_id)
         assert campaign is not None
         info = dict(campaign.selection.get("bisect", {}))
         info["result"] = {"first": result.first, "direction": result.direction, "unsure": result.unsure}
         campaign.selection = {**campaign.selection, "bisect": info}
-    return result
 
 
 @contextlib.contextmanager

@@ -82,12 +82,17 @@ def discover_cmd(
 @click.option("--backend", metavar="NAME", help="The backend whose runtimes to walk (default: the case's).")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Attempts per probed version, for flaky failures: any failure makes a version bad.")
+@click.option("--flaky", type=float, metavar="RATE",
+              help="Probabilistic bisection of a flaky break: a bad version fails this share of its attempts.")
+@click.option("--confidence", type=float, default=0.95, show_default=True,
+              help="With --flaky: stop once one version is the first bad one with this probability.")
+@click.option("--max-cells", type=int, default=100, show_default=True, help="With --flaky: give up after N attempts.")
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @json_option
 @click.pass_obj
 def bisect_cmd(
-    app: App, case: str, between: tuple[str, str], backend: str | None, repeat: int, logs_dir: Path | None,
-    as_json: bool,
+    app: App, case: str, between: tuple[str, str], backend: str | None, repeat: int, flaky: float | None,
+    confidence: float, max_cells: int, logs_dir: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Find the first version between GOOD and BAD at which CASE changes outcome.
 
@@ -110,7 +115,8 @@ def bisect_cmd(
     try:
         with stdout_to_stderr(as_json):
             result = bisect(app.sessions(), case, between[0], between[1], backend=backend, repeat=repeat,
-                            echo=say, run_options=run_options)  # fmt: skip
+                            echo=say, run_options=run_options, flaky=flaky, confidence=confidence,
+                            cell_limit=max_cells)  # fmt: skip
     except (BisectInterrupted, KeyboardInterrupt) as exc:
         which = f"campaign {exc.campaign_id} " if isinstance(exc, BisectInterrupted) else ""
         click.echo(f"bisect {which}interrupted: run the same command again to continue from its recorded attempts",
