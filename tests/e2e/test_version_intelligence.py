@@ -160,3 +160,18 @@ def test_ctrl_c_leaves_a_resumable_bisect_campaign(matrix: Matrix, tmp_path: Pat
     assert data["attempts"] <= max_cells(n)
     statuses = [s for _, s in campaign_rows(matrix, int(str(campaign)))]
     assert "interrupted" in statuses  # the stopped attempt stays on record, beside its rerun
+
+
+def test_flaky_bisect_reaches_its_confidence_on_real_pairs(matrix: Matrix, tmp_path: Path) -> None:
+    # flaky-start at its default rate fails every start, so the outcome is certain; the search still assumes
+    # a 40 % flake and so probes until the posterior, not a single failure, names the version.
+    n, break_at = 8, 5
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at, fault="flaky-start"))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--flaky", "0.4",
+                               "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["first"] == f"1.{break_at}.0" and data["confidence"] >= 0.95
+    assert data["attempts"] == len(campaign_rows(matrix, data["campaign"]))
+    bad = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.7.0", "--flaky", "1.5")
+    assert bad.returncode == 2 and "--flaky RATE" in bad.stderr
