@@ -318,17 +318,17 @@ def bisect(
     else:
         result.first = versions[first]
         result.last_other = versions[first - 1]
-    flaky = [p for p in result.probes if p.verdict == "flaky"]
-    if flaky and repeat > 1:
-        fails = sum(sum(1 for s in p.statuses if s != PASSED) for p in flaky)
-        rate = fails / sum(len(p.statuses) for p in flaky)
+    mixed = [p for p in result.probes if p.verdict == "flaky"]
+    if mixed and repeat > 1:
+        fails = sum(sum(1 for s in p.statuses if s != PASSED) for p in mixed)
+        rate = fails / sum(len(p.statuses) for p in mixed)
         miss = (1 - rate) ** repeat
         result.unsure = [p.version for p in result.probes if p.verdict == "good"]
         if result.unsure:
             result.note = (f"failures are flaky (observed rate {rate:.0%}): each version that passed {repeat} times "
                            f"could still be bad with probability {miss:.1%}")  # fmt: skip
-    elif flaky:
-        result.unsure = [p.version for p in flaky]
+    elif mixed:
+        result.unsure = [p.version for p in mixed]
         result.note = "a probe both passed and failed: rerun with --repeat K to bisect a flaky failure"
     _record_result(factory, campaign_id, result)
     return result
