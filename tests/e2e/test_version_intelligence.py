@@ -175,3 +175,17 @@ def test_flaky_bisect_reaches_its_confidence_on_real_pairs(matrix: Matrix, tmp_p
     assert data["attempts"] == len(campaign_rows(matrix, data["campaign"]))
     bad = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.7.0", "--flaky", "1.5")
     assert bad.returncode == 2 and "--flaky RATE" in bad.stderr
+
+
+def test_repeat_runs_every_probe_k_times_in_one_campaign(matrix: Matrix, tmp_path: Path) -> None:
+    n, break_at = 4, 2
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", "--repeat", "2", "--json",
+                               timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["first"] == "1.2.0" and data["unsure"] == []
+    assert all(len(p["statuses"]) == 2 for p in data["probes"])
+    assert data["attempts"] == 2 * len(data["probes"]) <= 2 * max_cells(n)
+    attempts = matrix.sql("SELECT attempt FROM cell_run WHERE campaign_id = ? ORDER BY attempt", data["campaign"])
+    assert sorted({int(str(a)) for (a,) in attempts}) == [1, 2]
