@@ -100,5 +100,5 @@ def test_downgrade_to_an_unknown_revision_names_the_known_ones(seeded: Matrix) -
     result = seeded.subprocess("db", "downgrade", "nosuchrev")
     assert result.returncode == 2, result.stdout + result.stderr
     line = _one_line_error(result.stderr)
-    assert "cannot downgrade to 'nosuchrev'" in line and "base, 0002, 0001" in line
+    assert "cannot downgrade to 'nosuchrev'" in line and "base, 0004, 0003, 0002, 0001" in line
     assert seeded.dump() == before
