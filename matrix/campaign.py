@@ -79,6 +79,8 @@ class RunOptions:
     on_campaign: Callable[[int], None] | None = None
     # Where venv runtimes are provisioned from (`--find-links`, `--offline`); the index by default.
     provision_source: ProvisionSource = field(default_factory=ProvisionSource)
+    # `--new`: only cells of runtimes that have no attempt at all yet (e.g. just added by `matrix discover`).
+    new_only: bool = False
 
 
 def _git_sha() -> str:
@@ -245,6 +247,9 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         return campaign.id, chosen
     plan = plan_from_db(session, options.selection)
     planned = pick_cells(plan, options.cells) if options.cells else list(plan.cells)
+    if options.new_only:
+        ran = set(session.scalars(select(CellRun.runtime_id).distinct()))
+        planned = [cell for cell in planned if cell.runtime.id not in ran]
     recorded = {**options.selection.as_dict(), "cells": [c.key for c in planned]}
     if options.campaign_key:
         recorded["campaign_key"] = options.campaign_key

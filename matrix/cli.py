@@ -469,13 +469,15 @@ def plan_cmd(
 @click.option("--find-links", type=click.Path(path_type=Path), metavar="DIR",
               help="A wheelhouse (`matrix runtime wheelhouse --out DIR`) that provisioning also takes wheels from.")
 @click.option("--offline", is_flag=True, help="Provision venv runtimes from the --find-links wheelhouse only.")
+@click.option("--new", "new_only", is_flag=True,
+              help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
-    offline: bool, **kw: Any,
+    offline: bool, new_only: bool, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -501,6 +503,8 @@ def run_cmd(
         raise click.UsageError(
             "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
         )
+    if new_only and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
     if results_out is not None:
@@ -519,6 +523,7 @@ def run_cmd(
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
+        new_only=new_only,
     )  # fmt: skip
     from matrix.output import echo
 
@@ -601,7 +606,9 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 from matrix.cli_fanout import register as _register_fanout_commands  # noqa: E402
 from matrix.cli_report import register as _register_report_commands  # noqa: E402
 from matrix.cli_runtime import register as _register_runtime_commands  # noqa: E402
+from matrix.cli_versions import register as _register_version_commands  # noqa: E402
 
 _register_runtime_commands(cli)
+_register_version_commands(cli)
 _register_report_commands(cli)
 _register_fanout_commands(cli)

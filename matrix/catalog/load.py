@@ -128,7 +128,14 @@ def _nul_at(value: Any, where: str) -> str | None:
 
 
 def _backend(e: _Entry) -> BackendSpec:
-    return BackendSpec(name=_name(e), description=e.get("description", str, ""))
+    from matrix.catalog.template import check_template
+
+    template = e.get("runtime_template", dict, None)
+    return BackendSpec(
+        name=_name(e),
+        description=e.get("description", str, ""),
+        runtime_template=check_template(template, e.where) if template is not None else None,
+    )
 
 
 def _name(e: _Entry, key: str = "name") -> str:

@@ -15,6 +15,8 @@ PROVIDER_KINDS = ("builtin", "host", "venv", "container")
 class BackendSpec:
     name: str
     description: str = ""
+    # `runtime_template`: how `matrix discover` makes a runtime of a version found on the index.
+    runtime_template: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

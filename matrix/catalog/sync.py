@@ -6,7 +6,7 @@ the files being synced but that they no longer list are *retired* (hidden from p
 deleted: results keep pointing at them. Each row records its file (`source_file`), so syncing one file
 never retires what another file (the seed catalog, say) defined. `prune=True` (`--prune`) retires every
 catalog row of a kind the files define that they do not list, whatever its file. Runtimes and markers
-added from the command line (`source = "cli"`) are left alone either way.
+added from the command line (`source = "cli"`) or by `matrix discover` (`"discovered"`) are left alone either way.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class _Syncer:
         rows = {b.name: b for b in self.session.scalars(select(Backend))}
         for b in self.spec.backends:
             rows[b.name] = self.upsert(
-                "backend", b.name, rows.get(b.name), Backend, {"name": b.name, "description": b.description}
-            )
+                "backend", b.name, rows.get(b.name), Backend,
+                {"name": b.name, "description": b.description, "runtime_template": b.runtime_template},
+            )  # fmt: skip
         self.retire_missing(
             "backend", list(rows.values()), {b.name for b in self.spec.backends}, lambda r: r.name
         )

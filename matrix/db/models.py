@@ -55,6 +55,9 @@ class Backend(Base):
     # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
     # rows that came from files of the names it is given.
     source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The catalog's `runtime_template` (package, channel, provider, components with `{version}`): what
+    # `matrix discover` turns a new version on the index into. None: the backend declares none.
+    runtime_template: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
 
     runtimes: Mapped[list[Runtime]] = relationship(back_populates="backend")
 
@@ -75,7 +78,8 @@ class Runtime(Base):
     # rows that came from files of the names it is given.
     source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
     notes: Mapped[str] = mapped_column(Text, default="")
-    # "catalog" rows are owned by `matrix catalog sync`; "cli" rows were added by hand and sync leaves them.
+    # "catalog" rows are owned by `matrix catalog sync`; "cli" rows were added by hand and "discovered" rows by
+    # `matrix discover`: sync leaves both.
     source: Mapped[str] = mapped_column(String(16), default="catalog")
 
     backend: Mapped[Backend] = relationship(back_populates="runtimes")

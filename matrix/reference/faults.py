@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 # Faults may also come from this environment variable (comma-separated), so one setting reaches every
 # process of a pair; they are merged with the `--fault` options of each process.
 FAULTS_ENV = "MATRIX_REFERENCE_FAULTS"
+# The probability with which `flaky-start` crashes a start (0..1).
+FLAKE_RATE_ENV = "MATRIX_REFERENCE_FLAKE_RATE"
 # File whose existence tells `crash-once` that the first start already crashed (shared by attempts).
 STATE_ENV = "MATRIX_REFERENCE_STATE"
 
@@ -14,6 +16,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "crash-at-start": "both workers print an error and exit with code 1 before listening",
     "crash-once": "the prefill worker crashes at start the first time for a state file ($MATRIX_REFERENCE_STATE), "
     "then starts normally: a flaky start-up",
+    "flaky-start": "the prefill worker crashes at start with probability $MATRIX_REFERENCE_FLAKE_RATE (default 1): "
+    "a flaky break to bisect",
     "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
     "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
     "same-worker-id": "the frontend reports the prefill worker id as the decode id too (aggregated)",
@@ -37,6 +41,7 @@ FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
 WORKER_START_FAULTS: frozenset[str] = frozenset({"crash-at-start", "hang-at-start", "slow-start"})
 PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "crash-once",
+    "flaky-start",
     "kv-transfer-dropped",
     "escaped-child",
     "ignore-sigterm",

@@ -11,7 +11,7 @@ from typing import TypeGuard
 
 from matrix.reference import tokens
 from matrix.reference.eventlog import EventLog
-from matrix.reference.faults import DECODE_FAULTS, PREFILL_FAULTS, STATE_ENV
+from matrix.reference.faults import DECODE_FAULTS, FLAKE_RATE_ENV, PREFILL_FAULTS, STATE_ENV
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
 from matrix.reference.kvpool import (
     MAX_HANDLE_BYTES,
@@ -239,6 +239,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
         return 1
+    if "flaky-start" in faults and _flake():
+        log("error: engine core failed to start: simulated crash (fault flaky-start)")
+        return 1
     if "crash-once" in faults and _first_start():
         log("error: engine core failed to start: simulated crash, first start only (fault crash-once)")
         return 1
@@ -286,3 +289,12 @@ def run_worker(cfg: WorkerConfig) -> int:
         pool.close()
     log("stopped, KV pool freed")
     return 0
+
+
+def _flake() -> bool:
+    """True with probability $MATRIX_REFERENCE_FLAKE_RATE (default 1: always), from the OS's randomness."""
+    try:
+        rate = float(os.environ.get(FLAKE_RATE_ENV, "1"))
+    except ValueError:
+        rate = 1.0
+    return secrets.randbelow(1_000_000) < rate * 1_000_000

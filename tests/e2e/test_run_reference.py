@@ -23,6 +23,7 @@ from tests.conftest import DATA, Matrix
 EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "crash-at-start": ("failed", "startup", None),
     "crash-once": ("failed", "startup", None),  # one attempt only here; retried in test_scheduler
+    "flaky-start": ("failed", "startup", None),  # rate 1 unless MATRIX_REFERENCE_FLAKE_RATE says otherwise
     "hang-at-start": ("timeout", "health", None),
     "slow-start": ("timeout", "health", None),
     "same-worker-id": ("failed", "validation", "worker_ids_distinct"),

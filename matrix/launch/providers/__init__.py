@@ -43,7 +43,10 @@ def prepare(runtime: RuntimeInfo) -> Environment | Unavailable:
     if kind == "builtin":
         from matrix import __version__
 
-        return Environment(components={"matrix-reference": __version__})
+        # `env` reaches the reference server's processes: e.g. MATRIX_REFERENCE_FAULTS plants a break in
+        # one runtime's recipe, which `matrix bisect` must then find.
+        env = {str(k): str(v) for k, v in runtime.provider.get("env", {}).items()}
+        return Environment(env=env, components={"matrix-reference": __version__})
     if kind == "host":
         return prepare_host(runtime)
     if kind == "venv":

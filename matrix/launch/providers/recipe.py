@@ -37,7 +37,7 @@ from matrix.errors import ConfigError
 ENV_LAYOUT = 1
 
 PROVIDER_KEYS: dict[str, frozenset[str]] = {
-    "builtin": frozenset({"kind"}),
+    "builtin": frozenset({"kind", "env"}),
     "host": frozenset({"kind", "python", "env", "pythonpath"}),
     "venv": frozenset({"kind", "python", "steps", "env"}),
     "container": frozenset({"kind", "image", "engine", "python", "env", "ipc"}),
@@ -387,7 +387,9 @@ def parse_venv(provider: Mapping[str, Any], label: str) -> VenvRecipe:
 def check_provider(provider: Mapping[str, Any], label: str) -> None:
     """Raise `ConfigError` naming what is wrong with a runtime's provider entry (for catalog loading)."""
     kind = check_keys(provider, label)
-    if kind == "host":
+    if kind == "builtin":
+        _string_map(provider.get("env"), label, "env")
+    elif kind == "host":
         parse_host(provider, label)
     elif kind == "venv":
         parse_venv(provider, label)

@@ -1,0 +1,400 @@
+"""`matrix bisect`: the first version between a good and a bad runtime at which a case changes outcome.
+
+Every probe is a normal attempt of one *bisect campaign*: the cell is appended to the campaign's stored
+selection with a `pending` row and run by `run_campaign(resume=...)`, the same path as `matrix run
+--resume`, so it is recorded, shown, reported and exported like any other attempt. The search itself
+(`next_probe`) is a pure function of the verdicts known so far, so a bisect stopped by Ctrl-C continues
+from its recorded attempts when the same command is run again.
+
+Deterministic failures: the bad end is probed once (does it really fail?), then a binary search over the
+versions between: at most 1 + ceil(log2(n - 1)) <= ceil(log2 n) + 1 cells for n versions. With
+`--repeat K` every probe runs K times; any failure makes a version bad, a mix of passes and failures
+makes it *flaky*, and a version that passed K times is reported *unsure* when a flaky failure was seen
+(such a failure passes K times with probability (1 - observed failure rate) ** K).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from matrix import __version__
+from matrix.db.engine import transaction
+from matrix.db.models import Campaign, CellRun
+from matrix.errors import ConfigError
+from matrix.outcome import FAILED_STATUSES
+from matrix.plan import Cell, Selection, plan_from_db
+from matrix.versions import parse_version
+
+PASSED, FAILED = "passed", "failed"
+# Outcomes that say something about the version; skipped/interrupted/not-run say nothing.
+DECISIVE = frozenset({"passed"}) | (FAILED_STATUSES - {"interrupted"})
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Probe:
+    index: int
+    version: str
+    statuses: list[str] = field(default_factory=list)  # finished attempts, oldest first
+    messages: list[str] = field(default_factory=list)
+    uids: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """good | bad | flaky (mixed: counted bad) | unknown (not enough decisive attempts)."""
+        decisive = [s for s in self.statuses if s in DECISIVE]
+        if not decisive:
+            return "unknown"
+        fails = sum(1 for s in decisive if s != PASSED)
+        if fails == 0:
+            return "good"
+        return "bad" if fails == len(decisive) else "flaky"
+
+
+@dataclass
+class BisectResult:
+    campaign_id: int
+    case: str
+    backend: str
+    versions: list[str]
+    good: str
+    bad: str
+    probes: list[Probe]
+    first: str | None = None  # the oldest version with the newer end's outcome (first bad, or first good)
+    last_other: str | None = None  # the version just before it
+    direction: str = "first bad"  # or "first good" when GOOD is the newer end
+    unsure: list[str] = field(default_factory=list)
+    note: str = ""
+    cells_run: int = 0  # attempts this invocation ran (a resumed bisect reuses earlier ones)
+    confidence: float | None = None  # the posterior of `first` (probabilistic bisection only)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "campaign": self.campaign_id, "case": self.case, "backend": self.backend, "good": self.good,
+            "bad": self.bad, "versions": len(self.versions), "direction": self.direction, "first": self.first,
+            "last_other": self.last_other, "unsure": self.unsure, "note": self.note, "cells_run": self.cells_run,
+            "confidence": self.confidence,
+            "attempts": sum(len(p.statuses) for p in self.probes),
+            "probes": [{"version": p.version, "verdict": p.verdict, "statuses": p.statuses,
+                        "messages": p.messages, "attempts": p.uids} for p in self.probes],
+        }  # fmt: skip
+
+
+def max_cells(n: int) -> int:
+    """The deterministic bound this bisection keeps: ceil(log2 n) + 1 cells for n versions."""
+    return math.ceil(math.log2(n)) + 1 if n > 1 else 1
+
+
+def next_probe(n: int, bad_index: int, verdicts: dict[int, str]) -> tuple[int | None, int | None]:
+    """(index to probe next, None) or (None, index of the oldest version with the newer end's outcome).
+
+    `bad_index` is 0 (the bad end is the oldest: searching for the first *good* version) or n - 1.
+    The good end is taken as given; `verdicts[i]` is "good", "bad" or "flaky" (counted bad). Returns
+    (None, None) when the bad end does not fail: there is nothing to bisect.
+    """
+    if bad_index not in verdicts:
+        return bad_index, None
+    if verdicts[bad_index] == "good":
+        return None, None
+    # Walk from the oldest version: lo has the old end's outcome, hi the new end's.
+    new_is_bad = bad_index == n - 1
+    lo, hi = 0, n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mid not in verdicts:
+            return mid, None
+        is_bad = verdicts[mid] != "good"
+        if is_bad == new_is_bad:
+            hi = mid
+        else:
+            lo = mid
+    return None, hi
+
+
+def _bisect_params(case: str, backend: str, good: str, bad: str, repeat: int) -> dict[str, Any]:
+    return {"case": case, "backend": backend, "good": good, "bad": bad, "repeat": repeat}
+
+
+def _cells(session: Session, case: str, backend: str | None, good: str, bad: str) -> tuple[str, list[Cell], int]:
+    """(backend, the case's cells on every planned runtime between GOOD and BAD sorted by version, bad's index)."""
+    selection = Selection(cases=(case,), backends=(backend,) if backend else (), strict_markers=False)
+    cells = list(plan_from_db(session, selection).cells)
+    if not cells:
+        where = f" on backend {backend!r}" if backend else ""
+        raise ConfigError(
+            f"case {case!r} has no runnable cell{where}; "
+            f"see `matrix cases list` and `matrix plan --case {case} --explain`"
+        )
+    backends = sorted({c.runtime.backend for c in cells})
+    if len(backends) > 1:
+        raise ConfigError(f"case {case!r} runs on {', '.join(backends)}: choose one with --backend")
+    try:
+        lo_v, hi_v = parse_version(good), parse_version(bad)
+    except ConfigError as exc:
+        raise ConfigError(f"--between: {exc}") from None
+    if lo_v == hi_v:
+        raise ConfigError("--between GOOD BAD needs two different versions")
+    by_version = {parse_version(c.runtime.version): c for c in cells}
+    for v, name in ((lo_v, "GOOD"), (hi_v, "BAD")):
+        if v not in by_version:
+            known = ", ".join(str(k) for k in sorted(by_version))
+            raise ConfigError(
+                f"--between: {name} {v} is not a runtime the case runs on ({backends[0]}: {known}); "
+                f"add it (`matrix discover`, `matrix runtime add`) or pick one of these"
+            )
+    low, high = min(lo_v, hi_v), max(lo_v, hi_v)
+    ordered = [by_version[v] for v in sorted(by_version) if low <= v <= high]
+    bad_index = len(ordered) - 1 if hi_v > lo_v else 0
+    return backends[0], ordered, bad_index
+
+
+def _find_or_create_campaign(session: Session, params: dict[str, Any], selection: Selection) -> tuple[int, bool]:
+    """An unfinished bisect campaign with these parameters (resumed), else a new one."""
+    for campaign in session.scalars(select(Campaign).order_by(Campaign.id.desc())):
+        info = (campaign.selection or {}).get("bisect")
+        if isinstance(info, dict) and {k: info.get(k) for k in params} == params and "result" not in info:
+            return campaign.id, True
+    from matrix.campaign import _git_sha
+
+    campaign = Campaign(
+        status="finished", selection={**selection.as_dict(), "cells": [], "bisect": dict(params)},
+        host=socket.gethostname(), executor="local", git_sha=_git_sha(), matrix_version=__version__,
+        owner_pid=os.getpid(),
+    )  # fmt: skip
+    session.add(campaign)
+    session.flush()
+    return campaign.id, False
+
+
+def _evidence(session: Session, campaign_id: int, cell: Cell) -> tuple[list[CellRun], CellRun | None]:
+    rows = list(
+        session.scalars(
+            select(CellRun)
+            .where(CellRun.campaign_id == campaign_id, CellRun.case_id == cell.case.id,
+                   CellRun.runtime_id == cell.runtime.id)
+            .order_by(CellRun.attempt)
+        )
+    )  # fmt: skip
+    finished = [r for r in rows if r.status in DECISIVE]
+    pending = next((r for r in rows if r.status == "pending"), None)
+    return finished, pending
+
+
+def _queue(session: Session, campaign_id: int, cell: Cell) -> None:
+    """Append the cell to the campaign's selection and give it a pending attempt (unless it has one)."""
+    from matrix.schedule.claims import new_uid
+
+    campaign = session.get(Campaign, campaign_id)
+    assert campaign is not None
+    selection = dict(campaign.selection)
+    if cell.key not in selection.get("cells", []):
+        selection["cells"] = [*selection.get("cells", []), cell.key]
+        campaign.selection = selection  # a new dict, so the JSON column is written
+    rows = list(
+        session.scalars(
+            select(CellRun).where(CellRun.campaign_id == campaign_id, CellRun.case_id == cell.case.id,
+                                  CellRun.runtime_id == cell.runtime.id)
+        )
+    )  # fmt: skip
+    if any(r.status == "pending" for r in rows):
+        return
+    attempt = max((r.attempt for r in rows), default=0) + 1
+    session.add(CellRun(uid=new_uid(), campaign_id=campaign_id, case_id=cell.case.id, runtime_id=cell.runtime.id,
+                        attempt=attempt, status="pending", checks=[]))  # fmt: skip
+
+
+def _first_line(row: CellRun) -> str:
+    text = (row.message or "").strip().splitlines()
+    head = text[0] if text else ""
+    kind = f"{row.failure_kind}: " if row.failure_kind else ""
+    return (kind + head)[:160] if row.status != PASSED else ""
+
+
+def _attempt(
+    factory: sessionmaker[Session], campaign_id: int, cell: Cell, selection: Selection,
+    run_options: dict[str, Any] | None,
+) -> str:  # fmt: skip
+    """Run one more attempt of `cell` in the bisect campaign, through `matrix run --resume`'s path; its status."""
+    from matrix.campaign import EXIT_INTERRUPTED, RunOptions, run_campaign
+
+    with transaction(factory) as session:
+        before, _ = _evidence(session, campaign_id, cell)
+        _queue(session, campaign_id, cell)
+    options = RunOptions(selection=selection, resume=campaign_id, quiet=True, **(run_options or {}))
+    if run_campaign(factory, options, echo=lambda line: None) == EXIT_INTERRUPTED:
+        raise BisectInterrupted(campaign_id)
+    with transaction(factory) as session:
+        after, _ = _evidence(session, campaign_id, cell)
+        if len(after) > len(before):
+            return after[-1].status
+        # Skipped or not run: this version says nothing, and bisecting around it would guess.
+        last = session.scalars(
+            select(CellRun).where(CellRun.campaign_id == campaign_id, CellRun.case_id == cell.case.id,
+                                  CellRun.runtime_id == cell.runtime.id)
+            .order_by(CellRun.attempt.desc())
+        ).first()  # fmt: skip
+        why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
+    raise ConfigError(
+        f"cannot bisect: {cell.runtime.label} gives no outcome ({why.splitlines()[0][:200]}); "
+        f"make it runnable here (`matrix doctor`) or bisect a range without it"
+    )
+
+
+class BisectInterrupted(Exception):
+    def __init__(self, campaign_id: int) -> None:
+        super().__init__(campaign_id)
+        self.campaign_id = campaign_id
+
+
+def bisect(
+    factory: sessionmaker[Session], case: str, good: str, bad: str, *, backend: str | None = None, repeat: int = 1,
+    echo: Echo = print, run_options: dict[str, Any] | None = None, flaky: float | None = None,
+    confidence: float = 0.95, cell_limit: int = 100,
+) -> BisectResult:  # fmt: skip
+    """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted.
+
+    With `flaky` (the failure rate of a bad version) the search is probabilistic (`matrix.bisect_prob`):
+    one attempt at a time until one version holds `confidence`, or `cell_limit` attempts."""
+    if repeat < 1:
+        raise ConfigError("--repeat must be at least 1")
+    if flaky is not None and not 0 < flaky < 1:
+        raise ConfigError("--flaky RATE is the failure rate of a bad version: a number between 0 and 1, e.g. 0.4")
+    if not 0.5 <= confidence < 1:
+        raise ConfigError("--confidence must be at least 0.5 and below 1, e.g. 0.95")
+    if flaky is not None and repeat > 1:
+        raise ConfigError("--flaky chooses how often to run each version: drop --repeat")
+    with transaction(factory) as session:
+        backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
+        params = _bisect_params(case, backend_name, str(parse_version(good)), str(parse_version(bad)), repeat)
+        if flaky is not None:
+            if bad_index == 0:
+                raise ConfigError("--flaky bisects a break: give GOOD older than BAD")
+            params.update(flaky=flaky, confidence=confidence)
+        selection = Selection(cases=(case,), backends=(backend_name,), strict_markers=False)
+        campaign_id, resumed = _find_or_create_campaign(session, params, selection)
+    n = len(cells)
+    versions = [c.runtime.version for c in cells]
+    echo(f"{'resuming ' if resumed else ''}bisect campaign {campaign_id}: {case} over {n} {backend_name} versions "
+         f"{versions[0]} .. {versions[-1]} (at most {max_cells(n) * repeat} cells)")  # fmt: skip
+    probes: dict[int, Probe] = {}
+    cells_run = 0
+    if flaky is not None:
+        return _bisect_flaky(factory, campaign_id, cells, params, selection, echo, run_options, cell_limit)
+    while True:
+        verdicts = {i: p.verdict for i, p in probes.items()}
+        index, first = next_probe(n, bad_index, verdicts)
+        if index is None:
+            break
+        cell = cells[index]
+        probe = probes.setdefault(index, Probe(index, versions[index]))
+        while True:
+            with transaction(factory) as session:
+                finished, _ = _evidence(session, campaign_id, cell)
+                probe.statuses = [r.status for r in finished]
+                probe.messages = [_first_line(r) for r in finished]
+                probe.uids = [r.uid for r in finished]
+            if len(finished) >= repeat:
+                break
+            echo(f"probe {cell.runtime.label} (attempt {len(finished) + 1} of {repeat})")
+            echo(f"  {cell.runtime.label}: {_attempt(factory, campaign_id, cell, selection, run_options)}")
+            cells_run += 1
+    result = BisectResult(
+        campaign_id, case, backend_name, versions, params["good"], params["bad"],
+        [probes[i] for i in sorted(probes)], cells_run=cells_run,
+        direction="first bad" if bad_index == n - 1 else "first good",
+    )  # fmt: skip
+    if first is None:
+        result.note = f"the bad end {params['bad']} passed here: nothing to bisect"
+    else:
+        result.first = versions[first]
+        result.last_other = versions[first - 1]
+    mixed = [p for p in result.probes if p.verdict == "flaky"]
+    if mixed and repeat > 1:
+        fails = sum(sum(1 for s in p.statuses if s != PASSED) for p in mixed)
+        rate = fails / sum(len(p.statuses) for p in mixed)
+        miss = (1 - rate) ** repeat
+        result.unsure = [p.version for p in result.probes if p.verdict == "good"]
+        if result.unsure:
+            result.note = (f"failures are flaky (observed rate {rate:.0%}): each version that passed {repeat} times "
+                           f"could still be bad with probability {miss:.1%}")  # fmt: skip
+    elif mixed:
+        result.unsure = [p.version for p in mixed]
+        result.note = "a probe both passed and failed: rerun with --repeat K to bisect a flaky failure"
+    _record_result(factory, campaign_id, result)
+    return result
+
+
+def _bisect_flaky(
+    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], params: dict[str, Any],
+    selection: Selection, echo: Echo, run_options: dict[str, Any] | None, cell_limit: int,
+) -> BisectResult:  # fmt: skip
+    from matrix.bisect_prob import next_version, posterior
+
+    n, rate, confidence = len(cells), float(params["flaky"]), float(params["confidence"])
+    versions = [c.runtime.version for c in cells]
+    probes: dict[int, Probe] = {}
+    cells_run = 0
+    while True:
+        with transaction(factory) as session:
+            for index, cell in enumerate(cells):
+                finished, _ = _evidence(session, campaign_id, cell)
+                if finished:
+                    probes[index] = Probe(index, versions[index], [r.status for r in finished],
+                                          [_first_line(r) for r in finished], [r.uid for r in finished])  # fmt: skip
+        observations = {
+            i: (sum(1 for s in p.statuses if s != PASSED), sum(1 for s in p.statuses if s == PASSED))
+            for i, p in probes.items()
+        }
+        p = posterior(n, observations, rate)
+        best = max(range(n), key=lambda i: p[i])
+        attempts = sum(len(pr.statuses) for pr in probes.values())
+        if p[best] >= confidence or attempts >= cell_limit:
+            break
+        index = next_version(p, rate)
+        echo(f"probe {cells[index].runtime.label} (P(first bad = {versions[best]}) = {p[best]:.2f})")
+        echo(f"  {cells[index].runtime.label}: {_attempt(factory, campaign_id, cells[index], selection, run_options)}")
+        cells_run += 1
+    result = BisectResult(campaign_id, params["case"], params["backend"], versions, params["good"], params["bad"],
+                          [probes[i] for i in sorted(probes)], cells_run=cells_run)  # fmt: skip
+    result.confidence = p[best]
+    result.unsure = [versions[i] for i in range(n) if i != best and p[i] >= 0.01]
+    if p[best] >= confidence:
+        result.first, result.last_other = versions[best], versions[best - 1]
+        result.note = (f"first bad {versions[best]} with probability {p[best]:.3f} (>= {confidence}), assuming a bad "
+                       f"version fails {rate:.0%} of its attempts and {params['bad']} is bad")  # fmt: skip
+    else:
+        result.note = (f"not confident after {attempts} attempts (--max-cells): most likely first bad "
+                       f"{versions[best]} at {p[best]:.2f}")  # fmt: skip
+    _record_result(factory, campaign_id, result)
+    return result
+
+
+def _record_result(factory: sessionmaker[Session], campaign_id: int, result: BisectResult) -> None:
+    """The campaign's bisect entry gets its result: the same command later starts a new bisect."""
+    with transaction(factory) as session:
+        campaign = session.get(Campaign, campaign_id)
+        assert campaign is not None
+        info = dict(campaign.selection.get("bisect", {}))
+        info["result"] = {"first": result.first, "direction": result.direction, "unsure": result.unsure}
+        campaign.selection = {**campaign.selection, "bisect": info}
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool) -> Any:
+    """With --json, stdout carries only the result: the campaign's own lines go to stderr."""
+    if not active:
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield

@@ -1,0 +1,191 @@
+"""`matrix discover` + `matrix run --new`, and `matrix bisect`, on real reference pairs.
+
+A bisect needs versions that differ in behaviour: each synthetic runtime is the built-in reference server,
+and from a planted version on its recipe carries `MATRIX_REFERENCE_FAULTS` in the provider's env, so its
+pair really fails (the workers crash at start). Nothing of matrix is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from matrix.bisect import max_cells
+from tests.conftest import DATA, Matrix
+from tests.pep691 import serve_index, wheel, write_project
+from tests.unit.test_discover import CATALOG
+
+
+def synthetic_catalog(path: Path, n: int, break_at: int, *, fault: str = "crash-at-start", fix: bool = False) -> str:
+    """n runtimes 1.0.0 .. 1.{n-1}.0 of backend `synth`; versions from `break_at` on fail (before it, with fix)."""
+    lines = ['[[backend]]\nname = "synth"\n']
+    for i in range(n):
+        broken = (i < break_at) if fix else (i >= break_at)
+        env = f', env = {{ MATRIX_REFERENCE_FAULTS = "{fault}" }}' if broken else ""
+        lines.append(f'[[runtime]]\nbackend = "synth"\nversion = "1.{i}.0"\nprovider = {{ kind = "builtin"{env} }}\n')
+    lines.append('[[case]]\nname = "synth_pair"\nbackend = "synth"\narm = "reference"\nmodel = "tiny"\n'
+                 'markers = ["gpu_0"]\nstartup_timeout_s = 20\nrequest_timeout_s = 10\n'
+                 'launch = { teardown_grace_s = 0.5 }\n')  # fmt: skip
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def sync(m: Matrix, *files: str) -> None:
+    result = m.subprocess("catalog", "sync", *files, str(DATA / "markers.toml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def campaign_rows(m: Matrix, campaign: int) -> list[tuple[str, str]]:
+    rows = m.sql(
+        "SELECT runtime.version, cell_run.status FROM cell_run JOIN runtime ON runtime.id = cell_run.runtime_id "
+        "WHERE cell_run.campaign_id = ? ORDER BY cell_run.id",
+        campaign,
+    )
+    return [(str(v), str(s)) for v, s in rows]
+
+
+def test_run_new_runs_exactly_the_never_run_runtimes(matrix: Matrix, tmp_path: Path) -> None:
+    (tmp_path / "refpkg.toml").write_text(CATALOG)
+    sync(matrix, str(tmp_path / "refpkg.toml"))
+    first = matrix.subprocess("run", "--backend", "refpkg", "--no-report", "-q")
+    assert first.returncode == 0, first.stdout + first.stderr
+    write_project(tmp_path / "index", "ref-pkg", [wheel("ref-pkg", "1.0.0"), wheel("ref-pkg", "1.1.0"),
+                                                  wheel("ref-pkg", "2.0.0")])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        added = matrix.subprocess("discover", "refpkg", "--index-url", url)
+    assert added.returncode == 0 and "2 runtime(s) added" in added.stdout, added.stdout + added.stderr
+    new = matrix.subprocess("run", "--new", "--no-report", "-q")
+    assert new.returncode == 0, new.stdout + new.stderr
+    (latest,) = matrix.sql("SELECT max(id) FROM campaign")[0]
+    # Exactly the two discovered runtimes ran (the builtin pair passes on each), not 1.0.0 again.
+    assert sorted(campaign_rows(matrix, int(str(latest)))) == [("1.1.0", "passed"), ("2.0.0", "passed")]
+    again = matrix.subprocess("run", "--new", "--no-report", "-q")
+    assert again.returncode == 0 and "nothing to run" in again.stdout + again.stderr
+    assert matrix.sql("SELECT count(*) FROM campaign")[0][0] == 2
+    bad = matrix.subprocess("run", "--new", "--resume", "1")
+    assert bad.returncode == 2 and "--new" in bad.stderr
+
+
+@pytest.mark.parametrize("break_at", [1, 5, 7])
+def test_bisect_finds_the_planted_break_within_the_bound(matrix: Matrix, tmp_path: Path, break_at: int) -> None:
+    n = 8
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--json", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["first"] == f"1.{break_at}.0" and data["last_other"] == f"1.{break_at - 1}.0"
+    assert data["direction"] == "first bad"
+    assert data["attempts"] == data["cells_run"] <= max_cells(n) == math.ceil(math.log2(n)) + 1
+    # Every probe is a normal attempt of the one bisect campaign, with the pair's real error.
+    rows = campaign_rows(matrix, data["campaign"])
+    assert len(rows) == data["attempts"]
+    for probe in data["probes"]:
+        bad = int(probe["version"].split(".")[1]) >= break_at
+        assert probe["verdict"] == ("bad" if bad else "good")
+        assert probe["statuses"] == (["failed"] if bad else ["passed"])
+        if bad:
+            assert probe["messages"][0].startswith("startup:"), probe
+    (selection,) = matrix.sql("SELECT selection FROM campaign WHERE id = ?", data["campaign"])[0]
+    stored = json.loads(str(selection))
+    assert stored["bisect"]["result"]["first"] == f"1.{break_at}.0"
+    shown = matrix.subprocess("show", f"synth_pair@synth-1.{n - 1}.0", "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "failed"
+
+
+def test_bisect_finds_the_first_good_version_of_a_fix(matrix: Matrix, tmp_path: Path) -> None:
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 6, 3, fix=True))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.5.0", "1.0.0", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "first good version: 1.3.0 (previous: 1.2.0)" in result.stdout
+    assert "startup:" in result.stdout  # the evidence table carries each failing probe's error
+
+
+def test_bisect_with_nothing_to_bisect_says_so(matrix: Matrix, tmp_path: Path) -> None:
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 99))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the bad end 1.3.0 passed here: nothing to bisect" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("synth_pair", "--between", "1.0.0", "9.9.9"), "BAD 9.9.9 is not a runtime the case runs on"),
+        (("synth_pair", "--between", "1.0.0", "1.0"), "two different versions"),
+        (("synth_pair", "--between", "1.0.0", "1.3.0", "--repeat", "0"), "--repeat must be at least 1"),
+        (("nosuch", "--between", "1.0.0", "1.3.0"), "unknown case 'nosuch'"),
+        (("synth_pair", "--between", "1.0.0", "x.y"), "--between"),
+    ],
+)
+def test_bisect_bad_input_exit_2_database_unchanged(
+    matrix: Matrix, tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 2))
+    before = matrix.dump()
+    result = matrix.subprocess("bisect", *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert matrix.dump() == before
+
+
+def test_ctrl_c_leaves_a_resumable_bisect_campaign(matrix: Matrix, tmp_path: Path) -> None:
+    n, break_at = 8, 3
+    # A slow start keeps the first probe running long enough to be interrupted mid-cell.
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    args = ("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--json")
+    proc = matrix.popen(*args)
+    try:
+        deadline = time.monotonic() + 60
+        while not matrix.sql("SELECT 1 FROM cell_run WHERE status = 'running'") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, output
+    assert "interrupted: run the same command again" in output
+    (campaign, status), = matrix.sql("SELECT id, status FROM campaign")
+    assert status == "interrupted"
+    resumed = matrix.subprocess(*args, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    data = json.loads(resumed.stdout)
+    assert data["campaign"] == campaign and data["first"] == f"1.{break_at}.0"
+    assert data["attempts"] <= max_cells(n)
+    statuses = [s for _, s in campaign_rows(matrix, int(str(campaign)))]
+    assert "interrupted" in statuses  # the stopped attempt stays on record, beside its rerun
+
+
+def test_flaky_bisect_reaches_its_confidence_on_real_pairs(matrix: Matrix, tmp_path: Path) -> None:
+    # flaky-start at its default rate fails every start, so the outcome is certain; the search still assumes
+    # a 40 % flake and so probes until the posterior, not a single failure, names the version.
+    n, break_at = 8, 5
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at, fault="flaky-start"))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--flaky", "0.4",
+                               "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["first"] == f"1.{break_at}.0" and data["confidence"] >= 0.95
+    assert data["attempts"] == len(campaign_rows(matrix, data["campaign"]))
+    bad = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.7.0", "--flaky", "1.5")
+    assert bad.returncode == 2 and "--flaky RATE" in bad.stderr
+
+
+def test_repeat_runs_every_probe_k_times_in_one_campaign(matrix: Matrix, tmp_path: Path) -> None:
+    n, break_at = 4, 2
+    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", "--repeat", "2", "--json",
+                               timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["first"] == "1.2.0" and data["unsure"] == []
+    assert all(len(p["statuses"]) == 2 for p in data["probes"])
+    assert data["attempts"] == 2 * len(data["probes"]) <= 2 * max_cells(n)
+    attempts = matrix.sql("SELECT attempt FROM cell_run WHERE campaign_id = ? ORDER BY attempt", data["campaign"])
+    assert sorted({int(str(a)) for (a,) in attempts}) == [1, 2]

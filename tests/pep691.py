@@ -1,0 +1,76 @@
+"""A real PEP 691 simple index on loopback, served from files: `<root>/<project>.json` is the project page.
+
+Any path that is not a project page of the directory answers 404, `/html/...` answers HTML only (an
+index that does not speak the JSON API), so `matrix discover` is tested against real HTTP end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+def project_page(name: str, files: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"meta": {"api-version": "1.1"}, "name": name, "files": files}
+
+
+def wheel(name: str, version: str, yanked: bool | str = False) -> dict[str, Any]:
+    filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    return {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64}, "yanked": yanked}
+
+
+def sdist(name: str, version: str, yanked: bool | str = False) -> dict[str, Any]:
+    filename = f"{name.replace('-', '_')}-{version}.tar.gz"
+    return {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64}, "yanked": yanked}
+
+
+def write_project(root: Path, name: str, files: list[Any]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{name}.json").write_text(json.dumps(project_page(name, files)))
+
+
+@contextmanager
+def serve_index(root: Path) -> Iterator[str]:
+    """Serve `root` as a simple index on 127.0.0.1; yields the index URL (`http://127.0.0.1:PORT/simple`)."""
+    requests: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requests.append({"path": self.path, "accept": self.headers.get("Accept", "")})
+            parts = [p for p in self.path.split("/") if p]
+            if len(parts) == 2 and parts[0] in ("simple", "html") and (root / f"{parts[1]}.json").is_file():
+                if parts[0] == "html":
+                    self._answer(200, "text/html", b"<html><body><a href='x.whl'>x.whl</a></body></html>")
+                else:
+                    self._answer(200, JSON_TYPE, (root / f"{parts[1]}.json").read_bytes())
+                return
+            self._answer(404, "text/plain", b"not found")
+
+        def _answer(self, status: int, kind: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        serve_index.requests = requests  # type: ignore[attr-defined]
+        yield url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

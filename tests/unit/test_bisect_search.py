@@ -1,0 +1,83 @@
+"""The bisection's search (`matrix.bisect.next_probe`) over every break position of every range size.
+
+The oracle answers like a cell would: versions at or after the break fail. What is checked is the
+contract the command prints: the right boundary, within ceil(log2 n) + 1 probes, both directions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from matrix.bisect import max_cells, next_probe
+from matrix.bisect_prob import next_version, posterior
+
+
+def run_search(n: int, bad_index: int, is_bad: list[bool]) -> tuple[int | None, int]:
+    verdicts: dict[int, str] = {}
+    while True:
+        index, first = next_probe(n, bad_index, verdicts)
+        if index is None:
+            return first, len(verdicts)
+        assert index not in verdicts, "a version is never probed twice"
+        verdicts[index] = "bad" if is_bad[index] else "good"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 9, 16, 31, 33, 64, 65, 100])
+def test_first_bad_is_found_within_the_bound(n: int) -> None:
+    for break_at in range(1, n):
+        first, probes = run_search(n, n - 1, [i >= break_at for i in range(n)])
+        assert first == break_at
+        assert probes <= max_cells(n) == math.ceil(math.log2(n)) + 1
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 17, 64])
+def test_first_good_after_a_bad_old_end(n: int) -> None:
+    for fixed_at in range(1, n):
+        first, probes = run_search(n, 0, [i < fixed_at for i in range(n)])
+        assert first == fixed_at and probes <= max_cells(n)
+
+
+def test_a_passing_bad_end_means_nothing_to_bisect() -> None:
+    assert run_search(10, 9, [False] * 10) == (None, 1)
+
+
+def test_sixty_four_versions_take_at_most_seven_probes() -> None:
+    worst = max(run_search(64, 63, [i >= b for i in range(64)])[1] for b in range(1, 64))
+    assert worst <= 7
+
+
+def simulate_flaky(n: int, first_bad: int, rate: float, confidence: float, seed: int) -> tuple[int, int, float]:
+    """The probabilistic search against an oracle that fails a bad version with probability `rate`."""
+    rng = random.Random(seed)
+    observations: dict[int, tuple[int, int]] = {}
+    cells = 0
+    while True:
+        p = posterior(n, observations, rate)
+        best = max(range(n), key=lambda i: p[i])
+        if p[best] >= confidence:
+            return best, cells, p[best]
+        v = next_version(p, rate)
+        fails, passes = observations.get(v, (0, 0))
+        failed = v >= first_bad and rng.random() < rate
+        observations[v] = (fails + 1, passes) if failed else (fails, passes + 1)
+        cells += 1
+
+
+def test_probabilistic_bisection_finds_a_forty_percent_flake_over_twenty_seeds() -> None:
+    results = []
+    for seed in range(20):
+        first_bad = random.Random(1000 + seed).randrange(1, 64)
+        results.append((first_bad, *simulate_flaky(64, first_bad, 0.4, 0.95, seed)))
+    right = sum(1 for truth, found, _cells, _p in results if truth == found)
+    assert right >= 19  # 95 % confidence each: at most one miss expected over 20
+    assert all(p >= 0.95 for *_rest, p in results)
+    assert statistics.median(cells for _t, _f, cells, _p in results) <= 25
+
+
+def test_posterior_rules_out_versions_after_a_failure() -> None:
+    p = posterior(8, {3: (1, 0)}, 0.4)  # version 3 failed once: the first bad is 1, 2 or 3
+    assert p[0] == 0 and all(x < 0.01 for x in p[4:]) and abs(sum(p) - 1) < 1e-9

@@ -1,0 +1,198 @@
+"""`matrix discover` against a real PEP 691 index on loopback (files served by http.server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, Matrix
+from tests.pep691 import sdist, serve_index, wheel, write_project
+
+CATALOG = """
+[[backend]]
+name = "refpkg"
+description = "the reference server, versioned like a package on an index"
+runtime_template = { package = "ref-pkg", provider = { kind = "builtin", env = { REF_PKG = "{version}" } }, \
+components = { ref-pkg = "{version}" } }
+
+[[backend]]
+name = "plain"
+
+[[runtime]]
+backend = "refpkg"
+version = "1.0.0"
+provider = { kind = "builtin" }
+components = { ref-pkg = "1.0.0" }
+
+[[case]]
+name = "refpkg_pair"
+backend = "refpkg"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 20
+request_timeout_s = 10
+"""
+
+
+def index_files(root: Path) -> None:
+    write_project(root, "ref-pkg", [
+        wheel("ref-pkg", "0.9.0"),
+        wheel("ref-pkg", "1.0.0"), sdist("ref-pkg", "1.0.0"),
+        # One file yanked, the other not: the version is not yanked (PEP 592).
+        wheel("ref-pkg", "1.1.0", yanked=True), sdist("ref-pkg", "1.1.0"),
+        wheel("ref-pkg", "1.2.0", yanked="broken NIXL pin"), sdist("ref-pkg", "1.2.0", yanked=True),
+        wheel("ref-pkg", "1.3.0rc1"),
+        wheel("ref-pkg", "1.3.0.dev2"),
+        wheel("ref-pkg", "1.3.0"),
+        {"filename": "ref_pkg-notaversion!.tar.gz", "url": "x", "hashes": {}},
+        {"filename": "README.txt", "url": "x", "hashes": {}},
+        {"url": "no-filename", "hashes": {}},
+        "not even a table",
+    ])  # fmt: skip
+
+
+@pytest.fixture
+def catalog(matrix: Matrix, tmp_path: Path) -> Matrix:
+    path = tmp_path / "refpkg.toml"
+    path.write_text(CATALOG)
+    result = matrix("catalog", "sync", str(path), str(DATA / "markers.toml"))
+    assert result.exit_code == 0, result.output
+    return matrix
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> str:
+    index_files(tmp_path / "index")
+    with serve_index(tmp_path / "index") as url:
+        yield url
+
+
+def runtimes(m: Matrix, backend: str = "refpkg") -> dict[str, tuple[str, str, str, str]]:
+    rows = m.sql(
+        "SELECT runtime.version, runtime.source, runtime.channel, runtime.provider, runtime.retired FROM runtime "
+        "JOIN backend ON backend.id = runtime.backend_id WHERE backend.name = ?",
+        backend,
+    )
+    return {str(v): (str(s), str(c), str(p), str(r)) for v, s, c, p, r in rows}
+
+
+def test_dry_run_lists_new_versions_skips_yanked_and_malformed_and_changes_nothing(catalog: Matrix, index: str) -> None:
+    before = catalog.dump()
+    result = catalog("discover", "refpkg", "--index-url", index, "--dry-run")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "1.1.0" in out and "1.3.0" in out and "would add" in out
+    assert "yanked, skipped: broken NIXL pin" in out  # 1.2.0: every file yanked, the reason shown
+    assert "1.3.0rc1" not in out and "1.3.0.dev2" not in out and "0.9.0" not in out  # release channel, older
+    assert "notaversion" in out and "README.txt" in out  # malformed entries are said, not fatal
+    assert "2 version(s) would be added" in out
+    assert catalog.dump() == before
+    # The index was asked for the JSON API at the normalized project name.
+    assert serve_index.requests[-1] == {"path": "/simple/ref-pkg/", "accept": "application/vnd.pypi.simple.v1+json"}  # type: ignore[attr-defined]
+
+
+def test_discover_adds_discovered_runtimes_from_the_template(catalog: Matrix, index: str) -> None:
+    result = catalog("discover", "refpkg", "--index-url", index, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {v["version"]: v["action"] for v in data["versions"]} == {
+        "1.1.0": "added", "1.2.0": "yanked", "1.3.0": "added"
+    }  # fmt: skip
+    assert data["newest_known"] == "1.0.0" and len(data["malformed"]) == 4
+    rows = runtimes(catalog)
+    assert set(rows) == {"1.0.0", "1.1.0", "1.3.0"}
+    assert rows["1.3.0"][0] == "discovered" and rows["1.3.0"][1] == "release"
+    assert json.loads(rows["1.3.0"][2]) == {"kind": "builtin", "env": {"REF_PKG": "1.3.0"}}
+    components = catalog.sql(
+        "SELECT runtime_component.name, runtime_component.version FROM runtime_component "
+        "JOIN runtime ON runtime.id = runtime_component.runtime_id WHERE runtime.version = ?", "1.1.0"
+    )  # fmt: skip
+    assert components == [("ref-pkg", "1.1.0")]
+    # Nothing newer now: a second discover adds nothing.
+    again = catalog("discover", "refpkg", "--index-url", index)
+    assert again.exit_code == 0 and "no new version" in again.output
+    assert set(runtimes(catalog)) == {"1.0.0", "1.1.0", "1.3.0"}
+
+
+def test_channels_take_pre_and_dev_releases(catalog: Matrix, index: str) -> None:
+    rc = catalog("discover", "refpkg", "--index-url", index, "--channel", "rc", "--json")
+    assert rc.exit_code == 0, rc.output
+    added = {v["version"] for v in json.loads(rc.output)["versions"] if v["action"] == "added"}
+    assert added == {"1.1.0", "1.3.0rc1", "1.3.0"}
+    assert runtimes(catalog)["1.3.0rc1"][1] == "rc"
+
+
+def test_dev_channel_takes_dev_releases(catalog: Matrix, index: str) -> None:
+    dev = catalog("discover", "refpkg", "--index-url", index, "--channel", "dev", "--json")
+    added = {v["version"] for v in json.loads(dev.output)["versions"] if v["action"] == "added"}
+    assert added == {"1.1.0", "1.3.0.dev2", "1.3.0rc1", "1.3.0"}
+
+
+def test_discovered_runtimes_survive_catalog_sync(catalog: Matrix, index: str, tmp_path: Path) -> None:
+    assert catalog("discover", "refpkg", "--index-url", index).exit_code == 0
+    # The same file again, then the same file with --prune: discovered rows are nobody's file's rows.
+    for extra in ((), ("--prune",)):
+        result = catalog("catalog", "sync", str(tmp_path / "refpkg.toml"), str(DATA / "markers.toml"), *extra)
+        assert result.exit_code == 0, result.output
+        rows = runtimes(catalog)
+        assert rows["1.1.0"][3] in ("0", "False") and rows["1.3.0"][3] in ("0", "False"), rows
+        assert "retired" not in result.output or "1.3.0" not in result.output
+
+
+def test_index_url_comes_from_pip_env_then_pip_config(
+    catalog: Matrix, index: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[global]\nindex-url = {index}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    result = catalog("discover", "refpkg", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert index in result.output
+    monkeypatch.setenv("PIP_INDEX_URL", index.replace("/simple", "/html"))  # the env wins over the file
+    result = catalog("discover", "refpkg", "--dry-run")
+    assert result.exit_code == 2 and "not the JSON simple API" in result.output
+
+
+def test_credentials_in_the_index_url_are_not_printed(catalog: Matrix, index: str) -> None:
+    with_secret = index.replace("http://", "http://user:s3cr3t-token@")
+    result = catalog("discover", "refpkg", "--index-url", with_secret, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "s3cr3t-token" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("nosuch",), "unknown backend 'nosuch'"),
+        (("plain",), "declares no runtime_template"),
+        (("refpkg", "--package", "other-pkg"), "'other-pkg' is not on the index"),
+        (("refpkg", "--html"), "not the JSON simple API"),
+        (("refpkg", "--dead"), "cannot read"),
+    ],
+)
+def test_bad_input_is_one_message_exit_2_database_unchanged(
+    catalog: Matrix, index: str, args: tuple[str, ...], message: str
+) -> None:
+    url = index
+    if "--html" in args:
+        url, args = index.replace("/simple", "/html"), args[:1]
+    if "--dead" in args:
+        url, args = "http://127.0.0.1:9/simple", args[:1]
+    before = catalog.dump()
+    result = catalog("discover", *args, "--index-url", url)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert catalog.dump() == before
+
+
+def test_a_template_with_an_unknown_placeholder_fails_the_sync(matrix: Matrix, tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[[backend]]\nname = "x"\nruntime_template = { provider = { kind = "builtin" }, '
+                    'components = { x = "{vresion}" } }\n')  # fmt: skip
+    result = matrix("catalog", "sync", str(path))
+    assert result.exit_code == 2
+    assert "unknown placeholder {vresion}" in result.output
