@@ -84,11 +84,16 @@ def server(
         # Dynamo's sidecar refuses a server that re-sends the whole text with every streamed chunk.
         argv += ["--grpc-port", str(ctx.ports[port_name(role, "GRPC")]), "--incremental-streaming-output"]
     argv += [str(a) for a in launch.get("extra_args", [])]
-    # SGLang's KV-transfer side channels bind the address it detects as "local" (a routable interface when
-    # there is one); the pair talks over loopback only.
-    # `/health` otherwise runs a one-token generation per call, which in P/D mode waits on the other half
-    # and stalls readiness probes; with this off it answers 503 while starting and 200 once serving.
-    role_env = {**env, "SGLANG_HOST_IP": "127.0.0.1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+    role_env = {
+        **env,
+        # SGLang's KV-transfer side channels bind the address it detects as "local" (a routable interface
+        # when there is one); the pair talks over loopback only.
+        "SGLANG_HOST_IP": "127.0.0.1",
+        # By default `/health` runs a one-token generation per call: behind matrix's proxy, which asks both
+        # servers, the readiness probe never got an answer in time (300 s on an H200). Without it `/health`
+        # answers 503 while the server starts and 200 once it serves.
+        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
+    }
     role_env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
     return ProcessSpec(
         role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),)
