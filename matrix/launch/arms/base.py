@@ -12,7 +12,7 @@ from typing import Protocol
 
 from matrix.hardware.gpus import CHILD_ENV
 from matrix.hardware.ports import PortRequest
-from matrix.launch.plan import HealthProbe, LaunchPlan, RequestSpec
+from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
 from matrix.plan import CaseInfo, RuntimeInfo
 
 DEFAULT_PROMPT = (
@@ -90,6 +90,24 @@ def chat_request(ctx: LaunchContext, frontend_port: int) -> RequestSpec:
         prompt=str(payload.get("prompt", DEFAULT_PROMPT)),
         max_tokens=int(payload.get("max_tokens", 64)),
         timeout_s=ctx.case.request_timeout_s,
+    )
+
+
+def pd_proxy(ctx: LaunchContext, prefill_port: int, decode_port: int, *protocol_args: str) -> ProcessSpec:
+    """matrix's P/D proxy on the cell's `proxy` port in front of two engines (`python -m matrix.pdproxy`).
+
+    The proxy is matrix's own code: it runs with matrix's interpreter, not the runtime's."""
+    port = ctx.ports["proxy"]
+    argv = (
+        ctx.matrix_python, "-m", "matrix.pdproxy",
+        "--port", str(port),
+        "--prefill-url", loopback_url(prefill_port),
+        "--decode-url", loopback_url(decode_port),
+        "--timeout-s", str(ctx.case.request_timeout_s),
+        *protocol_args,
+    )  # fmt: skip
+    return ProcessSpec(
+        role="proxy", argv=argv, env={"PYTHONUNBUFFERED": "1"}, health=(HealthProbe(loopback_url(port, "/live")),)
     )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, pd_proxy
+from matrix.launch.plan import LaunchPlan
 from matrix.plan import CaseInfo
 
 
@@ -36,21 +36,8 @@ class SglangNativeArm:
         )
         http = {role: ctx.ports[sglang_server.port_name(role, "HTTP")] for role in sglang_server.ROLES}
         proxy_port = ctx.ports["proxy"]
-        proxy = ProcessSpec(
-            role="proxy",
-            # The proxy is matrix's own code: it runs with matrix's interpreter, not the runtime's.
-            argv=(
-                ctx.matrix_python, "-m", "matrix.pdproxy",
-                "--port", str(proxy_port),
-                "--prefill-url", loopback_url(http["prefill"]),
-                "--decode-url", loopback_url(http["decode"]),
-                "--timeout-s", str(ctx.case.request_timeout_s),
-                "--protocol", "sglang",
-                "--bootstrap-port", str(ctx.ports[sglang_server.BOOTSTRAP_PORT]),
-            ),
-            env={"PYTHONUNBUFFERED": "1"},
-            health=(HealthProbe(loopback_url(proxy_port, "/live")),),
-        )
+        bootstrap = str(ctx.ports[sglang_server.BOOTSTRAP_PORT])
+        proxy = pd_proxy(ctx, http["prefill"], http["decode"], "--protocol", "sglang", "--bootstrap-port", bootstrap)
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*servers, proxy),

@@ -13,7 +13,15 @@ from __future__ import annotations
 import json
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.arms.base import (
+    LaunchContext,
+    cell_tmp_dir,
+    chat_request,
+    frontend_probes,
+    gpu_env,
+    loopback_url,
+    pd_proxy,
+)  # fmt: skip
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -91,25 +99,7 @@ class VllmNativeArm:
             health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
             instances.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
         proxy_port = ctx.ports["proxy"]
-        proxy = ProcessSpec(
-            role="proxy",
-            # The proxy is matrix's own code: it runs with matrix's interpreter, not the runtime's.
-            argv=(
-                ctx.matrix_python,
-                "-m",
-                "matrix.pdproxy",
-                "--port",
-                str(proxy_port),
-                "--prefill-url",
-                loopback_url(ctx.ports["prefill_http"]),
-                "--decode-url",
-                loopback_url(ctx.ports["decode_http"]),
-                "--timeout-s",
-                str(ctx.case.request_timeout_s),
-            ),
-            env={"PYTHONUNBUFFERED": "1"},
-            health=(HealthProbe(loopback_url(proxy_port, "/live")),),
-        )
+        proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"])
         counters = tuple(str(c) for c in launch.get("kv_counters", DEFAULT_KV_COUNTERS))
         return LaunchPlan(
             cell_id=ctx.cell_id,
