@@ -178,10 +178,10 @@ def register(cli: click.Group) -> None:
         session: Session, backend: str, version: str, policy: str, html_out: Path | None, as_markdown: bool,
         as_json: bool,
     ) -> None:  # fmt: skip
-        """Decide GO or NO-GO for BACKEND VERSION under a policy, and say every reason.
+        """Decide GO, NO-GO or INCOMPLETE for BACKEND VERSION under a policy, and say every reason.
 
         Every case the policy selects that applies to the runtime must pass its latest attempt; a
-        missing required fix or a cell never run is NO-GO; unexpired waivers excuse failures; a case that
+        missing required fix is NO-GO; unexpired waivers excuse failures; a case that
         passed on the previous release (the greatest final version below VERSION; pre-releases and dev
         builds are skipped) and fails now is a regression, which blocks even when waived under the
         policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
