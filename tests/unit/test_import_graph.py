@@ -1,13 +1,14 @@
 """No import cycle between the packages of `matrix` (read from the source with `ast`, nothing imported).
 
 A unit is a subpackage (`matrix.schedule`) or a top-level module (`matrix.results`); every import counts,
-also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. The CLI's
-top-level modules (`cli.py`, `cli_*.py`) are one front end and count as one unit, `cli`.
+also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. Inside the
+`matrix.cli` package the modules themselves must not form a cycle either.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import matrix
@@ -19,18 +20,17 @@ def _unit(dotted: str, package: str) -> str:
     parts = dotted.split(".")
     if len(parts) == 1:
         return package
-    name = parts[1]
-    return "cli" if name.startswith("cli_") else name
+    return parts[1]
 
 
-def import_graph(root: Path) -> dict[str, dict[str, set[str]]]:
+def import_graph(root: Path, unit: Callable[[str, str], str] = _unit) -> dict[str, dict[str, set[str]]]:
     """unit -> {unit it imports: the modules that import it}."""
     package = root.name
     graph: dict[str, dict[str, set[str]]] = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        source = _unit(module, package)
+        source = unit(module, package)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -40,9 +40,9 @@ def import_graph(root: Path) -> dict[str, dict[str, set[str]]]:
                 continue
             for target in targets:
                 if target.startswith(package + "."):
-                    unit = _unit(target, package)
-                    if unit != source:
-                        graph.setdefault(source, {}).setdefault(unit, set()).add(module)
+                    imported = unit(target, package)
+                    if imported != source:
+                        graph.setdefault(source, {}).setdefault(imported, set()).add(module)
     return graph
 
 
@@ -98,6 +98,20 @@ def test_no_cycle_between_packages_of_matrix() -> None:
     assert "launch" not in graph.get("check", {}) and "executors" not in graph["schedule"]
     cycles = find_cycles(graph)
     assert not cycles, "import cycles between packages:\n" + "\n".join(_describe(graph, c) for c in cycles)
+
+
+def test_no_cycle_between_the_modules_of_the_cli() -> None:
+    """`app` (the group and shared options) imports no command module; command modules may use one another's
+    helpers without a cycle; only the package `__init__` assembles them."""
+    modules = import_graph(ROOT, lambda dotted, package: dotted)  # module by module
+    cli = {m for m in modules if m.startswith("matrix.cli")}
+    graph = {m: {t: s for t, s in modules.get(m, {}).items() if t in cli} for m in cli}
+    assert {"matrix.cli.app", "matrix.cli.run", "matrix.cli.runtime"} <= set(graph)  # the walk saw the package
+    assert not graph["matrix.cli.app"], f"matrix.cli.app imports command modules: {graph['matrix.cli.app']}"
+    users_of_init = sorted(m for m, targets in graph.items() if "matrix.cli" in targets)
+    assert not users_of_init, f"command modules import the package that registers them: {users_of_init}"
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles inside matrix.cli:\n" + "\n".join(_describe(graph, c) for c in cycles)
 
 
 def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:

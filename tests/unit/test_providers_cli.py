@@ -7,7 +7,7 @@ import json
 import pytest
 
 from matrix.cli import cli
-from matrix.cli_runtime import select_runtimes
+from matrix.cli.runtime import select_runtimes
 from matrix.errors import ConfigError
 from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix

@@ -1,5 +1,5 @@
 """CI fan-out commands: `matrix import`, and the helpers `plan --format github-matrix` and
-`run --results-out` call. Thin, like `matrix/cli.py`; the logic lives in `matrix.fanout`,
+`run --results-out` call. Thin, like every `matrix.cli` module; the logic lives in `matrix.fanout`,
 `matrix.shard_results` and `matrix.shard_import`.
 """
 
@@ -75,7 +75,7 @@ def write_results_file(
 
 def register(cli: click.Group) -> None:
     """Add `import` to the `matrix` group."""
-    from matrix.cli import with_session
+    from matrix.cli.app import with_session
 
     @cli.command("import")
     @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))

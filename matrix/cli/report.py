@@ -1,7 +1,6 @@
-"""Report commands: `matrix report`, `compare`, `gate` and `export`. Thin, like `matrix/cli.py`.
+"""Report commands: `matrix campaigns`, `report`, `compare`, `gate` and `export`.
 
-`register(cli)` adds them to the main group. The commands are built inside `register` so that this
-module imports nothing from `matrix.cli` at import time (the main module imports this one).
+`register(cli)` adds them to the main group.
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
 
 def register(cli: click.Group) -> None:
     """Add `campaigns`, `report`, `compare`, `gate` and `export` to the `matrix` group."""
-    from matrix.cli import MatrixGroup, json_option, make_selection, selection_options, with_session
+    from matrix.cli.app import MatrixGroup, json_option, make_selection, selection_options, with_session
 
     @cli.group("campaigns", cls=MatrixGroup)
     def campaigns() -> None:

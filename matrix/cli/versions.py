@@ -1,6 +1,6 @@
 """Version intelligence commands: `matrix discover` (new releases on the index) and `matrix bisect`.
 
-`matrix.cli` calls `register(cli)`; this module does not import `matrix.cli` at module level.
+`matrix.cli` calls `register(cli)`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-if TYPE_CHECKING:
-    from matrix.cli import App
+from matrix.cli.app import json_option
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+if TYPE_CHECKING:
+    from matrix.cli.app import App
 
 
 def _display_url(url: str) -> str:

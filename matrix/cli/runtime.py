@@ -1,23 +1,23 @@
-"""Commands about runtime environments: `matrix runtime provision|envs|prune` and `matrix doctor`
-(`matrix runtime wheelhouse` is in `matrix.cli_wheelhouse`).
-
-`matrix.cli` calls `register(cli)` once its own commands exist. This module does not import `matrix.cli`
-at module level, so either module may be imported first.
+"""`matrix runtime`: add, enable or disable runtime versions; provision, list, prune and wheelhouse their
+environments. And `matrix doctor`, which says which runtimes this host can run.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from matrix.cli.app import App, MatrixGroup, json_option, with_session
 from matrix.errors import ConfigError, MatrixError
 
 if TYPE_CHECKING:
-    from matrix.cli import App
+    from sqlalchemy.orm import Session
+
     from matrix.launch.providers.wheelhouse import ProvisionSource
     from matrix.plan import CaseInfo, RuntimeInfo
 
@@ -34,12 +34,8 @@ def _catalog(app: App) -> CatalogView:
         return load_catalog_view(session)
 
 
-def _json_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(func)
-
-
 def _with_catalog(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Pass the catalog view instead of the App (the pattern of matrix.cli's `with_session`)."""
+    """Pass the catalog view instead of the App (the pattern of `with_session`)."""
 
     @functools.wraps(func)
     @click.pass_obj
@@ -185,7 +181,7 @@ def provision_cmd(
 
 
 @click.command("envs")
-@_json_option
+@json_option
 @_with_catalog
 def envs_cmd(view: CatalogView, as_json: bool) -> None:
     """List provisioned environments: state, Python, the runtimes using them, size, creation time, recipe."""
@@ -254,7 +250,7 @@ def prune_cmd(view: CatalogView, dry_run: bool) -> None:
 
 
 @click.command("doctor")
-@_json_option
+@json_option
 @_with_catalog
 def doctor_cmd(view: CatalogView, as_json: bool) -> None:
     """Show what this host can run: GPUs, driver, container engines, /dev/shm, uv, disk; and for each runtime
@@ -290,16 +286,150 @@ def _brief(reasons: Sequence[str]) -> str:
     return "; ".join(short)
 
 
+@click.group(cls=MatrixGroup)
+def runtime() -> None:
+    """Add, enable or disable runtime versions; provision, list and prune their environments."""
+
+
+@runtime.command("add")
+@click.argument("backend")
+@click.argument("version")
+@click.option("--tag", help="Release tag (default: v + VERSION).")
+@click.option("--channel", type=click.Choice(["release", "rc", "dev", "nightly"]), help="Default from VERSION.")
+@click.option("--component", "components", multiple=True, metavar="NAME=VERSION", help="Repeatable.")
+@click.option("--provider", default="host", show_default=True, type=click.Choice(["host", "builtin", "venv"]))
+@click.option("--pip", multiple=True, metavar="ARGS",
+              help="venv: one `pip install ARGS` step, e.g. --pip 'ai-dynamo==1.6.1'. Repeatable, in order.")
+@click.option("--python", metavar="VERSION", help="venv: the interpreter, e.g. 3.11 (default: matrix's own).")
+@click.option("--notes", default="")
+@with_session
+def runtime_add(session: Session, **kw: Any) -> None:
+    """Add runtime VERSION of BACKEND, e.g. `matrix runtime add vllm 0.30.0 --component vllm-rs=0.30.0`.
+
+    \b
+    A venv runtime, built by `matrix runtime provision` or `matrix run`:
+      matrix runtime add dynamo 1.7.0 --provider venv --pip 'ai-dynamo==1.7.0' --component ai-dynamo=1.7.0
+    """
+    from matrix.catalog.edit import add_runtime
+
+    row = add_runtime(session, **kw)
+    click.echo(f"added runtime {row.backend.name} {row.version} ({row.tag}, {row.channel})")
+
+
+def _set_enabled(enabled: bool) -> Callable[..., None]:
+    @click.argument("backend")
+    @click.argument("version")
+    @with_session
+    def command(session: Session, backend: str, version: str) -> None:
+        from matrix.catalog.edit import set_runtime_enabled
+
+        row = set_runtime_enabled(session, backend, version, enabled)
+        click.echo(f"{'enabled' if enabled else 'disabled'} runtime {row.backend.name} {row.version}")
+
+    return command
+
+
+runtime.command("disable", help="Disable a runtime: plans exclude it (with the reason).")(_set_enabled(False))
+runtime.command("enable", help="Enable a disabled runtime again.")(_set_enabled(True))
+
+
+def _check_named_are_venv(runtimes: Sequence[RuntimeInfo], known_backends: set[str], wanted: Sequence[str]) -> None:
+    """A runtime named with --runtime that has no venv recipe cannot be locked: say so instead of skipping it."""
+    from matrix.plan import _runtime_selector
+
+    named = {_runtime_selector(text, known_backends) for text in wanted}
+    for runtime in runtimes:
+        kind = runtime.provider.get("kind", "host")
+        if (runtime.backend, runtime.parsed_version) in named and kind != "venv":
+            raise ConfigError(
+                f"runtime {runtime.label} is a {kind} runtime: only venv runtimes have a recipe to put into a "
+                "wheelhouse (see `matrix runtimes list`)"
+            )
+
+
+def _split_names(values: Sequence[str]) -> list[str]:
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+@click.command("wheelhouse")
+@runtime_selection_options
+@click.option("--python", "python", metavar="X.Y", help="The target's Python (default: this interpreter's).")
+@click.option("--platform", "platforms", multiple=True, metavar="TAG",
+              help="The target's wheel platform tag, e.g. manylinux_2_39_x86_64 (older compatible tags are "
+              "included); repeatable. Default: this host's.")  # fmt: skip
+@click.option("--out", "out", type=click.Path(path_type=Path, file_okay=False), required=True, metavar="DIR",
+              help="The wheelhouse directory (created; an existing one gets these runtimes added).")  # fmt: skip
+@click.option("--exclude", multiple=True, metavar="NAME[,NAME...]",
+              help="Distributions the target host already has (e.g. nvidia-cublas): recorded as provided by the "
+              "host, not downloaded. Repeatable.")  # fmt: skip
+@click.option("--omit", multiple=True, metavar="NAME[,NAME...]",
+              help="Distributions the runtime never imports on the target (e.g. a video codec a text model never "
+              "loads), left out to fit a transfer budget: neither downloaded nor installed; a cell that does "
+              "import one fails with its ImportError. Repeatable.")  # fmt: skip
+@_with_catalog
+def wheelhouse_cmd(
+    view: CatalogView,
+    wanted: tuple[str, ...],
+    backends: tuple[str, ...],
+    since: tuple[str, ...],
+    until: tuple[str, ...],
+    python: str | None,
+    platforms: tuple[str, ...],
+    out: Path,
+    exclude: tuple[str, ...],
+    omit: tuple[str, ...],
+) -> None:
+    """Download the exact wheels each selected venv runtime installs on a target host into DIR, with a
+    manifest (DIR/wheelhouse.json) locking them step by step.
+
+    Resolution is for the target (--python, --platform), not this host. Progress goes to stderr. Build on the
+    target with `matrix runtime provision --find-links DIR --offline` (or `matrix run ... --offline`).
+    """
+    from matrix.launch.providers.wheelhouse import Manifest, read_manifest, write_manifest
+    from matrix.launch.providers.wheelresolve import check_writable, download, lock_of, plan_runtime
+    from matrix.launch.providers.wheeltarget import WheelTarget, this_host
+
+    _cases, runtimes, _markers, known_backends = view
+    host = this_host() if python is None or not platforms else None
+    target = WheelTarget.of(python or (host.python if host else ""), platforms or (host.platforms if host else ()))
+    _check_named_are_venv(runtimes, known_backends, wanted)
+    chosen = select_runtimes(runtimes, known_backends, wanted=wanted, backends=backends, since=since, until=until)
+    if not chosen:
+        venvs = ", ".join(r.label for r in runtimes if r.provider.get("kind") == "venv") or "none"
+        raise ConfigError(f"no venv runtime in the selection (venv runtimes of the catalog: {venvs})")
+    out = out.expanduser().resolve()
+    check_writable(out)
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    fresh = Manifest(target.python, target.platforms, target.key_platform, created)
+    existing = read_manifest(out)
+    if existing is not None:
+        existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    say(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
+    excluded = _split_names(exclude)
+    omitted = _split_names(omit)
+    planned = [plan_runtime(runtime, target, excluded, say, omitted) for runtime in chosen]
+    files = download([f for p in planned for s in p.steps for f in s.downloads()], out, say)
+    locks = {p.label: lock_of(p, files) for p in planned}
+    manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks)
+    if existing is not None:
+        manifest = existing.merged(manifest)
+    path = write_manifest(out, manifest)
+    for lock in locks.values():
+        provided = f"; provided by the host: {', '.join(lock.excluded)}" if lock.excluded else ""
+        provided += f"; omitted: {', '.join(lock.omitted)}" if lock.omitted else ""
+        count = len({f.filename for f in lock.files()})
+        click.echo(f"{lock.label}: {count} file(s) locked for recipe key {lock.key[:20]}{provided}")
+    click.echo(f"wrote {path} ({len(manifest.runtimes)} runtime(s)); on the target: "
+               f"`matrix runtime provision --find-links {out} --offline`")  # fmt: skip
+
+
 def register(cli: click.Group) -> None:
-    """Add `runtime provision|envs|prune|wheelhouse` to the `runtime` group of `cli` (made if absent) and `doctor`."""
-    from matrix.cli import MatrixGroup
-
-    group = cli.commands.get("runtime")
-    if not isinstance(group, click.Group):
-        group = MatrixGroup("runtime", help="Runtime versions and their environments.")
-        cli.add_command(group)
-    from matrix.cli_wheelhouse import wheelhouse_cmd
-
+    """Add the `runtime` group and `doctor` to the `matrix` group."""
     for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd):
-        group.add_command(command)
+        runtime.add_command(command)
+    cli.add_command(runtime)
     cli.add_command(doctor_cmd)

@@ -1,0 +1,158 @@
+"""The `matrix` group and what its commands share: the per-invocation `App`, errors -> exit 2, the
+selection and `--json` options, and the one-transaction `with_session` decorator.
+
+The commands live in sibling modules (one per command group), each importing this one; this module imports
+none of them (`matrix.cli` assembles the group). Thin: parse options, call one function, print the result.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from matrix import __version__
+from matrix.errors import MatrixError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session, sessionmaker
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class App:
+    """Per-invocation state: the database is opened lazily so `--help` never touches it."""
+
+    db_url: str | None
+    _engine: Engine | None = None
+
+    def engine(self, *, check_schema: bool = True) -> Engine:
+        from matrix.db.engine import create_db_engine, resolve_url
+        from matrix.db.migrate import ensure_schema
+
+        if self._engine is None:
+            self._engine = create_db_engine(resolve_url(self.db_url))
+        if check_schema:
+            ensure_schema(self._engine)
+        return self._engine
+
+    def sessions(self) -> sessionmaker[Session]:
+        from matrix.db.engine import session_factory
+
+        return session_factory(self.engine())
+
+
+class MatrixGroup(click.Group):
+    """Turns a `MatrixError` into its message on stderr and exit code 2, without a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MatrixError as exc:
+            from matrix.report.text import clean
+
+            click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
+            ctx.exit(exc.exit_code)
+        except Exception as exc:
+            from sqlalchemy.exc import SQLAlchemyError  # imported here: `--help` never loads SQLAlchemy
+
+            if not isinstance(exc, SQLAlchemyError):
+                raise
+            # A write the database refused as read-only is the user's to fix; anything else is a bug.
+            error = _read_only(ctx, exc)
+            if error is None:
+                raise
+            click.secho(f"error: {error}", err=True, fg="red")
+            ctx.exit(error.exit_code)
+
+
+def _read_only(ctx: click.Context, exc: SQLAlchemyError) -> MatrixError | None:
+    from matrix.db.engine import read_only_error, resolve_url
+
+    app = ctx.find_object(App)
+    return read_only_error(exc, resolve_url(app.db_url if app else None))
+
+
+pass_app = click.make_pass_decorator(App)
+
+
+@click.group(cls=MatrixGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--db",
+    "db_url",
+    envvar="MATRIX_DB",
+    metavar="URL",
+    help="Database: a SQLAlchemy URL or a SQLite file path. Default: $MATRIX_DB, else matrix.db in the "
+    "data directory (`matrix db path`).",
+)
+@click.version_option(__version__, prog_name="matrix")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """Test-matrix runner for disaggregated LLM serving.
+
+    \b
+    Typical use:
+      matrix catalog sync                 load the seed catalog (data/*.toml)
+      matrix plan -m "pre_merge and sidecar and gpu_1"
+      matrix run --backend reference      launch real pairs, validate, record
+      matrix show CELL                    one outcome with its logs
+    """
+    ctx.obj = App(db_url)
+
+
+# --- selection options shared by plan, run, report and export ---------------------------------------------------------
+
+
+def selection_options(func: F) -> F:
+    options = [
+        click.option("-m", "marker_expression", metavar="EXPR", help='Marker expression, e.g. "pre_merge and gpu_1".'),
+        click.option("--since", multiple=True, metavar="V|BACKEND=V", help="Oldest version (inclusive); repeatable."),
+        click.option("--until", multiple=True, metavar="V|BACKEND=V", help="Newest version (inclusive); repeatable."),
+        click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only these backends."),
+        click.option("--case", "cases", multiple=True, metavar="NAME", help="Only these cases."),
+        click.option("--runtime", "runtimes", multiple=True, metavar="BACKEND=V", help="Only these runtimes."),
+        click.option(
+            "--strict-markers/--no-strict-markers", default=True, show_default=True,
+            help="Unknown marker names in -m are an error.",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_selection(**kw: Any) -> Any:
+    from matrix.plan import Selection
+
+    return Selection(
+        marker_expression=kw["marker_expression"],
+        since=tuple(kw["since"]),
+        until=tuple(kw["until"]),
+        backends=tuple(kw["backends"]),
+        cases=tuple(kw["cases"]),
+        runtimes=tuple(kw["runtimes"]),
+        strict_markers=kw["strict_markers"],
+    )
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(func)
+
+
+def with_session(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run the command body in one transaction: everything is written, or nothing."""
+
+    @functools.wraps(func)
+    def wrapper(app: App, *args: Any, **kwargs: Any) -> Any:
+        from matrix.db.engine import transaction
+
+        with transaction(app.sessions()) as session:
+            return func(session, *args, **kwargs)
+
+    return pass_app(wrapper)

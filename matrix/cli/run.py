@@ -1,0 +1,267 @@
+"""`matrix plan`, `run`, `show` and `gpus`: what is selected, running it, and one cell's outcome."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from matrix.cli.app import App, json_option, make_selection, pass_app, selection_options, with_session
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+
+@click.command("plan")
+@selection_options
+@click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
+@json_option
+@click.option(
+    "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
+    help="github-matrix: one line of JSON for a GitHub Actions `strategy.matrix` (`fromJSON`), a job per shard.",
+)  # fmt: skip
+@click.option(
+    "--max-jobs", type=int, metavar="N",
+    help="github-matrix: at most N shards (1-256, default 256); more cells are packed by expected duration.",
+)  # fmt: skip
+@with_session
+def plan_cmd(
+    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None, **kw: Any
+) -> None:
+    """Expand cases x runtimes into cells and print them.
+
+    `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
+    Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
+    `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
+    """
+    from matrix.fanout import cell_id
+    from matrix.output import print_json, print_table
+    from matrix.plan import plan_from_db
+
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError("--json is --format json; give one of them")
+    output_format = output_format or ("json" if as_json else "table")
+    if max_jobs is not None and output_format != "github-matrix":
+        raise click.UsageError("--max-jobs applies to --format github-matrix")
+    if explain and output_format == "github-matrix":
+        raise click.UsageError("--explain applies to --format table or json")
+    plan = plan_from_db(session, make_selection(**kw))
+    if output_format == "github-matrix":
+        from matrix.cli.fanout import print_github_matrix
+
+        print_github_matrix(session, plan, 256 if max_jobs is None else max_jobs)
+        return
+    if output_format == "json":
+        data: dict[str, Any] = {
+            "cells": [
+                {
+                    "cell": c.key, "id": cell_id(c.key), "case": c.case.name, "backend": c.runtime.backend,
+                    "version": c.runtime.version,
+                    "tag": c.runtime.tag, "arm": c.case.arm, "gpus": c.case.gpus_needed,
+                    "markers": list(c.case.marker_texts), "missing_fixes": list(c.missing_fixes),
+                    "note": c.expected_failure,
+                }
+                for c in plan.cells
+            ]
+        }  # fmt: skip
+        if explain:
+            data["excluded"] = [{"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded]
+        print_json(data)
+        return
+    rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
+            for c in plan.cells]  # fmt: skip
+    print_table(("case", "backend", "version", "arm", "gpus", "note"), rows)
+    click.echo(
+        f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded"
+    )
+    if explain and plan.excluded:
+        print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
+
+
+@click.command("run")
+@selection_options
+@click.option("-j", "--jobs", type=int, help="Cells at once (default: the number of slots).")
+@click.option("--gpus", "gpus", metavar="LIST", help="Only these GPUs: NVML indices or UUIDs, e.g. 0,2.")
+@click.option("--pack", is_flag=True, help="Share a GPU between cells while their memory budgets fit.")
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Retry startup/health/infra failures (never validation failures) up to N attempts.",
+)
+@click.option("-x", "--fail-fast", is_flag=True, help="Start no new cell after the first failure.")
+@click.option("--resume", type=int, metavar="CAMPAIGN", help="Run the cells of CAMPAIGN that have no finished attempt.")
+@click.option(
+    "--rerun-failed",
+    type=int,
+    metavar="CAMPAIGN",
+    is_flag=False,
+    flag_value=0,
+    help="Rerun the cells whose latest attempt failed, as new attempts (default: the latest campaign).",
+)
+@click.option(
+    "--join", type=int, metavar="CAMPAIGN",
+    help="Help with running CAMPAIGN (e.g. from another host on a shared PostgreSQL database): run its "
+    "cells no runner has claimed yet.",
+)  # fmt: skip
+@click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
+@click.option("--workspace", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="A checkout (e.g. of Dynamo) that cases' launch scripts resolve against.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where cells run: threads on this host, or tasks on a Ray cluster (needs disagg-matrix[ray]).")
+@click.option("--ray-address", metavar="auto|HOST:PORT",
+              help="With --executor ray: the cluster to use (`auto`: the one `ray start` left running here); "
+              "default: start a local cluster for this run.")
+@click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
+@click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
+@click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
+@click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
+              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix`, or "
+              "CASE@BACKEND-VERSION. Repeatable.")
+@click.option("--results-out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="After the run, write the campaign's outcomes (with log tails) to FILE for `matrix import`.")
+@click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
+              help="Shards with one key import into one campaign. Default: $MATRIX_CAMPAIGN_KEY, else the GitHub "
+              "run (repository and run id), else a new uuid.")
+@click.option("--find-links", type=click.Path(path_type=Path), metavar="DIR",
+              help="A wheelhouse (`matrix runtime wheelhouse --out DIR`) that provisioning also takes wheels from.")
+@click.option("--offline", is_flag=True, help="Provision venv runtimes from the --find-links wheelhouse only.")
+@click.option("--new", "new_only", is_flag=True,
+              help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
+@pass_app
+def run_cmd(
+    app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
+    resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
+    executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
+    cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
+    offline: bool, new_only: bool, **kw: Any,
+) -> None:  # fmt: skip
+    """Run the planned cells: launch each pair, send the request, validate, record.
+
+    Cells run concurrently on slots (one cell per GPU, or packed with --pack; CPU cells on CPU slots),
+    longest expected first. With --executor ray each cell is a Ray task asking for its GPUs; this
+    process still plans, claims and records. Exit code: 0 when every cell passed (skips allowed), 1 when any failed,
+    2 on bad input, 3 when interrupted.
+    """
+    from matrix.campaign import RunOptions, run_campaign
+    from matrix.cli.runtime import provision_source
+    from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
+    from matrix.hardware.gpus import parse_gpu_list
+    from matrix.paths import usable_dir
+
+    if resume is not None and rerun_failed is not None:
+        raise click.UsageError("use --resume or --rerun-failed, not both")
+    if join is not None:
+        _check_join_options(resume, rerun_failed, kw)
+    cells = split_cell_args(cell_args)
+    if cell_args and not cells:
+        raise click.UsageError("--cell needs at least one cell id")
+    if cells and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError(
+            "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
+        )
+    if new_only and (resume is not None or rerun_failed is not None or join is not None):
+        raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
+    if campaign_key is not None or results_out is not None:
+        campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None:
+        from matrix.cli.fanout import check_results_path
+
+        check_results_path(results_out)
+    source = provision_source(find_links, offline)  # checked before a campaign exists
+    if logs_dir is not None:
+        usable_dir(logs_dir, "--logs-dir")
+    if report and report_dir is not None:
+        usable_dir(report_dir, "--report-dir")
+    ran: list[int] = []
+    options = RunOptions(
+        selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
+        max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
+        gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
+        join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
+        cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
+        new_only=new_only,
+    )  # fmt: skip
+    from matrix.output import echo
+
+    exit_code = run_campaign(app.sessions(), options, echo=echo)
+    if results_out is not None:
+        from matrix.cli.fanout import write_results_file
+
+        write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
+    if report and exit_code != 2:
+        from matrix.db.engine import transaction
+        from matrix.paths import data_dir
+        from matrix.report import write_report
+
+        with transaction(app.sessions()) as session:
+            index = write_report(session, report_dir or data_dir() / "report", options.selection)
+        click.echo(f"report: {index}", err=json_events)
+    raise SystemExit(exit_code)
+
+
+def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:
+    """`--join` runs the joined campaign's own cells: other ways of choosing cells contradict it."""
+    if resume is not None or rerun_failed is not None:
+        raise click.UsageError(
+            "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
+        )
+    flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
+             "cases": "--case", "runtimes": "--runtime"}  # fmt: skip
+    given = [flag for key, flag in flags.items() if kw.get(key)]
+    if given:
+        raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")
+
+
+@click.command("gpus")
+@json_option
+def gpus_cmd(as_json: bool) -> None:
+    """Show the GPUs NVML sees (index, UUID, name, memory). A host without GPUs is fine."""
+    from matrix.hardware.gpus import format_inventory, inventory
+    from matrix.output import print_json, print_table
+
+    gpus = inventory()
+    if as_json:
+        print_json([vars(g) if hasattr(g, "__dict__") else g.__dict__ for g in gpus])
+        return
+    if not gpus:
+        click.echo("no GPUs (NVML not available or no devices): GPU cells will be skipped, CPU cells run")
+        return
+    print_table(("index", "uuid", "name", "total GiB", "used GiB", "free GiB"), format_inventory(gpus))
+
+
+@click.command("show")
+@click.argument("cell")
+@json_option
+@with_session
+def show_cmd(session: Session, cell: str, as_json: bool) -> None:
+    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    from matrix.report.text import clean_data
+    from matrix.results import describe_cell, find_cell
+
+    row = find_cell(session, cell)
+    # Redacted and printable like every other exit: the row may predate redaction, or come from a shard.
+    details = clean_data(describe_cell(row))
+    if as_json:
+        from matrix.output import print_json
+
+        print_json(details)
+        return
+    for key, value in details.items():
+        if key == "checks":
+            for check in value:
+                if isinstance(check, dict):
+                    click.echo(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
+        elif key == "logs":
+            for role, path in value.items():
+                click.echo(f"  log {role}: {path}")
+        elif value not in (None, "", {}, []):
+            click.echo(f"{key}: {value}")
+
+
+def register(cli: click.Group) -> None:
+    for command in (plan_cmd, run_cmd, show_cmd, gpus_cmd):
+        cli.add_command(command)
