@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session, sessionmaker
 
+    from matrix.plan import Selection
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -127,7 +129,7 @@ def selection_options(func: F) -> F:
     return func
 
 
-def make_selection(**kw: Any) -> Any:
+def make_selection(**kw: Any) -> Selection:
     from matrix.plan import Selection
 
     return Selection(

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from matrix.cli.app import with_session
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
@@ -73,37 +75,38 @@ def write_results_file(
     click.echo(f"results: {path} ({count} attempts, campaign key {key})", err=err)
 
 
+@click.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--logs-dir", type=click.Path(path_type=Path),
+              help="Where the carried log tails go (default: data dir/runs).")  # fmt: skip
+@with_session
+def import_cmd(session: Session, files: tuple[Path, ...], logs_dir: Path | None) -> None:
+    """Merge shard results FILES (from `matrix run --results-out`) into this database.
+
+    Shards with one campaign key go into one campaign (created here if needed); each attempt is
+    matched by its id, so importing a file twice changes nothing. Every file is checked first (format,
+    fields, and that this catalog has their cases and runtimes); any problem writes nothing.
+    """
+    from matrix.paths import runs_dir
+    from matrix.shard_import import import_results
+    from matrix.shard_results import read_results
+
+    parsed = [read_results(path) for path in files]
+    summaries = import_results(session, parsed, logs_dir or runs_dir())
+    for s in summaries:
+        what = "new campaign" if s.created else "campaign"
+        renumbered = f" ({s.renumbered} renumbered after attempts already there)" if s.renumbered else ""
+        click.echo(
+            f"{what} {s.id} (key {s.key}): {s.imported} attempts imported{renumbered}, "
+            f"{s.present} already present, {s.updated} updated"
+        )
+        for warning in s.warnings:
+            click.echo(f"warning: {warning}", err=True)
+    total = sum(s.imported for s in summaries)
+    present = sum(s.present for s in summaries)
+    click.echo(f"{len(files)} file(s): {total} attempts imported, {present} already present")
+
+
 def register(cli: click.Group) -> None:
     """Add `import` to the `matrix` group."""
-    from matrix.cli.app import with_session
-
-    @cli.command("import")
-    @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
-    @click.option("--logs-dir", type=click.Path(path_type=Path),
-                  help="Where the carried log tails go (default: data dir/runs).")  # fmt: skip
-    @with_session
-    def import_cmd(session: Session, files: tuple[Path, ...], logs_dir: Path | None) -> None:
-        """Merge shard results FILES (from `matrix run --results-out`) into this database.
-
-        Shards with one campaign key go into one campaign (created here if needed); each attempt is
-        matched by its id, so importing a file twice changes nothing. Every file is checked first (format,
-        fields, and that this catalog has their cases and runtimes); any problem writes nothing.
-        """
-        from matrix.paths import runs_dir
-        from matrix.shard_import import import_results
-        from matrix.shard_results import read_results
-
-        parsed = [read_results(path) for path in files]
-        summaries = import_results(session, parsed, logs_dir or runs_dir())
-        for s in summaries:
-            what = "new campaign" if s.created else "campaign"
-            renumbered = f" ({s.renumbered} renumbered after attempts already there)" if s.renumbered else ""
-            click.echo(
-                f"{what} {s.id} (key {s.key}): {s.imported} attempts imported{renumbered}, "
-                f"{s.present} already present, {s.updated} updated"
-            )
-            for warning in s.warnings:
-                click.echo(f"warning: {warning}", err=True)
-        total = sum(s.imported for s in summaries)
-        present = sum(s.present for s in summaries)
-        click.echo(f"{len(files)} file(s): {total} attempts imported, {present} already present")
+    cli.add_command(import_cmd)

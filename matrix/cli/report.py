@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from matrix.cli.app import MatrixGroup, json_option, make_selection, selection_options, with_session
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -23,7 +25,7 @@ __all__ = ["register"]
 SELECTION_KEYS = ("marker_expression", "since", "until", "backends", "cases", "runtimes")
 
 
-def _selection(make_selection: Callable[..., Selection], kw: dict[str, Any]) -> Selection | None:
+def _selection(kw: dict[str, Any]) -> Selection | None:
     """The selection the options describe, or None when none was given (then: everything with results)."""
     if not any(kw.get(key) for key in SELECTION_KEYS):
         return None
@@ -76,178 +78,186 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@click.group("campaigns", cls=MatrixGroup)
+def campaigns() -> None:
+    """Show campaigns: the ids that --resume, --join and --rerun-failed take."""
+
+
+@campaigns.command("list")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest first.")
+@json_option
+@with_session
+def campaigns_list_cmd(session: Session, limit: int, as_json: bool) -> None:
+    """List the latest campaigns with their cells counted by the status of their latest attempt."""
+    from matrix.output import print_json, print_table
+    from matrix.results import campaign_rows
+
+    rows = campaign_rows(session, limit)
+    if as_json:
+        print_json(rows)
+        return
+    print_table(
+        ("id", "status", "started", "finished", "executor", "host", "cells", "outcomes", "key"),
+        [(r["id"], r["status"], _seconds(r["started_at"]), _seconds(r["finished_at"]), r["executor"], r["host"],
+          r["cells"],
+          ", ".join(f"{n} {status}" for status, n in r["outcomes"].items()), r["key"]) for r in rows],
+    )  # fmt: skip
+
+
+@click.command("report")
+@selection_options
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path),
+    help="Directory to write the pages into. Default: report/ in the data directory, where `matrix run` "
+    "writes it.",
+)  # fmt: skip
+@with_session
+def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
+    """Write the HTML report: a grid of versions by cases, a page per runtime and per campaign.
+
+    Pages are static and self-contained (no script, no external asset): open OUT/index.html, or
+    publish the directory as a CI artifact. Selection options narrow it to the cells `matrix plan`
+    would list with the same options.
+    """
+    from matrix.paths import data_dir, usable_dir
+    from matrix.report import write_report
+
+    out = usable_dir(out_dir, "--out") if out_dir is not None else data_dir() / "report"
+    index = write_report(session, out, _selection(kw))
+    click.echo(f"report: {index}")
+
+
+@click.command("compare")
+@click.argument("a")
+@click.argument("b")
+@click.option(
+    "--component", metavar="NAME",
+    help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
+)  # fmt: skip
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+@json_option
+@with_session
+def compare_cmd(session: Session, a: str, b: str, component: str | None, html_out: Path | None, as_json: bool) -> None:
+    """Compare outcomes case by case: fixed, regressed, still failing, unchanged, new, missing.
+
+    \b
+    matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
+    matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
+    Timing ratios are B over A (below 1 is faster).
+    """
+    from matrix.output import print_json, print_table
+    from matrix.report.compare import compare_components, compare_runtimes
+
+    comparison = compare_components(session, component, a, b) if component else compare_runtimes(session, a, b)
+    if html_out is not None:
+        from matrix.report.render import render_compare
+
+        render_compare(comparison, html_out)
+    if as_json:
+        print_json(_comparison_dict(comparison))
+        return
+    columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "request",
+               "total")  # fmt: skip
+    print_table(columns, _comparison_rows(comparison), title=comparison.title)
+    counts = comparison.counts()
+    click.echo(", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either side")
+
+
+@click.command("gate")
+@click.argument("backend")
+@click.argument("version")
+@click.option("--policy", default="release", show_default=True, help="Gate policy from the catalog.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+@click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown (for a PR comment or step summary).")
+@json_option
+@with_session
+def gate_cmd(
+    session: Session, backend: str, version: str, policy: str, html_out: Path | None, as_markdown: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Decide GO, NO-GO or INCOMPLETE for BACKEND VERSION under a policy, and say every reason.
+
+    Every case the policy selects that applies to the runtime must pass its latest attempt; a
+    missing required fix is NO-GO; unexpired waivers excuse failures; a case that
+    passed on the previous release (the greatest final version below VERSION; pre-releases and dev
+    builds are skipped) and fails now is a regression, which blocks even when waived under the
+    policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
+    not run (or only skipped) with nothing else wrong give INCOMPLETE. Exit code: 0 GO, 1 NO-GO,
+    3 INCOMPLETE, 2 bad input.
+    """
+    from matrix.report.gate import evaluate_gate, gate_text
+
+    result = evaluate_gate(session, backend, version, policy)
+    if html_out is not None:
+        from matrix.report.render import render_gate
+
+        render_gate(result, html_out)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    elif as_markdown:
+        from matrix.report.markdown import gate_markdown
+
+        click.echo(gate_markdown(result), nl=False)
+    else:
+        click.echo(gate_text(result))
+    raise SystemExit(result.exit_code)
+
+
+@click.group("export", cls=MatrixGroup)
+def export() -> None:
+    """Machine-readable results: JUnit XML, Markdown, JSON."""
+
+
+def _export_command(name: str, help_text: str, produce: Callable[[Session, Any], str | bytes]) -> None:
+    @export.command(name, help=help_text)
+    @selection_options
+    @click.option("--campaign", type=int, metavar="ID", help="Only this campaign's cells and attempts.")
+    @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+    @with_session
+    def command(session: Session, campaign: int | None, out: Path | None, **kw: Any) -> None:
+        from matrix.db.models import Campaign
+        from matrix.errors import ConfigError
+        from matrix.report.data import load_results
+
+        if campaign is not None and session.get(Campaign, campaign) is None:
+            raise ConfigError(f"no campaign {campaign}: see the campaigns in `matrix report` or `matrix run`")
+        results = load_results(session, _selection(kw), campaign_id=campaign)
+        _write_output(produce(session, results), out)
+
+
+def _junit(session: Session, results: Any) -> bytes:
+    from matrix.report.junit import junit_xml
+
+    return junit_xml(session, results)
+
+
+def _markdown(_: Session, results: Any) -> str:
+    from matrix.report.markdown import results_markdown
+
+    return results_markdown(results)
+
+
+def _json(session: Session, results: Any) -> str:
+    from matrix.report.export_json import export_json
+
+    return json.dumps(export_json(session, results), indent=2) + "\n"
+
+
+_export_command(
+    "junit", "JUnit XML (xunit2): a testsuite per runtime with its versions as properties, a testcase per "
+    "cell with every failed check and the log tails.", _junit,
+)  # fmt: skip
+_export_command(
+    "markdown", "A Markdown summary for PR comments; append it to $GITHUB_STEP_SUMMARY with "
+    "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", _markdown,
+)  # fmt: skip
+_export_command("json", "Every cell in scope with its latest attempt, as JSON.", _json)
+
+
 def register(cli: click.Group) -> None:
     """Add `campaigns`, `report`, `compare`, `gate` and `export` to the `matrix` group."""
-    from matrix.cli.app import MatrixGroup, json_option, make_selection, selection_options, with_session
-
-    @cli.group("campaigns", cls=MatrixGroup)
-    def campaigns() -> None:
-        """Show campaigns: the ids that --resume, --join and --rerun-failed take."""
-
-    @campaigns.command("list")
-    @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest first.")
-    @json_option
-    @with_session
-    def campaigns_list_cmd(session: Session, limit: int, as_json: bool) -> None:
-        """List the latest campaigns with their cells counted by the status of their latest attempt."""
-        from matrix.output import print_json, print_table
-        from matrix.results import campaign_rows
-
-        rows = campaign_rows(session, limit)
-        if as_json:
-            print_json(rows)
-            return
-        print_table(
-            ("id", "status", "started", "finished", "executor", "host", "cells", "outcomes", "key"),
-            [(r["id"], r["status"], _seconds(r["started_at"]), _seconds(r["finished_at"]), r["executor"], r["host"],
-              r["cells"],
-              ", ".join(f"{n} {status}" for status, n in r["outcomes"].items()), r["key"]) for r in rows],
-        )  # fmt: skip
-
-    @cli.command("report")
-    @selection_options
-    @click.option(
-        "--out", "out_dir", type=click.Path(path_type=Path),
-        help="Directory to write the pages into. Default: report/ in the data directory, where `matrix run` "
-        "writes it.",
-    )  # fmt: skip
-    @with_session
-    def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
-        """Write the HTML report: a grid of versions by cases, a page per runtime and per campaign.
-
-        Pages are static and self-contained (no script, no external asset): open OUT/index.html, or
-        publish the directory as a CI artifact. Selection options narrow it to the cells `matrix plan`
-        would list with the same options.
-        """
-        from matrix.paths import data_dir, usable_dir
-        from matrix.report import write_report
-
-        out = usable_dir(out_dir, "--out") if out_dir is not None else data_dir() / "report"
-        index = write_report(session, out, _selection(make_selection, kw))
-        click.echo(f"report: {index}")
-
-    @cli.command("compare")
-    @click.argument("a")
-    @click.argument("b")
-    @click.option(
-        "--component", metavar="NAME",
-        help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
-    )  # fmt: skip
-    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
-    @json_option
-    @with_session
-    def compare_cmd(
-        session: Session, a: str, b: str, component: str | None, html_out: Path | None, as_json: bool
-    ) -> None:
-        """Compare outcomes case by case: fixed, regressed, still failing, unchanged, new, missing.
-
-        \b
-        matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
-        matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
-        Timing ratios are B over A (below 1 is faster).
-        """
-        from matrix.output import print_json, print_table
-        from matrix.report.compare import compare_components, compare_runtimes
-
-        comparison = compare_components(session, component, a, b) if component else compare_runtimes(session, a, b)
-        if html_out is not None:
-            from matrix.report.render import render_compare
-
-            render_compare(comparison, html_out)
-        if as_json:
-            print_json(_comparison_dict(comparison))
-            return
-        columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "request",
-                   "total")  # fmt: skip
-        print_table(columns, _comparison_rows(comparison), title=comparison.title)
-        counts = comparison.counts()
-        click.echo(
-            ", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either side"
-        )
-
-    @cli.command("gate")
-    @click.argument("backend")
-    @click.argument("version")
-    @click.option("--policy", default="release", show_default=True, help="Gate policy from the catalog.")
-    @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
-    @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown (for a PR comment or step summary).")
-    @json_option
-    @with_session
-    def gate_cmd(
-        session: Session, backend: str, version: str, policy: str, html_out: Path | None, as_markdown: bool,
-        as_json: bool,
-    ) -> None:  # fmt: skip
-        """Decide GO, NO-GO or INCOMPLETE for BACKEND VERSION under a policy, and say every reason.
-
-        Every case the policy selects that applies to the runtime must pass its latest attempt; a
-        missing required fix is NO-GO; unexpired waivers excuse failures; a case that
-        passed on the previous release (the greatest final version below VERSION; pre-releases and dev
-        builds are skipped) and fails now is a regression, which blocks even when waived under the
-        policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
-        not run (or only skipped) with nothing else wrong give INCOMPLETE. Exit code: 0 GO, 1 NO-GO,
-        3 INCOMPLETE, 2 bad input.
-        """
-        from matrix.report.gate import evaluate_gate, gate_text
-
-        result = evaluate_gate(session, backend, version, policy)
-        if html_out is not None:
-            from matrix.report.render import render_gate
-
-            render_gate(result, html_out)
-        if as_json:
-            click.echo(json.dumps(result.as_dict(), indent=2))
-        elif as_markdown:
-            from matrix.report.markdown import gate_markdown
-
-            click.echo(gate_markdown(result), nl=False)
-        else:
-            click.echo(gate_text(result))
-        raise SystemExit(result.exit_code)
-
-    @cli.group("export", cls=MatrixGroup)
-    def export() -> None:
-        """Machine-readable results: JUnit XML, Markdown, JSON."""
-
-    def export_command(name: str, help_text: str, produce: Callable[[Session, Any], str | bytes]) -> None:
-        @export.command(name, help=help_text)
-        @selection_options
-        @click.option("--campaign", type=int, metavar="ID", help="Only this campaign's cells and attempts.")
-        @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
-        @with_session
-        def command(session: Session, campaign: int | None, out: Path | None, **kw: Any) -> None:
-            from matrix.db.models import Campaign
-            from matrix.errors import ConfigError
-            from matrix.report.data import load_results
-
-            if campaign is not None and session.get(Campaign, campaign) is None:
-                raise ConfigError(f"no campaign {campaign}: see the campaigns in `matrix report` or `matrix run`")
-            results = load_results(session, _selection(make_selection, kw), campaign_id=campaign)
-            _write_output(produce(session, results), out)
-
-    def junit(session: Session, results: Any) -> bytes:
-        from matrix.report.junit import junit_xml
-
-        return junit_xml(session, results)
-
-    def markdown(_: Session, results: Any) -> str:
-        from matrix.report.markdown import results_markdown
-
-        return results_markdown(results)
-
-    def as_json(session: Session, results: Any) -> str:
-        from matrix.report.export_json import export_json
-
-        return json.dumps(export_json(session, results), indent=2) + "\n"
-
-    export_command(
-        "junit", "JUnit XML (xunit2): a testsuite per runtime with its versions as properties, a testcase per "
-        "cell with every failed check and the log tails.", junit,
-    )  # fmt: skip
-    export_command(
-        "markdown", "A Markdown summary for PR comments; append it to $GITHUB_STEP_SUMMARY with "
-        "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", markdown,
-    )  # fmt: skip
-    export_command("json", "Every cell in scope with its latest attempt, as JSON.", as_json)
+    for command in (campaigns, report_cmd, compare_cmd, gate_cmd, export):
+        cli.add_command(command)
 
 
 def _seconds(iso: str | None) -> str:
