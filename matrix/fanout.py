@@ -22,16 +22,9 @@ from typing import Any
 
 from matrix.errors import ConfigError
 from matrix.plan import Cell, Plan
+from matrix.plan import cell_id as cell_id  # lives with the cell; re-exported for fan-out's users
 
 GITHUB_MAX_JOBS = 256
-# 12 hex digits (48 bits): a collision among 10,000 cells has odds of about 1 in 5 million, and is
-# detected (an error) rather than silently merging two cells.
-_ID_HEX = 12
-
-
-def cell_id(key: str) -> str:
-    """The stable id of a cell key `CASE@BACKEND-VERSION`."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:_ID_HEX]
 
 
 def index_cells(cells: Iterable[Cell]) -> dict[str, Cell]:

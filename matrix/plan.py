@@ -8,6 +8,7 @@ annotated: the cell is expected to fail, and a report must say so rather than hi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,14 @@ from matrix.versions import (
 )
 
 _GPU_MARKER = re.compile(r"^gpu_(\d+)$")
+# A cell's stable id: 12 hex digits (48 bits) of its key's hash. A collision among 10,000 cells has odds of
+# about 1 in 5 million, and is detected (`matrix.fanout.index_cells`) rather than silently merging two cells.
+_ID_HEX = 12
+
+
+def cell_id(key: str) -> str:
+    """The stable id of a cell key `CASE@BACKEND-VERSION` (database ids change between databases; keys do not)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:_ID_HEX]
 
 
 @dataclass(frozen=True)
@@ -107,12 +116,24 @@ class Cell:
     def expected_failure(self) -> str:
         return "; ".join(self.missing_reasons)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The cell as `matrix plan --json` prints it."""
+        return {
+            "cell": self.key, "id": cell_id(self.key), "case": self.case.name, "backend": self.runtime.backend,
+            "version": self.runtime.version, "tag": self.runtime.tag, "arm": self.case.arm,
+            "gpus": self.case.gpus_needed, "markers": list(self.case.marker_texts),
+            "missing_fixes": list(self.missing_fixes), "note": self.expected_failure,
+        }  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Exclusion:
     case: str
     runtime: str
     reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"case": self.case, "runtime": self.runtime, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -149,6 +170,13 @@ class Plan:
     cells: tuple[Cell, ...]
     excluded: tuple[Exclusion, ...]
     selection: Selection
+
+    def as_dict(self, *, explain: bool = False) -> dict[str, Any]:
+        """The plan as `matrix plan --json` prints it; `explain` adds the excluded combinations."""
+        data: dict[str, Any] = {"cells": [cell.as_dict() for cell in self.cells]}
+        if explain:
+            data["excluded"] = [exclusion.as_dict() for exclusion in self.excluded]
+        return data
 
 
 def case_info(case: Case) -> CaseInfo:

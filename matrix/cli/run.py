@@ -35,7 +35,6 @@ def plan_cmd(
     Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
     `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
     """
-    from matrix.fanout import cell_id
     from matrix.output import print_json, print_table
     from matrix.plan import plan_from_db
 
@@ -53,21 +52,7 @@ def plan_cmd(
         print_github_matrix(session, plan, 256 if max_jobs is None else max_jobs)
         return
     if output_format == "json":
-        data: dict[str, Any] = {
-            "cells": [
-                {
-                    "cell": c.key, "id": cell_id(c.key), "case": c.case.name, "backend": c.runtime.backend,
-                    "version": c.runtime.version,
-                    "tag": c.runtime.tag, "arm": c.case.arm, "gpus": c.case.gpus_needed,
-                    "markers": list(c.case.marker_texts), "missing_fixes": list(c.missing_fixes),
-                    "note": c.expected_failure,
-                }
-                for c in plan.cells
-            ]
-        }  # fmt: skip
-        if explain:
-            data["excluded"] = [{"case": e.case, "runtime": e.runtime, "reason": e.reason} for e in plan.excluded]
-        print_json(data)
+        print_json(plan.as_dict(explain=explain))
         return
     rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
             for c in plan.cells]  # fmt: skip
