@@ -4,12 +4,15 @@ files and exports derive from (or are checked against, `tests/unit/test_outcome.
 
 Adding an outcome field: a field of `CellOutcome`, its column in `db/models.py` with a migration, and an
 entry in `STORED_COLUMNS`; the database writer and the shard files follow from those.
+
+The rules that decide an outcome's status live here too (the functions at the end): the runner and the
+scheduler call them, nobody else sets a status from evidence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from matrix.check.validate import CheckFailure
@@ -95,3 +98,77 @@ STORED_COLUMNS: dict[str, tuple[type, ...]] = {
 }
 # Fields of `CellOutcome` that are not in STORED_COLUMNS, and why.
 NOT_STORED = {"queued_s": "only total_s is stored, without it", "log_dir": "stored, but a host path: it never travels"}
+
+
+# --- the decision rules: every place that turns evidence into a status calls one of these ----------------
+# The runner builds outcomes from what it saw (`checked`, `after_teardown`, `judge_control`,
+# `judge_expectation`); the scheduler adds what only it knows (`interrupted`, `will_retry`, `with_flaky`).
+
+
+def checked(failures: Sequence[CheckFailure], **measured: Any) -> CellOutcome:
+    """The outcome of a served request: passed when no check failed, else a validation failure naming them."""
+    if not failures:
+        return CellOutcome("passed", **measured)
+    names = ", ".join(dict.fromkeys(f.name for f in failures))
+    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=tuple(failures), **measured)
+
+
+def after_teardown(outcome: CellOutcome, failures: Sequence[CheckFailure]) -> CellOutcome:
+    """A pair that served correctly but did not tear down cleanly fails (kind `teardown`); an outcome that
+    already failed keeps its cause and gains the teardown checks."""
+    if failures and outcome.status == "passed":
+        names = ", ".join(c.name for c in failures)
+        message = f"served correctly but teardown failed: {names}"
+        return replace(outcome, status="failed", failure_kind="teardown", checks=tuple(failures), message=message)
+    if failures:
+        return replace(outcome, checks=(*outcome.checks, *failures))
+    return outcome
+
+
+def judge_control(outcome: CellOutcome, expected_failed_checks: Sequence[str]) -> CellOutcome:
+    """A control case proves the checks bite: it passes when exactly the checks it names fail.
+
+    E.g. an aggregated deployment (one worker serving both phases) must fail `worker_ids_distinct`. The
+    failed checks stay recorded; if they stop failing, the validator has gone blind and the cell fails.
+    """
+    expected = [str(name) for name in expected_failed_checks]
+    if not expected or outcome.status in ("skipped", "error"):
+        return outcome
+    failed = {check.name for check in outcome.checks}
+    if outcome.failure_kind == "validation" and set(expected) == failed:
+        note = f"control: {', '.join(expected)} failed as it must"
+        return replace(outcome, status="passed", failure_kind=None, message=note)
+    if outcome.status == "passed":
+        message = f"control: expected {', '.join(expected)} to fail, but every check passed"
+        check = CheckFailure("control_expectation", message + ": the validator no longer catches this deployment")
+        return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
+    return outcome
+
+
+def judge_expectation(outcome: CellOutcome, expected_failure: str) -> CellOutcome:
+    """A runtime that lacks a required fix (`expected_failure` says which) is expected to fail; a pass there
+    means the catalog is wrong. An empty `expected_failure`: nothing is expected."""
+    # A config failure (wrong or missing components) says nothing about the fix: never call it expected.
+    if not expected_failure or outcome.status == "skipped" or outcome.failure_kind == "config":
+        return outcome
+    if outcome.status == "passed":
+        note = f"unexpected pass: {expected_failure}; correct the fix's fixed_in or the runtime's components"
+        return replace(outcome, unexpected_pass=True, message=note)
+    return replace(outcome, expected_failure=expected_failure)
+
+
+def interrupted(outcome: CellOutcome, why: str) -> CellOutcome:
+    """What a stop request makes of a cell it cut short: `interrupted` (the runner's doing), unless it passed."""
+    if outcome.status == "passed":
+        return outcome
+    return replace(outcome, status="interrupted", failure_kind="infra", message=why)
+
+
+def retryable(outcome: CellOutcome) -> bool:
+    """Worth another attempt under `--max-attempts`: a failure of start-up, health or the runner's infra."""
+    return outcome.status in FAILED_STATUSES and outcome.failure_kind in RETRYABLE_KINDS
+
+
+def with_flaky(outcome: CellOutcome, failed_before: bool) -> CellOutcome:
+    """`flaky`: passed after a failed attempt of the same cell."""
+    return replace(outcome, flaky=outcome.status == "passed" and failed_before)

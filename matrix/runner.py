@@ -25,7 +25,7 @@ from matrix.launch.plan import LaunchPlan
 from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.models import resolve_model_dir
-from matrix.outcome import CellOutcome, FailureKind, Status
+from matrix.outcome import CellOutcome, FailureKind, Status, after_teardown, checked, judge_control, judge_expectation
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
@@ -107,38 +107,8 @@ def run_cell(
     started = time.monotonic()
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
-    return _judge_expectation(cell, _judge_control(cell, outcome))
-
-
-def _judge_control(cell: Cell, outcome: CellOutcome) -> CellOutcome:
-    """A control case proves the checks bite: it passes when exactly the checks it names fail.
-
-    E.g. an aggregated deployment (one worker serving both phases) must fail `worker_ids_distinct`. The
-    failed checks stay recorded; if they stop failing, the validator has gone blind and the cell fails.
-    """
-    expected = [str(name) for name in cell.case.launch.get("expect_failed_checks", [])]
-    if not expected or outcome.status in ("skipped", "error"):
-        return outcome
-    failed = {check.name for check in outcome.checks}
-    if outcome.failure_kind == "validation" and set(expected) == failed:
-        note = f"control: {', '.join(expected)} failed as it must"
-        return replace(outcome, status="passed", failure_kind=None, message=note)
-    if outcome.status == "passed":
-        message = f"control: expected {', '.join(expected)} to fail, but every check passed"
-        check = CheckFailure("control_expectation", message + ": the validator no longer catches this deployment")
-        return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
-    return outcome
-
-
-def _judge_expectation(cell: Cell, outcome: CellOutcome) -> CellOutcome:
-    """A runtime that lacks a required fix is expected to fail; a pass there means the catalog is wrong."""
-    # A config failure (wrong or missing components) says nothing about the fix: never call it expected.
-    if not cell.missing_fixes or outcome.status == "skipped" or outcome.failure_kind == "config":
-        return outcome
-    if outcome.status == "passed":
-        note = f"unexpected pass: {cell.expected_failure}; correct the fix's fixed_in or the runtime's components"
-        return replace(outcome, unexpected_pass=True, message=note)
-    return replace(outcome, expected_failure=cell.expected_failure)
+    outcome = judge_control(outcome, cell.case.launch.get("expect_failed_checks", []))
+    return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 
 def _run(
@@ -212,15 +182,7 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources) -
             shutil.rmtree(scratch, ignore_errors=True)
     exit_codes = {e.role: e.returncode for e in report.exits}
     outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
-    teardown_failures = _teardown_checks(report)
-    if teardown_failures and outcome.status == "passed":
-        names = ", ".join(c.name for c in teardown_failures)
-        message = f"served correctly but teardown failed: {names}"
-        checks = tuple(teardown_failures)
-        return replace(outcome, status="failed", failure_kind="teardown", checks=checks, message=message)
-    if teardown_failures:
-        return replace(outcome, checks=(*outcome.checks, *teardown_failures))
-    return outcome
+    return after_teardown(outcome, _teardown_checks(report))
 
 
 def _start_and_query(
@@ -284,7 +246,4 @@ def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
         "finish_reason": validation.finish_reason,
         "completion_excerpt": validation.content_excerpt or "",
     }
-    if not failures:
-        return CellOutcome("passed", **common)
-    names = ", ".join(dict.fromkeys(f.name for f in failures))
-    return CellOutcome("failed", "validation", f"failed checks: {names}", checks=tuple(failures), **common)
+    return checked(failures, **common)

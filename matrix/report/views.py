@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from matrix.outcome import FAILED_STATUSES
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, Cell, Results, RuntimeView, latest
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
@@ -65,8 +66,6 @@ def status_css(status: str) -> str:
     return "st-" + links.slug(status)
 
 
-# Latest statuses that are a failure of the cell: the grid names their failure kind and checks.
-FAILING = frozenset({"failed", "error", "timeout", "interrupted"})
 NOTE_LIMIT = 60
 
 
@@ -135,7 +134,7 @@ def _grid_cell(
     detail = last.status
     if last.failure_kind:
         detail += f" ({last.failure_kind}" + (f": {', '.join(last.check_names)}" if last.check_names else "") + ")"
-    if last.status in FAILING and last.failure_kind:
+    if last.status in FAILED_STATUSES and last.failure_kind:  # the grid names the failure kind and checks
         # What failed, in the grid itself: the kind and the checks ("validation: worker_ids_distinct").
         checks = ", ".join(last.check_names)
         notes.append(shorten(f"{last.failure_kind}: {checks}" if checks else last.failure_kind, NOTE_LIMIT))

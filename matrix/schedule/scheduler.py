@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
-from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, RETRYABLE_KINDS, CellOutcome
+from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, CellOutcome, interrupted, retryable, with_flaky
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
@@ -173,19 +173,12 @@ class Scheduler:
             outcome = future.result()
         except Exception as exc:  # a bug in our own code path: record it, keep the campaign going
             outcome = CellOutcome("error", "infra", f"internal error: {exc!r}")
-        if self._executor.cancelled and outcome.status != "passed":
-            outcome = replace(
-                outcome, status="interrupted", failure_kind="infra",
-                message=f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down",
-            )  # fmt: skip
+        if self._executor.cancelled:
+            why = f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down"
+            outcome = interrupted(outcome, why)
         # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
-        retry = (
-            outcome.status in FAILED_STATUSES
-            and outcome.failure_kind in RETRYABLE_KINDS
-            and job.attempt < self._options.max_attempts
-            and not self._stop.requested
-        )
-        outcome = replace(outcome, flaky=outcome.status == "passed" and job.failed_before)
+        retry = retryable(outcome) and job.attempt < self._options.max_attempts and not self._stop.requested
+        outcome = with_flaky(outcome, job.failed_before)
         self._write(entry.row_id, outcome)
         detail = _detail(outcome) + (" (flaky: passed after a failed attempt)" if outcome.flaky else "")
         if retry:

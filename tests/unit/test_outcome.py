@@ -15,6 +15,13 @@ from matrix.outcome import (
     STATUSES,
     STORED_COLUMNS,
     CellOutcome,
+    after_teardown,
+    checked,
+    interrupted,
+    judge_control,
+    judge_expectation,
+    retryable,
+    with_flaky,
 )
 from matrix.report.data import AttemptDetail
 from matrix.report.export_json import attempt_dict
@@ -72,3 +79,56 @@ def test_show_and_the_json_export_print_every_stored_column() -> None:
     assert set(STORED_COLUMNS) <= set(AttemptDetail._fields)
     values = {name: getattr(row, name, None) for name in AttemptDetail._fields}
     assert set(STORED_COLUMNS) <= set(attempt_dict(AttemptDetail(**values)))
+
+
+# --- the decision rules (matrix.outcome), the one place a status is decided from evidence ----------------
+
+
+def test_checked_passes_without_failures_and_names_each_failed_check_once() -> None:
+    assert checked([], ready_s=1.0) == CellOutcome("passed", ready_s=1.0)
+    failures = [CheckFailure("json_body", "a"), CheckFailure("json_body", "b"), CheckFailure("usage", "c")]
+    outcome = checked(failures)
+    assert (outcome.status, outcome.failure_kind) == ("failed", "validation")
+    assert outcome.message == "failed checks: json_body, usage" and len(outcome.checks) == 3
+
+
+def test_a_teardown_failure_fails_a_pass_and_is_added_to_a_failure() -> None:
+    leak = [CheckFailure("teardown_clean", "left a process")]
+    failed = after_teardown(CellOutcome("passed"), leak)
+    assert (failed.status, failed.failure_kind, failed.checks) == ("failed", "teardown", tuple(leak))
+    earlier = CellOutcome("failed", "request", "boom", checks=(CheckFailure("request", "x"),))
+    kept = after_teardown(earlier, leak)
+    assert (kept.status, kept.failure_kind, kept.message) == ("failed", "request", "boom")
+    assert [c.name for c in kept.checks] == ["request", "teardown_clean"]
+    assert after_teardown(CellOutcome("passed"), []) == CellOutcome("passed")
+
+
+def test_a_control_passes_only_when_exactly_its_checks_fail() -> None:
+    control = ["worker_ids_distinct"]
+    caught = checked([CheckFailure("worker_ids_distinct", "same worker")])
+    assert judge_control(caught, control).status == "passed"
+    blind = judge_control(CellOutcome("passed"), control)
+    assert (blind.status, blind.checks[0].name) == ("failed", "control_expectation")
+    other = checked([CheckFailure("usage", "x")])
+    assert judge_control(other, control) == other
+    assert judge_control(CellOutcome("skipped"), control).status == "skipped"
+
+
+def test_an_expected_failure_is_noted_and_a_pass_there_is_unexpected() -> None:
+    assert judge_expectation(CellOutcome("failed", "request"), "lacks vllm#1").expected_failure == "lacks vllm#1"
+    surprise = judge_expectation(CellOutcome("passed"), "lacks vllm#1")
+    assert surprise.unexpected_pass and surprise.status == "passed"
+    config = CellOutcome("failed", "config")
+    assert judge_expectation(config, "lacks vllm#1") == config  # a config failure says nothing about the fix
+    assert judge_expectation(CellOutcome("passed"), "") == CellOutcome("passed")
+
+
+def test_the_scheduler_rules_interrupt_retry_and_flaky() -> None:
+    assert interrupted(CellOutcome("passed"), "stop") == CellOutcome("passed")
+    cut = interrupted(CellOutcome("failed", "health", "x"), "stop")
+    assert (cut.status, cut.failure_kind, cut.message) == ("interrupted", "infra", "stop")
+    assert retryable(CellOutcome("timeout", "health")) and retryable(cut)
+    assert not retryable(CellOutcome("failed", "validation")) and not retryable(CellOutcome("passed"))
+    assert with_flaky(CellOutcome("passed"), True).flaky
+    assert not with_flaky(CellOutcome("failed", "health"), True).flaky
+    assert not with_flaky(CellOutcome("passed"), False).flaky
