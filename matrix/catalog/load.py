@@ -26,6 +26,7 @@ from matrix.catalog.spec import (
     WaiverSpec,
 )
 from matrix.errors import ConfigError
+from matrix.launch.options import check_case_options
 from matrix.resources import resource_dir
 from matrix.versions import component_has_fix, parse_specifier, parse_version, tag_for
 
@@ -227,11 +228,11 @@ def _case(e: _Entry) -> CaseSpec:
     source_dir = e.get("source_dir", str, "")
     # Launch scripts of a case resolve against the directory it declares, itself relative to its file.
     resolved_dir = (e.path.parent / source_dir).resolve() if source_dir else e.path.parent.resolve()
-    kv_bound = e.get("kv_bound", dict, {})
-    if set(kv_bound) - {"bytes", "tokens"} or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in kv_bound.values()
-    ):
-        raise e.fail(f"kv_bound must be {{bytes = N}} and/or {{tokens = N}} with N > 0, got {kv_bound!r}")
+    arm, markers, launch = _name(e, "arm"), e.str_list("markers"), dict(e.get("launch", dict, {}))
+    try:
+        kv_bound = check_case_options(arm, launch, e.get("kv_bound", dict, {}), markers)
+    except ConfigError as exc:
+        raise e.fail(str(exc)) from None
     startup = float(e.get("startup_timeout_s", (int, float), 300.0))
     request = float(e.get("request_timeout_s", (int, float), 60.0))
     if startup <= 0 or request <= 0:
@@ -239,15 +240,15 @@ def _case(e: _Entry) -> CaseSpec:
     return CaseSpec(
         name=_name(e),
         backend=_name(e, "backend"),
-        arm=_name(e, "arm"),
+        arm=arm,
         model=_name(e, "model"),
-        markers=e.str_list("markers"),
+        markers=markers,
         description=e.get("description", str, ""),
         payload=dict(e.get("payload", dict, {})),
-        kv_bound=dict(kv_bound),
+        kv_bound=kv_bound.as_dict(),
         startup_timeout_s=startup,
         request_timeout_s=request,
-        launch=dict(e.get("launch", dict, {})),
+        launch=launch,
         source_dir=str(resolved_dir),
         version_constraint=constraint,
         requires_fixes=e.str_list("requires_fixes"),

@@ -19,6 +19,7 @@ from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.options import KV_FLAGS, kv_arg
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -51,25 +52,26 @@ def _engine(case: CaseInfo) -> str:
 def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
     """Engine flags that bound the KV cache absolutely (bytes or blocks, not a fraction), forwarded by the launch
     script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
-    launch, bound = case.launch, case.kv_bound
-    if engine == "vllm" and "bytes" in bound:
+    launch, arg = case.launch, kv_arg(case.kv_bound, engine) if engine in KV_FLAGS else None
+    if arg is None or engine == "trtllm":
+        return ()
+    flag, value = arg
+    if engine == "vllm":
         # vLLM checks the memory fraction before the byte cap, so the fraction must be tiny too.
         utilization = str(launch.get("gpu_memory_utilization", 0.01))
-        return ("--kv-cache-memory-bytes", str(bound["bytes"]), "--gpu-memory-utilization", utilization)
-    if engine == "sglang" and "tokens" in bound:
-        graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph", True) else ()
-        return ("--max-total-tokens", str(bound["tokens"]), *graph)
-    return ()
+        return (flag, str(value), "--gpu-memory-utilization", utilization)
+    graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph", True) else ()
+    return (flag, str(value), *graph)
 
 
 def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
     env = {}
     if "max_model_len" in case.launch:
         env["MAX_MODEL_LEN"] = str(case.launch["max_model_len"])
-    if engine == "trtllm" and "tokens" in case.kv_bound:
+    if engine == "trtllm" and (arg := kv_arg(case.kv_bound, engine)) is not None:
         # TensorRT-LLM takes its KV bound from the engine config (kv_cache_config.max_tokens); the launch
         # script writes that config, so the bound travels as a variable.
-        env["TRTLLM_KV_MAX_TOKENS"] = str(case.kv_bound["tokens"])
+        env[arg[0]] = str(arg[1])
     return env
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.options import kv_arg
 from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -22,7 +23,7 @@ class ReferenceArm:
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
-        kv_bytes = int(ctx.case.kv_bound.get("bytes", DEFAULT_KV_CACHE_BYTES))
+        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "reference", DEFAULT_KV_CACHE_BYTES)
         device = "cuda" if ctx.gpu_ids and launch.get("device") == "cuda" else "cpu"
         env = {**ctx.env, **gpu_env(ctx), "PYTHONUNBUFFERED": "1"}
         faults = [str(f) for f in launch.get("faults", [])]
@@ -37,7 +38,7 @@ class ReferenceArm:
                 *base, "worker", "--role", role,
                 "--port", str(ctx.ports[f"{role}_http"]),
                 "--side-channel-port", str(ctx.ports[f"{role}_side_channel"]),
-                "--kv-cache-bytes", str(kv_bytes),
+                kv_flag, str(kv_bytes),
                 "--device", device,
             ]  # fmt: skip
             if "slow_start_s" in launch:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.options import kv_arg
 from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
@@ -64,7 +65,7 @@ def server(
         "--host", "127.0.0.1",
         "--port", str(http),
         "--nccl-port", str(ctx.ports[port_name(role, "NCCL")]),
-        "--max-total-tokens", str(int(ctx.case.kv_bound.get("tokens", DEFAULT_KV_TOKENS))),
+        *map(str, kv_arg(ctx.case.kv_bound, "sglang", DEFAULT_KV_TOKENS)),
         "--context-length", str(launch.get("max_model_len", DEFAULT_CONTEXT_LENGTH)),
         "--max-running-requests", str(launch.get("max_running_requests", 8)),
         "--mem-fraction-static", str(launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)),

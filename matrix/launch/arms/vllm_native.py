@@ -22,6 +22,7 @@ from matrix.launch.arms.base import (
     loopback_url,
     pd_proxy,
 )  # fmt: skip
+from matrix.launch.options import kv_arg
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -59,7 +60,7 @@ class VllmNativeArm:
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
         on_gpu = bool(ctx.gpu_ids)
-        kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
+        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
         model = str(ctx.model_dir or ctx.case.model)
         # Temporary files and caches stay inside the cell's directory and go with it.
         scratch = {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
@@ -83,7 +84,7 @@ class VllmNativeArm:
                 "--served-model-name", ctx.case.model,
                 "--enforce-eager",
                 "--max-model-len", str(launch.get("max_model_len", 512)),
-                "--kv-cache-memory-bytes", str(kv_bytes),
+                kv_flag, str(kv_bytes),
             ]  # fmt: skip
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import sidecar_process
 from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
+from matrix.launch.options import kv_arg
 from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
@@ -34,7 +35,7 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
     connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     if not on_gpu:
         connector["kv_buffer_device"] = "cpu"
-    kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
+    kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
     http = ctx.ports[engine_port(role, "HTTP")]
     argv = [
         "vllm-rs", "serve", str(ctx.model_dir or ctx.case.model),
@@ -51,7 +52,7 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
         "--",
         "--enforce-eager",
         "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
-        "--kv-cache-memory-bytes", str(kv_bytes),
+        kv_flag, str(kv_bytes),
     ]  # fmt: skip
     if on_gpu:
         argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))]

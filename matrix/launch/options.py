@@ -1,0 +1,171 @@
+"""Typed case options: the KV bound (`KvBound`), which launch keys each arm reads, and the one table from a
+bound to the engine flag that carries it.
+
+`matrix catalog sync` checks every case against these (`check_case_options`) before the database is touched,
+so a misspelled launch key, a bound in a unit the case's engine does not read, or a marker that restates the
+bound with another value is refused with the fix, instead of being ignored at run time. The arms read the
+same tables (`kv_arg`), so what is checked is what is launched.
+
+Pure data and checks: this module imports nothing of the launch machinery, so the catalog may import it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, overload
+
+from matrix.errors import ConfigError
+from matrix.markers import parse_marker_use
+
+KvUnit = Literal["bytes", "tokens"]
+KV_UNITS: tuple[str, ...] = get_args(KvUnit)
+
+
+@dataclass(frozen=True)
+class KvBound:
+    """An absolute bound on each instance's KV cache, in bytes and/or tokens (`kv_bound = { bytes = N }`)."""
+
+    bytes: int | None = None
+    tokens: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> KvBound:
+        """The bound a catalog entry writes; `ConfigError` naming the fix for anything else."""
+        unknown = sorted(set(raw) - set(KV_UNITS))
+        values = [raw[unit] for unit in KV_UNITS if unit in raw]
+        if unknown or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ConfigError(f"kv_bound must be {{bytes = N}} and/or {{tokens = N}} with N > 0, got {dict(raw)!r}")
+        return cls(bytes=raw.get("bytes"), tokens=raw.get("tokens"))
+
+    def get(self, unit: str) -> int | None:
+        value: int | None = getattr(self, unit)
+        return value
+
+    def as_dict(self) -> dict[str, int]:
+        """The stored shape (`case.kv_bound`, JSON): only the units given."""
+        return {unit: value for unit in KV_UNITS if (value := self.get(unit)) is not None}
+
+
+@dataclass(frozen=True)
+class KvFlag:
+    """How one engine takes its KV bound: the unit it counts in and the flag (or variable) that carries it."""
+
+    unit: KvUnit
+    flag: str
+
+
+# The one table from a bound to engine flags. Every arm that passes a bound looks its engine up here.
+KV_FLAGS: dict[str, KvFlag] = {
+    "reference": KvFlag("bytes", "--kv-cache-bytes"),
+    "vllm": KvFlag("bytes", "--kv-cache-memory-bytes"),
+    "sglang": KvFlag("tokens", "--max-total-tokens"),
+    # TensorRT-LLM reads it from its engine config (kv_cache_config.max_tokens), which the launch script
+    # writes from this variable.
+    "trtllm": KvFlag("tokens", "TRTLLM_KV_MAX_TOKENS"),
+}
+# Dynamo's mocker has no real cache: a bound in either unit only sizes the scheduler's memory estimate.
+UNBOUNDED_ENGINES = frozenset({"mocker"})
+DYNAMO_ENGINES = ("mocker", "vllm", "sglang", "trtllm")
+# The engine of an arm that has one engine; a dynamo case names its engine in `launch.engine`.
+ARM_ENGINES = {"reference": "reference", "vllm_native": "vllm", "sglang_native": "sglang"}
+
+
+@overload
+def kv_arg(bound: Mapping[str, int], engine: str, default: int) -> tuple[str, int]: ...
+@overload
+def kv_arg(bound: Mapping[str, int], engine: str, default: None = None) -> tuple[str, int] | None: ...
+def kv_arg(bound: Mapping[str, int], engine: str, default: int | None = None) -> tuple[str, int] | None:
+    """(flag, value) that bounds `engine`'s KV cache from a case's `kv_bound` (else `default`); None when
+    there is neither."""
+    spec = KV_FLAGS[engine]
+    value = bound.get(spec.unit, default)
+    return None if value is None else (spec.flag, int(value))
+
+
+# Markers that restate the bound for a reader of `matrix plan -m`: their value must be the bound's.
+RESTATING_MARKERS: dict[str, KvUnit] = {
+    "requested_vllm_kv_cache_bytes": "bytes",
+    "requested_sglang_kv_tokens": "tokens",
+    "requested_trtllm_kv_tokens": "tokens",
+}
+
+# Launch keys every arm may carry: read by the runner (model_dir, expect_failed_checks) and by the
+# container provider (shm_gib, engine).
+COMMON_LAUNCH_KEYS = frozenset({"model_dir", "expect_failed_checks", "shm_gib", "engine"})
+_SGLANG_SERVER_KEYS = frozenset({
+    "max_model_len", "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
+    "disable_cuda_graph", "transfer_backend", "extra_args", "role_env", "kv_counters", "env",
+})  # fmt: skip
+_VLLM_SIDECAR_KEYS = frozenset({
+    "env", "extra_args", "gpu_memory_utilization", "kv_counters", "max_model_len", "reasoning_parser", "role_env",
+    "tool_call_parser",
+})  # fmt: skip
+# The launch keys each arm reads (`tests/unit/test_case_options.py` checks this against the arms' code).
+LAUNCH_KEYS: dict[str, frozenset[str]] = {
+    "reference": frozenset({"device", "faults", "slow_start_s", "teardown_grace_s", "token_delay_ms"}),
+    "vllm_native": frozenset({
+        "cpu", "decode_without_connector", "env", "extra_args", "gpu_memory_utilization", "kv_counters",
+        "max_model_len", "role_env", "teardown_grace_s",
+    }),
+    "sglang_native": frozenset({"aggregated_servers", "teardown_grace_s"}) | _SGLANG_SERVER_KEYS,
+    "dynamo": frozenset({
+        "aggregated", "cpu", "disable_cuda_graph", "gpu_memory_utilization", "max_model_len", "script",
+        "speedup_ratio", "teardown_grace_s", "workspace_script",
+    }) | _SGLANG_SERVER_KEYS | _VLLM_SIDECAR_KEYS,
+}  # fmt: skip
+
+
+def engine_of(arm: str, launch: Mapping[str, Any]) -> str:
+    """The engine whose KV flag a case of `arm` uses."""
+    if arm == "dynamo":
+        engine = str(launch.get("engine", "mocker"))
+        if engine not in DYNAMO_ENGINES:
+            known = ", ".join(DYNAMO_ENGINES)
+            raise ConfigError(f"launch.engine {engine!r} is not a dynamo engine; write one of {known}")
+        return engine
+    return ARM_ENGINES[arm]
+
+
+def check_case_options(
+    arm: str, launch: Mapping[str, Any], kv_bound: Mapping[str, Any], markers: Sequence[str]
+) -> KvBound:
+    """The case's typed KV bound, after checking its launch keys, the bound's unit and the markers that
+    restate it. `ConfigError` (the caller adds file and entry) says what is wrong and how to fix it.
+    An arm this module does not know is left to the arm registry's own check."""
+    bound = KvBound.parse(kv_bound)
+    if arm not in LAUNCH_KEYS:
+        return bound
+    known = LAUNCH_KEYS[arm] | COMMON_LAUNCH_KEYS
+    for key in sorted(set(launch) - known):
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+        raise ConfigError(f"launch key {key!r} is not read by the {arm} arm; {hint}")
+    engine = engine_of(arm, launch)
+    what = f"the {arm} arm" if arm != "dynamo" else f"dynamo's {engine} engine"
+    if engine not in UNBOUNDED_ENGINES:
+        unit = KV_FLAGS[engine].unit
+        for other in bound.as_dict():
+            if other != unit:
+                raise ConfigError(
+                    f"kv_bound.{other} is not read by {what}, which bounds its KV cache in {unit} "
+                    f"({KV_FLAGS[engine].flag}): write kv_bound = {{ {unit} = N }}"
+                )
+    for text in markers:
+        use = parse_marker_use(text)
+        unit_of_marker = RESTATING_MARKERS.get(use.name)
+        if unit_of_marker is None or not use.args:
+            continue
+        value = bound.get(unit_of_marker)
+        if value is None:
+            raise ConfigError(
+                f"marker {text} restates kv_bound.{unit_of_marker}, which the case does not set: add "
+                f"kv_bound = {{ {unit_of_marker} = {use.args[0]} }} or drop the marker"
+            )
+        if use.args[0] != value:
+            raise ConfigError(
+                f"marker {text} says {use.args[0]} but kv_bound.{unit_of_marker} is {value}: "
+                f"write {use.name}({value}) (the engine is launched with the bound)"
+            )
+    return bound
