@@ -16,9 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,14 +34,10 @@ from matrix.fanout import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
-from matrix.launch.arms import get_arm
-from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
-from matrix.launch.providers.wheelhouse import ProvisionSource
-from matrix.launch.supervisor import kill_cell_processes
 from matrix.outcome import FAILED_STATUSES
 from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
-from matrix.plan import Cell, Selection, plan_from_db
+from matrix.plan import CaseInfo, Cell, RuntimeInfo, Selection, plan_from_db
 from matrix.progress import Event, make_reporter
 from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign
 from matrix.schedule.executor import CellExecutor
@@ -78,7 +75,10 @@ class RunOptions:
     # Told the campaign's id once its cells are chosen (e.g. to write `--results-out` afterwards).
     on_campaign: Callable[[int], None] | None = None
     # Where venv runtimes are provisioned from (`--find-links`, `--offline`); the index by default.
-    provision_source: ProvisionSource = field(default_factory=ProvisionSource)
+    # Where venv runtimes are built from (a `ProvisionSource` of the launch layer; None: the index).
+    provision_source: Any = None
+    # The launch machinery on this host; None: `matrix.executors.hooks.LocalHooks`.
+    hooks: HostHooks | None = None
     # `--new`: only cells of runtimes that have no attempt at all yet (e.g. just added by `matrix discover`).
     new_only: bool = False
 
@@ -93,19 +93,45 @@ def _git_sha() -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def recover_stale(factory: sessionmaker[Session], echo: Echo) -> int:
+class HostHooks(Protocol):
+    """What a campaign needs from the launch machinery on the driver's host (`matrix.executors.hooks`
+    implements it), so that the campaign never imports `matrix.launch`."""
+
+    build_interrupted: type[BaseException]  # what `provision` raises when a stop request ended a build
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool: ...
+
+    def provision(
+        self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
+    ) -> dict[str, str]:
+        """Build the venv runtimes' environments; runtime label -> error for those that failed."""
+        ...
+
+    def sweep_orphan_builds(self) -> list[int]: ...
+
+    def kill_cell_processes(self, uid: str) -> list[int]: ...
+
+
+def local_hooks() -> HostHooks:
+    from matrix.executors.hooks import LocalHooks
+
+    return LocalHooks()
+
+
+def recover_stale(factory: sessionmaker[Session], echo: Echo, hooks: HostHooks | None = None) -> int:
     """Mark cells of dead runners `interrupted` and kill any process still carrying their cell id, or the
     provisioning tag of a runner on this host that is gone (pip of a SIGKILLed build)."""
+    hooks = hooks or local_hooks()
     now = utcnow()
     recovered = 0
-    builds = sweep_orphans()
+    builds = hooks.sweep_orphan_builds()
     if builds:
         echo(f"killed {len(builds)} environment build process(es) left by a runner that died")
     with transaction(factory) as session:
         for row in session.scalars(select(CellRun).where(CellRun.status == "running")):
             if owner_gone(row, now):
                 alive = owner_alive(row.owner_host, row.owner_pid)
-                killed = kill_cell_processes(row.uid) if alive is False else []
+                killed = hooks.kill_cell_processes(row.uid) if alive is False else []
                 row.status = "interrupted"
                 row.failure_kind = "infra"
                 row.message = f"runner {row.owner_host}:{row.owner_pid} died while this cell ran" + (
@@ -268,11 +294,10 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     return campaign.id, [(cell, 1, False) for cell in planned]
 
 
-def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal) -> None:
+def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal, hooks: HostHooks) -> None:
     """Build the environments the cells need first, with progress; cells of a failed build are skipped.
 
-    Raises `BuildInterrupted` on SIGINT/SIGTERM, with the half-built environment removed."""
-    from matrix.launch.providers import ensure_provisioned
+    Raises `hooks.build_interrupted` on SIGINT/SIGTERM, with the half-built environment removed."""
 
     def say(line: str) -> None:
         if options.json_events:  # stdout carries only JSON events then
@@ -280,7 +305,7 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
         elif not options.quiet:
             echo(line)
 
-    failures = ensure_provisioned(
+    failures = hooks.provision(
         [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
     )
     for label, error in failures.items():
@@ -330,7 +355,8 @@ def _run(
     cluster_cpus: int | None,
     gpus_per_node: int | None,
 ) -> int:
-    recover_stale(factory, echo)
+    hooks = options.hooks or local_hooks()
+    recover_stale(factory, echo, hooks)
     with transaction(factory) as session:
         campaign_id, selected = _selected_cells(session, options, echo)
         if not selected and options.resume is None and options.rerun_failed is None and options.join is None:
@@ -345,7 +371,7 @@ def _run(
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
-        cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
+        cpu_ok = hooks.runs_on_cpu(cell.case)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
     # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
@@ -354,8 +380,8 @@ def _run(
     stop.install()
     if ray_executor is None:  # Ray workers build what their cells need on their own nodes
         try:
-            _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo, stop)
-        except BuildInterrupted:
+            _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo, stop, hooks)
+        except hooks.build_interrupted:
             stop.requested = True
         except BaseException:
             stop.restore()

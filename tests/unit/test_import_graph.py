@@ -145,6 +145,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "shard_results": {"runner", "launch", "executors", "campaign"},
     "shard_import": {"runner", "launch", "executors", "campaign"},
     "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
+    # The campaign reaches the launch machinery through its hooks (`HostHooks`, `matrix.executors.hooks`).
+    "campaign": {"launch", "runner"},
 }  # fmt: skip
 
 

@@ -1,0 +1,38 @@
+"""The launch machinery a campaign needs on the driver's host, behind `matrix.campaign.HostHooks`: whether a
+case runs on CPU, provisioning environments, and cleaning up after runners that died.
+
+The campaign calls these instead of importing `matrix.launch` (the executors are the layer that launches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from matrix.launch.arms import get_arm
+from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
+from matrix.launch.supervisor import kill_cell_processes
+from matrix.plan import CaseInfo, RuntimeInfo
+
+
+class LocalHooks:
+    """`HostHooks` for this host (both executors: the Ray driver also recovers and checks cells here)."""
+
+    # What `provision` raises when a stop request ended the build in progress.
+    build_interrupted: type[BaseException] = BuildInterrupted
+
+    def runs_on_cpu(self, case: CaseInfo) -> bool:
+        return get_arm(case.arm).runs_on_cpu(case)
+
+    def provision(
+        self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
+    ) -> dict[str, str]:
+        from matrix.launch.providers import ensure_provisioned
+
+        return ensure_provisioned(runtimes, say, source, stop=stop)
+
+    def sweep_orphan_builds(self) -> list[int]:
+        return sweep_orphans()
+
+    def kill_cell_processes(self, uid: str) -> list[int]:
+        return kill_cell_processes(uid)
