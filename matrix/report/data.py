@@ -42,7 +42,7 @@ __all__ = [
     "AttemptRow",
     "CampaignView",
     "CaseView",
-    "Cell",
+    "ResultCell",
     "Results",
     "RuntimeView",
     "latest",
@@ -300,7 +300,7 @@ def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
 
 
 @dataclass
-class Cell:
+class ResultCell:
     """One case on one runtime within a report's scope, with its attempts oldest first."""
 
     case: CaseView
@@ -334,12 +334,12 @@ class Results:
 
     runtimes: list[RuntimeView]
     cases: list[CaseView]
-    cells: dict[CellKey, Cell]
+    cells: dict[CellKey, ResultCell]
     excluded: dict[CellKey, str]
     campaigns: list[CampaignView]
     selection: Selection | None = None
     campaign_id: int | None = None
-    _by_runtime: dict[int, list[Cell]] | None = field(default=None, repr=False)
+    _by_runtime: dict[int, list[ResultCell]] | None = field(default=None, repr=False)
 
     def backends(self) -> list[str]:
         return sorted({r.backend for r in self.runtimes} | {c.backend for c in self.cases})
@@ -350,7 +350,7 @@ class Results:
     def cases_of(self, backend: str) -> list[CaseView]:
         return [c for c in self.cases if c.backend == backend]
 
-    def cells_of_runtime(self, runtime_id: int) -> list[Cell]:
+    def cells_of_runtime(self, runtime_id: int) -> list[ResultCell]:
         """The runtime's cells by case name (an index built once: reports ask for every runtime)."""
         if self._by_runtime is None:
             self._by_runtime = defaultdict(list)
@@ -490,10 +490,10 @@ def load_results(session: Session, selection: Selection | None = None, *, campai
     for planned_cell in plan.cells:
         assert planned_cell.case.id is not None and planned_cell.runtime.id is not None
         planned[(planned_cell.case.id, planned_cell.runtime.id)] = planned_cell.missing_reasons
-    cells: dict[CellKey, Cell] = {}
+    cells: dict[CellKey, ResultCell] = {}
     if campaign_id is None:  # planned cells show even before their first attempt
         for key, missing in planned.items():
-            cells[key] = Cell(case_by_id[key[0]], runtime_by_id[key[1]], missing=missing)
+            cells[key] = ResultCell(case_by_id[key[0]], runtime_by_id[key[1]], missing=missing)
     conditions = [CellRun.campaign_id == campaign_id] if campaign_id is not None else []
     for attempt in iter_attempt_rows(session, conditions):
         key = (attempt.case_id, attempt.runtime_id)
@@ -503,7 +503,7 @@ def load_results(session: Session, selection: Selection | None = None, *, campai
                 continue  # a selection scopes the report to the cells it plans
             case, runtime = case_by_id[attempt.case_id], runtime_by_id[attempt.runtime_id]
             why = planned.get(key) or tuple(reason for _, reason in missing_fixes(case.info, runtime.info))
-            cell = cells[key] = Cell(case, runtime, missing=why)
+            cell = cells[key] = ResultCell(case, runtime, missing=why)
         cell.attempts.append(attempt)
     in_runtimes = {rid for _, rid in cells}
     in_cases = {cid for cid, _ in cells}

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from matrix.report.data import AttemptDetail, Cell, Results, latest, load_details
+from matrix.report.data import AttemptDetail, ResultCell, Results, latest, load_details
 from matrix.report.text import clean
 
 __all__ = ["export_json", "iter_cell_dicts"]
@@ -57,7 +57,7 @@ def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _cell_dict(cell: Cell, attempts: list[AttemptDetail]) -> dict[str, Any]:
+def _cell_dict(cell: ResultCell, attempts: list[AttemptDetail]) -> dict[str, Any]:
     last = latest(attempts)
     return {
         "cell": cell.key,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from matrix.outcome import FAILED_STATUSES
-from matrix.report.data import AttemptDetail, Cell, Results, RuntimeView, latest, load_details
+from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, latest, load_details
 from matrix.report.fmt import fmt_time
 from matrix.report.text import clean, log_tails, printable, shorten
 
@@ -55,7 +55,7 @@ def _failure_summary(attempt: AttemptDetail) -> str:
     return f"{head}: {first_line[0]}" if first_line else head
 
 
-def _failure_text(attempt: AttemptDetail, cell: Cell) -> str:
+def _failure_text(attempt: AttemptDetail, cell: ResultCell) -> str:
     lines = [f"{c.get('name', '')}: {c.get('message', '')}" for c in attempt.checks]
     if attempt.message:
         lines.append(attempt.message)
@@ -64,7 +64,7 @@ def _failure_text(attempt: AttemptDetail, cell: Cell) -> str:
     return clean("\n".join(lines))
 
 
-def _system_out(attempt: AttemptDetail, cell: Cell) -> str:
+def _system_out(attempt: AttemptDetail, cell: ResultCell) -> str:
     parts = [
         f"cell {cell.key}, attempt {attempt.attempt} of campaign {attempt.campaign_id}, id {attempt.uid}",
         f"status {attempt.status}; started {fmt_time(attempt.started_at)}, finished {fmt_time(attempt.finished_at)}",
@@ -80,7 +80,7 @@ def _system_out(attempt: AttemptDetail, cell: Cell) -> str:
     return printable("\n".join(parts))  # the cell key holds catalog names
 
 
-def _testcase(suite: ET.Element, cell: Cell, attempts: Sequence[AttemptDetail]) -> str:
+def _testcase(suite: ET.Element, cell: ResultCell, attempts: Sequence[AttemptDetail]) -> str:
     """Add the cell's testcase; return its outcome: passed, failed or skipped."""
     last = latest(attempts)
     case = ET.SubElement(

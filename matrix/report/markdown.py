@@ -12,7 +12,7 @@ import re
 from collections import Counter
 
 from matrix.outcome import FAILED_STATUSES
-from matrix.report.data import Cell, Results
+from matrix.report.data import ResultCell, Results
 from matrix.report.gate import GateResult
 from matrix.report.text import clean, shorten
 from matrix.report.views import STATUS_LABELS, status_label
@@ -82,12 +82,12 @@ def results_markdown(results: Results) -> str:
     return "\n".join(lines)
 
 
-def _status(cell: Cell) -> str:
+def _status(cell: ResultCell) -> str:
     last = cell.latest
     return last.status if last else "none"
 
 
-def _failure_row(cell: Cell) -> list[str]:
+def _failure_row(cell: ResultCell) -> list[str]:
     last = cell.latest
     assert last is not None
     note = last.expected_failure or "; ".join(cell.missing)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from matrix.outcome import FAILED_STATUSES
 from matrix.report import links
-from matrix.report.data import AttemptDetail, AttemptRow, CaseView, Cell, Results, RuntimeView, latest
+from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
 from matrix.report.text import clean, printable, shorten
 from matrix.report.trend import Trend, trend
@@ -118,7 +118,7 @@ def counts_text(statuses: Iterable[str]) -> str:
 
 
 def _grid_cell(
-    cell: Cell | None, runtime: RuntimeView, case: CaseView, excluded: str | None, reasons: Mapping[int, str]
+    cell: ResultCell | None, runtime: RuntimeView, case: CaseView, excluded: str | None, reasons: Mapping[int, str]
 ) -> GridCell:
     key = f"{case.name}@{runtime.label}"
     if cell is None:
@@ -201,7 +201,7 @@ def backend_sections(
     return sections
 
 
-def status_counts(cells: Iterable[Cell]) -> list[tuple[str, str, int]]:
+def status_counts(cells: Iterable[ResultCell]) -> list[tuple[str, str, int]]:
     """(status, label, count) of the latest attempts, "none" for cells without one, plus flaky passes."""
     counts: Counter[str] = Counter()
     flaky = 0
@@ -332,7 +332,7 @@ class CellView(NamedTuple):
     attempts: tuple[AttemptView, ...]  # newest first
 
 
-def _missing(cell: Cell) -> tuple[MissingFix, ...]:
+def _missing(cell: ResultCell) -> tuple[MissingFix, ...]:
     fixes = {f.key: f for f in cell.case.info.required_fixes}
     found = []
     for why in cell.missing:
@@ -342,7 +342,7 @@ def _missing(cell: Cell) -> tuple[MissingFix, ...]:
     return tuple(found)
 
 
-def cell_views(cells: list[Cell], details: Mapping[int, list[AttemptDetail]]) -> Iterator[CellView]:
+def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail]]) -> Iterator[CellView]:
     """The cells of one runtime page, built one at a time as the template streams them."""
     for cell in cells:
         attempts = details.get(cell.case.id, [])
