@@ -21,10 +21,10 @@ from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
-from matrix.launch.plan import LaunchPlan
+from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.supervisor import Supervisor, TeardownReport
-from matrix.models import resolve_model_dir
+from matrix.model_files import resolve_model_dir
 from matrix.outcome import CellOutcome, FailureKind, Status, after_teardown, checked, judge_control, judge_expectation
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler

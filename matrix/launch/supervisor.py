@@ -46,7 +46,7 @@ import psutil
 from matrix.check.http import loopback_client
 from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 
 CELL_ENV = "MATRIX_CELL_ID"
 LOG_TAIL_LINES = 40

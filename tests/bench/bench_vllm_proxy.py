@@ -49,7 +49,7 @@ def main() -> None:
     from matrix.launch.arms.base import LaunchContext
     from matrix.launch.providers import Environment, ensure_provisioned, prepare
     from matrix.launch.supervisor import Supervisor
-    from matrix.models import resolve_model_dir
+    from matrix.model_files import resolve_model_dir
     from matrix.paths import data_dir, port_registry_path
     from matrix.plan import Selection, plan_from_db
 

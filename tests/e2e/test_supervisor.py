@@ -16,7 +16,7 @@ import pytest
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
 from matrix.launch import supervisor as supervisor_module
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
 from matrix.launch.supervisor import Supervisor, find_cell_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.launch.plan import HealthProbe, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 from matrix.launch.supervisor import FATAL_GRACE_S, LOG_TAIL_LINES, Supervisor
 from tests.e2e.test_supervisor import make_plan, models_probe, ports  # noqa: F401 - the fixture
 

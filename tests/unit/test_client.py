@@ -16,7 +16,7 @@ import pytest
 
 from matrix.check.client import ERROR_KINDS, _SSEParser, build_payload, send_chat
 from matrix.check.validate import validate_chat_response
-from matrix.launch.plan import RequestSpec
+from matrix.launch.launch_plan import RequestSpec
 
 BIG_ID = 15783270017955876104
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from matrix.launch.plan import LaunchPlan, ProcessSpec, RequestSpec
+from matrix.launch.launch_plan import LaunchPlan, ProcessSpec, RequestSpec
 from matrix.launch.providers import ContainerSpec, Environment, Mismatch, Unavailable, prepare, wrap_plan
 from matrix.launch.providers import container as container_module
 from matrix.launch.providers.container import container_argv, leftover_argv, shm_gib_for

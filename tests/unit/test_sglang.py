@@ -21,7 +21,7 @@ from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import ENGINE_PORTS
 from matrix.launch.arms.sglang_server import KV_COUNTERS
-from matrix.launch.plan import MetricsCheck
+from matrix.launch.launch_plan import MetricsCheck
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import instance_id, sglang_request
 from matrix.plan import CaseInfo, RuntimeInfo

@@ -8,7 +8,7 @@ from pathlib import Path
 from matrix.check.metrics import judge, parse_counters
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
-from matrix.launch.plan import MetricsCheck
+from matrix.launch.launch_plan import MetricsCheck
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import decode_request, instance_id, prefill_request
 from matrix.plan import CaseInfo, RuntimeInfo

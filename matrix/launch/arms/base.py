@@ -12,7 +12,7 @@ from typing import Protocol
 
 from matrix.hardware.gpus import CHILD_ENV
 from matrix.hardware.ports import PortRequest
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
 from matrix.plan import CaseInfo, RuntimeInfo
 
 DEFAULT_PROMPT = (

@@ -19,8 +19,8 @@ from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import KV_FLAGS, kv_arg
-from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.

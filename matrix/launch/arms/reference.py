@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.launch.plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.plan import CaseInfo
 
 DEFAULT_KV_CACHE_BYTES = 8 * 1024 * 1024

@@ -11,7 +11,7 @@ from __future__ import annotations
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, pd_proxy
-from matrix.launch.plan import LaunchPlan
+from matrix.launch.launch_plan import LaunchPlan
 from matrix.plan import CaseInfo
 
 

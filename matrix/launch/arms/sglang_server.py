@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
 DEFAULT_KV_TOKENS = 2048

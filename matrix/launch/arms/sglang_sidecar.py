@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.sidecar import sidecar_process
-from matrix.launch.plan import ProcessSpec
+from matrix.launch.launch_plan import ProcessSpec
 
 SIDECAR_MODULE = "dynamo.sglang.sidecar"
 

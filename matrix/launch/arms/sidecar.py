@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from matrix.launch.arms.base import LaunchContext, loopback_url
-from matrix.launch.plan import HealthProbe, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 
 
 def sidecar_process(

@@ -22,8 +22,8 @@ from matrix.launch.arms.base import (
     loopback_url,
     pd_proxy,
 )  # fmt: skip
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
 CPU_KV_CACHE_BYTES = 268_435_456

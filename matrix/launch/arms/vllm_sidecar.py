@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import sidecar_process
 from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
+from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.01

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from matrix.errors import ConfigError
-from matrix.launch.plan import LaunchPlan, ProcessSpec
+from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, Unavailable
 from matrix.launch.providers.recipe import CONTAINER_ENGINES, parse_container
 from matrix.plan import CaseInfo, RuntimeInfo

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from matrix.errors import ConfigError
-from matrix.models import WEIGHTS_VERSION, ensure_tiny_model, resolve_model_dir
+from matrix.model_files import WEIGHTS_VERSION, ensure_tiny_model, resolve_model_dir
 
 GENERATOR = Path(__file__).resolve().parents[2] / "matrix" / "tools" / "make_tiny_qwen3.py"
 WEIGHT_MODULES = ("torch", "transformers", "safetensors")
