@@ -30,7 +30,7 @@ from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.executors import EXECUTORS
 from matrix.executors.local import LocalExecutor
-from matrix.fanout import pick_cells
+from matrix.fanout.shards import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal

@@ -32,7 +32,7 @@ from matrix.versions import (
 
 _GPU_MARKER = re.compile(r"^gpu_(\d+)$")
 # A cell's stable id: 12 hex digits (48 bits) of its key's hash. A collision among 10,000 cells has odds of
-# about 1 in 5 million, and is detected (`matrix.fanout.index_cells`) rather than silently merging two cells.
+# about 1 in 5 million, and is detected (`matrix.fanout.shards.index_cells`) rather than silently merging two cells.
 _ID_HEX = 12
 
 

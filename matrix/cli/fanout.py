@@ -1,6 +1,6 @@
 """CI fan-out commands: `matrix import`, and the helpers `plan --format github-matrix` and
-`run --results-out` call. Thin, like every `matrix.cli` module; the logic lives in `matrix.fanout`,
-`matrix.shard_results` and `matrix.shard_import`.
+`run --results-out` call. Thin, like every `matrix.cli` module; the logic lives in `matrix.fanout.shards`,
+`matrix.fanout.shard_results` and `matrix.fanout.shard_import`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["check_results_path", "print_github_matrix", "register", "write_resul
 def print_github_matrix(session: Session, plan: Plan, max_jobs: int) -> None:
     """One line of compact JSON on stdout (for `$GITHUB_OUTPUT`); the summary goes to stderr."""
     from matrix.campaign import expected_durations
-    from matrix.fanout import expected_seconds, github_matrix, shard_cells
+    from matrix.fanout.shards import expected_seconds, github_matrix, shard_cells
 
     history = expected_durations(session)
     expected = {cell.key: expected_seconds(cell, history) for cell in plan.cells}
@@ -65,7 +65,7 @@ def write_results_file(
     factory: sessionmaker[Session], campaign_ids: list[int], path: Path, key: str, *, err: bool
 ) -> None:
     from matrix.db.engine import transaction
-    from matrix.shard_results import write_results
+    from matrix.fanout.shard_results import write_results
 
     if not campaign_ids:
         click.echo(f"no campaign ran, so no results file was written to {path}", err=True)
@@ -87,9 +87,9 @@ def import_cmd(session: Session, files: tuple[Path, ...], logs_dir: Path | None)
     matched by its id, so importing a file twice changes nothing. Every file is checked first (format,
     fields, and that this catalog has their cases and runtimes); any problem writes nothing.
     """
+    from matrix.fanout.shard_import import import_results
+    from matrix.fanout.shard_results import read_results
     from matrix.paths import runs_dir
-    from matrix.shard_import import import_results
-    from matrix.shard_results import read_results
 
     parsed = [read_results(path) for path in files]
     summaries = import_results(session, parsed, logs_dir or runs_dir())

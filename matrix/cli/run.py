@@ -133,7 +133,7 @@ def run_cmd(
     """
     from matrix.campaign import RunOptions, run_campaign
     from matrix.cli.runtime import provision_source
-    from matrix.fanout import check_campaign_key, default_campaign_key, split_cell_args
+    from matrix.fanout.shards import check_campaign_key, default_campaign_key, split_cell_args
     from matrix.hardware.gpus import parse_gpu_list
     from matrix.paths import usable_dir
 

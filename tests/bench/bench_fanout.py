@@ -71,7 +71,7 @@ def new_db(home: Path, spec: Any) -> Any:
 
 
 def balance(cells: Any, expected: dict[str, float]) -> tuple[int, float, float, float]:
-    from matrix.fanout import shard_cells
+    from matrix.fanout.shards import shard_cells
 
     shards = shard_cells(cells, expected, 256)
     loads = [s.expected_s for s in shards]
@@ -133,9 +133,9 @@ def main() -> None:
     os.environ["MATRIX_HOME"] = str(root / "planner")
     from matrix.campaign import expected_durations
     from matrix.db.engine import transaction
-    from matrix.fanout import expected_seconds, github_matrix, shard_cells
+    from matrix.fanout.shard_results import write_results
+    from matrix.fanout.shards import expected_seconds, github_matrix, shard_cells
     from matrix.plan import Selection, plan_from_db
-    from matrix.shard_results import write_results
 
     spec = synthetic_catalog(args.cases, args.runtimes, args.seed)
     planner = root / "planner"

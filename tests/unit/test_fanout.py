@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from matrix.errors import ConfigError
-from matrix.fanout import (
+from matrix.fanout.shards import (
     GITHUB_MAX_JOBS,
     cell_id,
     default_campaign_key,

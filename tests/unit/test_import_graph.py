@@ -130,20 +130,19 @@ def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) 
 
 # What each stage may not import (docs/architecture.md, "Stages"): unit -> units it must never import.
 FORBIDDEN: dict[str, set[str]] = {
-    "catalog": {"plan", "schedule", "executors", "runner", "check", "outcome", "results", "shard_results",
-                "shard_import", "report", "campaign"},
+    "catalog": {"plan", "schedule", "executors", "runner", "check", "outcome", "results", "fanout", "report",
+                "campaign"},
     "plan": {"launch", "schedule", "executors", "runner", "check", "results", "outcome", "report", "campaign"},
     "schedule": {"executors", "runner", "launch", "check", "campaign"},
-    "executors": {"db", "results", "shard_results", "shard_import", "report", "campaign"},
-    "runner": {"db", "schedule", "executors", "results", "shard_results", "shard_import", "report", "campaign"},
+    "executors": {"db", "results", "fanout", "report", "campaign"},
+    "runner": {"db", "schedule", "executors", "results", "fanout", "report", "campaign"},
     "telemetry": {"db", "results", "report", "campaign"},
     "launch": {"runner", "schedule", "executors", "results", "outcome", "report", "db", "campaign"},
     "check": {"launch", "runner", "schedule", "executors", "db", "results", "outcome", "report", "plan",
               "campaign", "catalog"},
     "outcome": {"runner", "launch", "executors", "schedule", "db", "results", "report"},
     "results": {"runner", "launch", "executors", "schedule", "campaign"},
-    "shard_results": {"runner", "launch", "executors", "campaign"},
-    "shard_import": {"runner", "launch", "executors", "campaign"},
+    "fanout": {"runner", "launch", "executors", "campaign"},
     "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
     # The campaign reaches the launch machinery through its hooks (`HostHooks`, `matrix.executors.hooks`).
     "campaign": {"launch", "runner"},

@@ -7,6 +7,7 @@ import dataclasses
 
 from matrix.check.validate import CheckFailure
 from matrix.db.models import Backend, Case, CellRun, Runtime
+from matrix.fanout.shard_results import OUTCOME_FIELDS
 from matrix.outcome import (
     CELL_FAULT_STATUSES,
     FAILED_STATUSES,
@@ -26,7 +27,6 @@ from matrix.outcome import (
 from matrix.report.data import AttemptDetail
 from matrix.report.export_json import attempt_dict
 from matrix.results import describe_cell, record_outcome
-from matrix.shard_results import OUTCOME_FIELDS
 
 # `matrix show` predates the flaky column and does not print it (its output is unchanged by M13).
 SHOW_OMITS = {"flaky"}

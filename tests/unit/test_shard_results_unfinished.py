@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from matrix.db.engine import create_db_engine, resolve_url, session_factory
-from matrix.shard_results import read_results, write_results
+from matrix.fanout.shard_results import read_results, write_results
 from tests.conftest import Matrix
 from tests.unit.campaign_rows import add_campaign
 
