@@ -8,6 +8,7 @@ also those inside functions or under TYPE_CHECKING, since a lazy import is still
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +24,9 @@ def _unit(dotted: str, package: str) -> str:
     return parts[1]
 
 
+@functools.cache  # parsed once per session: three tests walk the same package
 def import_graph(root: Path, unit: Callable[[str, str], str] = _unit) -> dict[str, dict[str, set[str]]]:
-    """unit -> {unit it imports: the modules that import it}."""
+    """unit -> {unit it imports: the modules that import it} (the caller must not change it)."""
     package = root.name
     graph: dict[str, dict[str, set[str]]] = {}
     for path in sorted(root.rglob("*.py")):
@@ -100,10 +102,14 @@ def test_no_cycle_between_packages_of_matrix() -> None:
     assert not cycles, "import cycles between packages:\n" + "\n".join(_describe(graph, c) for c in cycles)
 
 
+def _module(dotted: str, package: str) -> str:
+    return dotted
+
+
 def test_no_cycle_between_the_modules_of_the_cli() -> None:
     """`app` (the group and shared options) imports no command module; command modules may use one another's
     helpers without a cycle; only the package `__init__` assembles them."""
-    modules = import_graph(ROOT, lambda dotted, package: dotted)  # module by module
+    modules = import_graph(ROOT, _module)  # module by module
     cli = {m for m in modules if m.startswith("matrix.cli")}
     graph = {m: {t: s for t, s in modules.get(m, {}).items() if t in cli} for m in cli}
     assert {"matrix.cli.app", "matrix.cli.run", "matrix.cli.runtime"} <= set(graph)  # the walk saw the package
