@@ -251,6 +251,34 @@ def _attempt(
     )
 
 
+def _fill_from_index(
+    factory: sessionmaker[Session], case: str, backend: str | None, good: str, bad: str, index_url: str | None,
+    echo: Echo,
+) -> None:  # fmt: skip
+    """Turn the index's releases between GOOD and BAD that the catalog lacks into runtimes (the backend's
+    `runtime_template`, as `matrix discover` does), so the bisection walks every released version."""
+    from matrix.db.models import Case
+    from matrix.discover import fill_between
+
+    with transaction(factory) as session:
+        if backend is None:
+            row = session.scalar(select(Case).where(Case.name == case, Case.retired.is_(False)))
+            if row is None:
+                raise ConfigError(f"unknown case {case!r}; see `matrix cases list`")
+            backend = row.backend.name
+        try:
+            found = fill_between(session, backend, good, bad, index_url=index_url)
+        except ConfigError as exc:
+            raise ConfigError(f"--from-index: {exc}") from None
+    releases = [f for f in found.found if f.action != "channel"]
+    added = [f.version for f in releases if f.action == "added"]
+    left_out = [f"{f.version} ({f.action})" for f in found.found if f.action in ("yanked", "python")]
+    echo(f"{found.package} on the index between {good} and {bad}: {len(releases)} release(s), "
+         f"{len(added)} added as runtimes{': ' + ', '.join(added) if added else ''}")  # fmt: skip
+    if left_out:
+        echo(f"  left out: {', '.join(left_out)}")
+
+
 class BisectInterrupted(Exception):
     def __init__(self, campaign_id: int) -> None:
         super().__init__(campaign_id)
@@ -260,7 +288,7 @@ class BisectInterrupted(Exception):
 def bisect(
     factory: sessionmaker[Session], case: str, good: str, bad: str, *, backend: str | None = None, repeat: int = 1,
     echo: Echo = print, run_options: dict[str, Any] | None = None, flaky: float | None = None,
-    confidence: float = 0.95, cell_limit: int = 100,
+    confidence: float = 0.95, cell_limit: int = 100, from_index: bool = False, index_url: str | None = None,
 ) -> BisectResult:  # fmt: skip
     """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted.
 
@@ -274,6 +302,8 @@ def bisect(
         raise ConfigError("--confidence must be at least 0.5 and below 1, e.g. 0.95")
     if flaky is not None and repeat > 1:
         raise ConfigError("--flaky chooses how often to run each version: drop --repeat")
+    if from_index:
+        _fill_from_index(factory, case, backend, good, bad, index_url, echo)
     with transaction(factory) as session:
         backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
         params = _bisect_params(case, backend_name, str(parse_version(good)), str(parse_version(bad)), repeat)

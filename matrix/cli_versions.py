@@ -60,6 +60,9 @@ def discover_cmd(
     for item in result.found:
         if item.action == "yanked":
             rows.append((item.version, item.files, f"yanked, skipped{': ' + item.yanked if item.yanked else ''}"))
+        elif item.action == "python":
+            rows.append((item.version, item.files, f"skipped: Requires-Python {', '.join(sorted(set(item.requires_python)))}"
+                         " excludes the template's interpreter"))  # fmt: skip
         elif item.action in ("added", "would add"):
             rows.append((item.version, item.files, item.action))
     if rows:
@@ -87,12 +90,17 @@ def discover_cmd(
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="With --flaky: stop once one version is the first bad one with this probability.")
 @click.option("--max-cells", type=int, default=100, show_default=True, help="With --flaky: give up after N attempts.")
+@click.option("--from-index", is_flag=True,
+              help="First add the index's releases between GOOD and BAD that the catalog lacks, as runtimes "
+                   "from the backend's runtime_template (as `matrix discover` does).")
+@click.option("--index-url", metavar="URL", help="With --from-index: a PEP 691 simple index (default as for discover).")
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @json_option
 @click.pass_obj
 def bisect_cmd(
     app: App, case: str, between: tuple[str, str], backend: str | None, repeat: int, flaky: float | None,
-    confidence: float, max_cells: int, logs_dir: Path | None, as_json: bool,
+    confidence: float, max_cells: int, from_index: bool, index_url: str | None, logs_dir: Path | None,
+    as_json: bool,
 ) -> None:  # fmt: skip
     """Find the first version between GOOD and BAD at which CASE changes outcome.
 
@@ -107,6 +115,8 @@ def bisect_cmd(
 
     if logs_dir is not None:
         usable_dir(logs_dir, "--logs-dir")
+    if index_url and not from_index:
+        raise click.UsageError("--index-url is read only with --from-index")
 
     def say(line: str) -> None:
         click.echo(clean(line), err=as_json)
@@ -116,7 +126,7 @@ def bisect_cmd(
         with stdout_to_stderr(as_json):
             result = bisect(app.sessions(), case, between[0], between[1], backend=backend, repeat=repeat,
                             echo=say, run_options=run_options, flaky=flaky, confidence=confidence,
-                            cell_limit=max_cells)  # fmt: skip
+                            cell_limit=max_cells, from_index=from_index, index_url=index_url)  # fmt: skip
     except (BisectInterrupted, KeyboardInterrupt) as exc:
         which = f"campaign {exc.campaign_id} " if isinstance(exc, BisectInterrupted) else ""
         click.echo(f"bisect {which}interrupted: run the same command again to continue from its recorded attempts",

@@ -189,3 +189,58 @@ def test_repeat_runs_every_probe_k_times_in_one_campaign(matrix: Matrix, tmp_pat
     assert data["attempts"] == 2 * len(data["probes"]) <= 2 * max_cells(n)
     attempts = matrix.sql("SELECT attempt FROM cell_run WHERE campaign_id = ? ORDER BY attempt", data["campaign"])
     assert sorted({int(str(a)) for (a,) in attempts}) == [1, 2]
+
+
+FROM_INDEX_CATALOG = """
+[[backend]]
+name = "idx"
+runtime_template = { package = "idx-pkg", provider = { kind = "builtin", env = { IDX_PKG = "{version}" } }, \
+components = { idx-pkg = "{version}" } }
+
+[[runtime]]
+backend = "idx"
+version = "1.0.0"
+provider = { kind = "builtin" }
+
+[[runtime]]
+backend = "idx"
+version = "2.0.0"
+provider = { kind = "builtin", env = { MATRIX_REFERENCE_FAULTS = "crash-at-start" } }
+
+[[case]]
+name = "idx_pair"
+backend = "idx"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 20
+request_timeout_s = 10
+launch = { teardown_grace_s = 0.5 }
+"""
+
+
+def test_bisect_from_index_walks_the_releases_the_catalog_lacks(matrix: Matrix, tmp_path: Path) -> None:
+    """Only 1.0.0 (good) and 2.0.0 (bad) are in the catalog; the index has three releases between them (and a
+    yanked one, a pre-release and one outside the range). They become runtimes through the template and are
+    probed: the boundary is found between the last discovered release and 2.0.0."""
+    (tmp_path / "idx.toml").write_text(FROM_INDEX_CATALOG)
+    sync(matrix, str(tmp_path / "idx.toml"))
+    write_project(tmp_path / "index", "idx-pkg", [
+        wheel("idx-pkg", "0.9.0"), wheel("idx-pkg", "1.0.0"), wheel("idx-pkg", "1.1.0"),
+        wheel("idx-pkg", "1.2.0", yanked="bad build"), wheel("idx-pkg", "1.3.0"), wheel("idx-pkg", "1.4.0rc1"),
+        wheel("idx-pkg", "1.4.0"), wheel("idx-pkg", "2.0.0"), wheel("idx-pkg", "2.1.0"),
+    ])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        result = matrix.subprocess("bisect", "idx_pair", "--between", "1.0.0", "2.0.0", "--from-index",
+                                   "--index-url", url, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 added as runtimes: 1.1.0, 1.3.0, 1.4.0" in result.stdout
+    assert "left out: 1.2.0 (yanked)" in result.stdout
+    assert "first bad version: 2.0.0 (previous: 1.4.0)" in result.stdout
+    versions = {str(v): str(s) for v, s in matrix.sql(
+        "SELECT runtime.version, runtime.source FROM runtime JOIN backend ON backend.id = runtime.backend_id "
+        "WHERE backend.name = 'idx'")}  # fmt: skip
+    assert versions == {"1.0.0": "catalog", "1.1.0": "discovered", "1.3.0": "discovered", "1.4.0": "discovered",
+                        "2.0.0": "catalog"}  # fmt: skip
+    probed = {v for v, _ in campaign_rows(matrix, 1)}
+    assert "2.0.0" in probed and probed & {"1.1.0", "1.3.0", "1.4.0"}
