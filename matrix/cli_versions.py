@@ -61,8 +61,9 @@ def discover_cmd(
         if item.action == "yanked":
             rows.append((item.version, item.files, f"yanked, skipped{': ' + item.yanked if item.yanked else ''}"))
         elif item.action == "python":
-            rows.append((item.version, item.files, f"skipped: Requires-Python {', '.join(sorted(set(item.requires_python)))}"
-                         " excludes the template's interpreter"))  # fmt: skip
+            refused = ", ".join(sorted(set(item.requires_python)))
+            why = f"skipped: Requires-Python {refused} excludes the template's interpreter"
+            rows.append((item.version, item.files, why))
         elif item.action in ("added", "would add"):
             rows.append((item.version, item.files, item.action))
     if rows:

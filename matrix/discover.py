@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -23,7 +24,6 @@ from packaging.utils import (
     parse_sdist_filename,
     parse_wheel_filename,
 )
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -164,7 +164,8 @@ def _python_fits(item: Found, python: str | None) -> bool:
         return True
     try:
         # "3.11" is any 3.11.x: the first and a late patch release stand for the line.
-        interpreters = [Version(python)] if python.count(".") >= 2 else [Version(python + ".0"), Version(python + ".99")]
+        line = python.count(".") < 2
+        interpreters = [Version(python + ".0"), Version(python + ".99")] if line else [Version(python)]
     except InvalidVersion:
         return True
     if len(item.requires_python) < item.files:
