@@ -159,6 +159,52 @@ def _cells(session: Session, case: str, backend: str | None, good: str, bad: str
     return backends[0], ordered, bad_index
 
 
+def _component_cells(
+    session: Session, case: str, backend: str | None, component: str, good: str, bad: str, on: str | None,
+    index_url: str | None, echo: Echo,
+) -> tuple[str, list[Cell], int, str]:  # fmt: skip
+    """(backend, one cell per released version of the component under the fixed base runtime, ordered by the
+    component's version; bad's index; the base runtime's version)."""
+    from matrix.bisect_component import find_pin, index_versions, make_variants, pin_component
+    from matrix.db.models import Runtime
+
+    selection = Selection(cases=(case,), backends=(backend,) if backend else (), strict_markers=False)
+    cells = list(plan_from_db(session, selection).cells)
+    if not cells:
+        raise ConfigError(f"case {case!r} has no runnable cell; see `matrix plan --case {case} --explain`")
+    backends = sorted({c.runtime.backend for c in cells})
+    if len(backends) > 1:
+        raise ConfigError(f"case {case!r} runs on {', '.join(backends)}: choose one with --backend")
+    if on is not None:
+        cells = [c for c in cells if c.runtime.parsed_version == parse_version(on)]
+        if not cells:
+            raise ConfigError(f"--on {on}: not a runtime the case runs on; see `matrix plan --case {case}`")
+    pinning = [c for c in cells if find_pin(dict(c.runtime.provider), component) is not None]
+    if not pinning:
+        newest = max(cells, key=lambda c: c.runtime.parsed_version)
+        pin_component(dict(newest.runtime.provider), component, good, f"runtime {newest.runtime.label}")
+    base_cell = max(pinning, key=lambda c: c.runtime.parsed_version)
+    try:
+        versions, left_out = index_versions(component, good, bad, index_url)
+    except ConfigError as exc:
+        raise ConfigError(f"--component {component}: {exc}") from None
+    if left_out:
+        echo(f"{component} on the index: left out {', '.join(left_out)}")
+    base = session.get(Runtime, base_cell.runtime.id)
+    assert base is not None
+    variants = make_variants(session, base, component, versions)
+    named = tuple(f"{backends[0]}={r.version}" for r in variants)
+    planned = plan_from_db(session, Selection(cases=(case,), backends=(backends[0],), runtimes=named,
+                                              strict_markers=False)).cells  # fmt: skip
+    by_version = {c.runtime.version: c for c in planned}
+    missing = [r.version for r in variants if r.version not in by_version]
+    if missing:
+        raise ConfigError(f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --explain`")
+    ordered = [by_version[r.version] for r in variants]
+    bad_index = len(ordered) - 1 if parse_version(bad) > parse_version(good) else 0
+    return backends[0], ordered, bad_index, base.version
+
+
 def _find_or_create_campaign(session: Session, params: dict[str, Any], selection: Selection) -> tuple[int, bool]:
     """An unfinished bisect campaign with these parameters (resumed), else a new one."""
     for campaign in session.scalars(select(Campaign).order_by(Campaign.id.desc())):
@@ -289,6 +335,7 @@ def bisect(
     factory: sessionmaker[Session], case: str, good: str, bad: str, *, backend: str | None = None, repeat: int = 1,
     echo: Echo = print, run_options: dict[str, Any] | None = None, flaky: float | None = None,
     confidence: float = 0.95, cell_limit: int = 100, from_index: bool = False, index_url: str | None = None,
+    component: str | None = None, on: str | None = None,
 ) -> BisectResult:  # fmt: skip
     """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted.
 
@@ -302,25 +349,41 @@ def bisect(
         raise ConfigError("--confidence must be at least 0.5 and below 1, e.g. 0.95")
     if flaky is not None and repeat > 1:
         raise ConfigError("--flaky chooses how often to run each version: drop --repeat")
+    if from_index and component:
+        raise ConfigError("--component reads the component's versions from the index already: drop --from-index")
+    if on and not component:
+        raise ConfigError("--on names the engine runtime a --component bisect keeps fixed: give --component too")
     if from_index:
         _fill_from_index(factory, case, backend, good, bad, index_url, echo)
     with transaction(factory) as session:
-        backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
+        if component:
+            backend_name, cells, bad_index, base = _component_cells(
+                session, case, backend, component, good, bad, on, index_url, echo
+            )
+            versions = [str(parse_version(c.runtime.components[component])) for c in cells]
+            what = f"{component} versions under {backend_name}-{base}"
+        else:
+            backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
+            versions = [c.runtime.version for c in cells]
+            what = f"{backend_name} versions"
         params = _bisect_params(case, backend_name, str(parse_version(good)), str(parse_version(bad)), repeat)
+        if component:
+            params.update(component=component, on=base)
         if flaky is not None:
             if bad_index == 0:
                 raise ConfigError("--flaky bisects a break: give GOOD older than BAD")
             params.update(flaky=flaky, confidence=confidence)
-        selection = Selection(cases=(case,), backends=(backend_name,), strict_markers=False)
+        # A component bisect's variants are planned only when named, so its campaign names them.
+        named = tuple(f"{backend_name}={c.runtime.version}" for c in cells) if component else ()
+        selection = Selection(cases=(case,), backends=(backend_name,), runtimes=named, strict_markers=False)
         campaign_id, resumed = _find_or_create_campaign(session, params, selection)
     n = len(cells)
-    versions = [c.runtime.version for c in cells]
-    echo(f"{'resuming ' if resumed else ''}bisect campaign {campaign_id}: {case} over {n} {backend_name} versions "
+    echo(f"{'resuming ' if resumed else ''}bisect campaign {campaign_id}: {case} over {n} {what} "
          f"{versions[0]} .. {versions[-1]} (at most {max_cells(n) * repeat} cells)")  # fmt: skip
     probes: dict[int, Probe] = {}
     cells_run = 0
     if flaky is not None:
-        return _bisect_flaky(factory, campaign_id, cells, params, selection, echo, run_options, cell_limit)
+        return _bisect_flaky(factory, campaign_id, cells, versions, params, selection, echo, run_options, cell_limit)
     while True:
         verdicts = {i: p.verdict for i, p in probes.items()}
         index, first = next_probe(n, bad_index, verdicts)
@@ -366,13 +429,12 @@ def bisect(
 
 
 def _bisect_flaky(
-    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], params: dict[str, Any],
+    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], versions: list[str], params: dict[str, Any],
     selection: Selection, echo: Echo, run_options: dict[str, Any] | None, cell_limit: int,
 ) -> BisectResult:  # fmt: skip
     from matrix.bisect_prob import next_version, posterior
 
     n, rate, confidence = len(cells), float(params["flaky"]), float(params["confidence"])
-    versions = [c.runtime.version for c in cells]
     probes: dict[int, Probe] = {}
     cells_run = 0
     while True:

@@ -244,3 +244,83 @@ def test_bisect_from_index_walks_the_releases_the_catalog_lacks(matrix: Matrix, 
                         "2.0.0": "catalog"}  # fmt: skip
     probed = {v for v, _ in campaign_rows(matrix, 1)}
     assert "2.0.0" in probed and probed & {"1.1.0", "1.3.0", "1.4.0"}
+
+
+def dependency_wheel(wheels: Path, version: str, *, breaks: bool) -> None:
+    """A real wheel of `refdep`; a breaking version ships a .pth file, which Python runs at start-up in every
+    process of the venv, that plants a start-up crash into the reference server: a dependency that breaks
+    the engine, as NIXL 1.2.0 broke every P/D job."""
+    import zipfile
+
+    name = f"refdep-{version}-py3-none-any.whl"
+    files = {
+        "refdep/__init__.py": f"__version__ = {version!r}\n",
+        f"refdep-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: refdep\nVersion: {version}\n",
+        f"refdep-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }  # fmt: skip
+    if breaks:
+        files["refdep_break.pth"] = "import os; os.environ.setdefault('MATRIX_REFERENCE_FAULTS', 'crash-at-start')\n"
+    files[f"refdep-{version}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"refdep-{version}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(wheels / name, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+def test_bisect_component_walks_a_dependencys_releases_under_one_engine_runtime(
+    matrix: Matrix, tmp_path: Path
+) -> None:
+    """The engine runtime stays fixed; each refdep release is pinned into its recipe in turn (real venvs built
+    offline from real wheels); from 1.3.0 on the dependency breaks the pair."""
+    import site
+
+    import matrix as package
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    versions = ["1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0"]
+    for v in versions:
+        dependency_wheel(wheels, v, breaks=v >= "1.3.0")
+    # The venv gets matrix (for `python -m matrix.reference`) and its libraries from this interpreter.
+    pythonpath = ":".join([str(Path(package.__file__).parent.parent), *site.getsitepackages()])
+    (tmp_path / "dep.toml").write_text(f"""
+[[backend]]
+name = "eng"
+
+[[runtime]]
+backend = "eng"
+version = "2.0.0"
+components = {{ refdep = "1.4.0" }}
+provider = {{ kind = "venv", python = "3.11", env = {{ PYTHONPATH = "{pythonpath}" }}, steps = [
+  ["--no-index", "--find-links", "{wheels}", "refdep==1.4.0"],
+] }}
+
+[[case]]
+name = "eng_pair"
+backend = "eng"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 30
+request_timeout_s = 10
+launch = {{ teardown_grace_s = 0.5 }}
+""")
+    sync(matrix, str(tmp_path / "dep.toml"))
+    write_project(tmp_path / "index", "refdep", [wheel("refdep", v) for v in versions]
+                  + [wheel("refdep", "1.5.0rc1"), wheel("refdep", "1.0.5", yanked=True)])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        result = matrix.subprocess("bisect", "eng_pair", "--component", "refdep", "--between", "1.0.0", "1.4.0",
+                                   "--index-url", url, "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert (data["first"], data["last_other"], data["direction"]) == ("1.3.0", "1.2.0", "first bad")
+    assert data["attempts"] <= max_cells(5)
+    for probe in data["probes"]:
+        assert probe["verdict"] == ("bad" if probe["version"] >= "1.3.0" else "good"), probe
+    assert "left out 1.0.5 (yanked)" in result.stderr
+    variants = {str(v): str(s) for v, s in matrix.sql(
+        "SELECT version, source FROM runtime WHERE version LIKE '2.0.0+%'")}  # fmt: skip
+    assert variants == {f"2.0.0+refdep.{v}": "derived" for v in versions}
+    # A variant runs only when named: a plain plan of the backend shows the catalog's runtime alone.
+    plan = matrix.subprocess("plan", "--backend", "eng", "--format", "json")
+    assert plan.returncode == 0, plan.stderr
+    assert [c["runtime"] for c in json.loads(plan.stdout)["cells"]] == ["eng-2.0.0"], plan.stdout
