@@ -199,7 +199,9 @@ def _component_cells(
     by_version = {c.runtime.version: c for c in planned}
     missing = [r.version for r in variants if r.version not in by_version]
     if missing:
-        raise ConfigError(f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --explain`")
+        raise ConfigError(
+            f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --case {case} --explain`"
+        )
     ordered = [by_version[r.version] for r in variants]
     bad_index = len(ordered) - 1 if parse_version(bad) > parse_version(good) else 0
     return backends[0], ordered, bad_index, base.version

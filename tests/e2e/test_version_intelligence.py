@@ -253,14 +253,15 @@ def dependency_wheel(wheels: Path, version: str, *, breaks: bool) -> None:
     import zipfile
 
     name = f"refdep-{version}-py3-none-any.whl"
+    info = f"refdep-{version}.dist-info"
     files = {
         "refdep/__init__.py": f"__version__ = {version!r}\n",
-        f"refdep-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: refdep\nVersion: {version}\n",
-        f"refdep-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: refdep\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }  # fmt: skip
     if breaks:
         files["refdep_break.pth"] = "import os; os.environ.setdefault('MATRIX_REFERENCE_FAULTS', 'crash-at-start')\n"
-    files[f"refdep-{version}.dist-info/RECORD"] = "".join(f"{p},,\n" for p in files) + f"refdep-{version}.dist-info/RECORD,,\n"
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(wheels / name, "w") as archive:
         for path, text in files.items():
             archive.writestr(path, text)
