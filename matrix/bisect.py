@@ -200,7 +200,7 @@ def _component_cells(
     missing = [r.version for r in variants if r.version not in by_version]
     if missing:
         raise ConfigError(
-            f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --case {case} --explain`"
+            f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --explain`"
         )
     ordered = [by_version[r.version] for r in variants]
     bad_index = len(ordered) - 1 if parse_version(bad) > parse_version(good) else 0

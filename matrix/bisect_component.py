@@ -99,7 +99,7 @@ def pin_component(provider: dict[str, Any], component: str, version: str, where:
             return _repin(hit[2], version)
         return arg
 
-    steps = []
+    steps: list[Any] = []
     for step in provider["steps"]:
         if isinstance(step, list):
             steps.append([repin(a) for a in step])
