@@ -480,7 +480,13 @@ def _record_result(factory: sessionmaker[Session], campaign_id: int, result: Bis
         campaign = session.get(Campaign, campaign_id)
         assert campaign is not None
         info = dict(campaign.selection.get("bisect", {}))
-        info["result"] = {"first": result.first, "direction": result.direction, "unsure": result.unsure}
+        info["result"] = {
+            "first": result.first, "last_other": result.last_other, "direction": result.direction,
+            "unsure": result.unsure, "note": result.note, "confidence": result.confidence,
+            # The version line the report draws: every version in range, and what each probe found.
+            "versions": result.versions, "verdicts": {p.version: p.verdict for p in result.probes},
+            "evidence": {p.version: next((m for m in p.messages if m), "") for p in result.probes},
+        }  # fmt: skip
         campaign.selection = {**campaign.selection, "bisect": info}
 
 

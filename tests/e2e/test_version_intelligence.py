@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import time
 from pathlib import Path
@@ -103,6 +104,18 @@ def test_bisect_finds_the_first_good_version_of_a_fix(matrix: Matrix, tmp_path: 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "first good version: 1.3.0 (previous: 1.2.0)" in result.stdout
     assert "startup:" in result.stdout  # the evidence table carries each failing probe's error
+    # The report draws the campaign as a version line, the boundary marked just before the first good one.
+    report = matrix.subprocess("report", "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stdout + report.stderr
+    page = (tmp_path / "report" / "campaign-1.html").read_text()
+    line = page[page.index('<ol class="bisect-line">') : page.index("</ol>")]
+    versions = re.findall(r'<span class="badge (st-[a-z-]+)">(1\.\d\.0)</span>', line)
+    assert [v for _, v in versions] == [f"1.{i}.0" for i in range(6)]
+    boundary = line.index('class="boundary"')
+    assert line.index(">1.2.0<") < boundary < line.index(">1.3.0<")
+    verdicts = dict((v, css) for css, v in versions)
+    assert verdicts["1.3.0"] == "st-passed" and verdicts["1.2.0"] == "st-failed" and verdicts["1.0.0"] == "st-failed"
+    assert "first good version: <strong>1.3.0</strong>" in page
 
 
 def test_bisect_with_nothing_to_bisect_says_so(matrix: Matrix, tmp_path: Path) -> None:
