@@ -117,7 +117,9 @@ def bisect_line(selection: Mapping[str, Any]) -> dict[str, Any] | None:
     """A finished bisect campaign as a version line: each version in range with its probe's verdict, and
     the boundary (between `last_other` and `first`) marked. None for other campaigns."""
     info = selection.get("bisect")
-    result = info.get("result") if isinstance(info, Mapping) else None
+    if not isinstance(info, Mapping):
+        return None
+    result = info.get("result")
     if not isinstance(result, Mapping) or not isinstance(result.get("versions"), list):
         return None
     verdicts = result.get("verdicts") or {}
