@@ -49,13 +49,14 @@ class Probe:
     statuses: list[str] = field(default_factory=list)  # finished attempts, oldest first
     messages: list[str] = field(default_factory=list)
     uids: list[str] = field(default_factory=list)
+    skipped: str = ""  # why this version gave no outcome (not provisionable here, skipped): stepped around
 
     @property
     def verdict(self) -> str:
-        """good | bad | flaky (mixed: counted bad) | unknown (not enough decisive attempts)."""
+        """good | bad | flaky (mixed: counted bad) | skip (no outcome: stepped around) | unknown."""
         decisive = [s for s in self.statuses if s in DECISIVE]
         if not decisive:
-            return "unknown"
+            return "skip" if self.skipped else "unknown"
         fails = sum(1 for s in decisive if s != PASSED)
         if fails == 0:
             return "good"
@@ -107,11 +108,16 @@ def next_probe(n: int, bad_index: int, verdicts: dict[int, str]) -> tuple[int | 
         return bad_index, None
     if verdicts[bad_index] == "good":
         return None, None
-    # Walk from the oldest version: lo has the old end's outcome, hi the new end's.
+    # Walk from the oldest version: lo has the old end's outcome, hi the new end's. A version that gave no
+    # outcome ("skip") is stepped around, as `git bisect skip` does: the nearest untried one to the middle.
     new_is_bad = bad_index == n - 1
     lo, hi = 0, n - 1
     while hi - lo > 1:
-        mid = (lo + hi) // 2
+        candidates = [i for i in range(lo + 1, hi) if verdicts.get(i) != "skip"]
+        if not candidates:
+            return None, hi  # every version between gave no outcome: the caller names them as unsure
+        middle = (lo + hi) // 2
+        mid = min(candidates, key=lambda i: (abs(i - middle), i))
         if mid not in verdicts:
             return mid, None
         is_bad = verdicts[mid] != "good"
@@ -293,10 +299,11 @@ def _attempt(
             .order_by(CellRun.attempt.desc())
         ).first()  # fmt: skip
         why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
-    raise ConfigError(
-        f"cannot bisect: {cell.runtime.label} gives no outcome ({why.splitlines()[0][:200]}); "
-        f"make it runnable here (`matrix doctor`) or bisect a range without it"
-    )
+    raise NoOutcome(why.splitlines()[0][:200])
+
+
+class NoOutcome(Exception):
+    """A probe was skipped or not run: the version says nothing about the case."""
 
 
 def _fill_from_index(
@@ -402,7 +409,18 @@ def bisect(
             if len(finished) >= repeat:
                 break
             echo(f"probe {cell.runtime.label} (attempt {len(finished) + 1} of {repeat})")
-            echo(f"  {cell.runtime.label}: {_attempt(factory, campaign_id, cell, selection, run_options)}")
+            try:
+                status = _attempt(factory, campaign_id, cell, selection, run_options)
+            except NoOutcome as exc:
+                if index == bad_index:
+                    raise ConfigError(
+                        f"cannot bisect: the bad end {cell.runtime.label} gives no outcome ({exc}); "
+                        "make it runnable here (`matrix doctor`) or choose another BAD"
+                    ) from None
+                probe.skipped = str(exc)
+                echo(f"  {cell.runtime.label}: no outcome ({exc}); stepping around it")
+                break
+            echo(f"  {cell.runtime.label}: {status}")
             cells_run += 1
     result = BisectResult(
         campaign_id, case, backend_name, versions, params["good"], params["bad"],
@@ -414,6 +432,18 @@ def bisect(
     else:
         result.first = versions[first]
         result.last_other = versions[first - 1]
+        # Versions stepped around just before the boundary could hold it: the change is at one of them or
+        # at `first`.
+        gap = []
+        i = first - 1
+        while i > 0 and i in probes and probes[i].verdict == "skip":
+            gap.append(i)
+            i -= 1
+        if gap:
+            result.last_other = versions[i]
+            result.unsure = [versions[j] for j in sorted(gap)]
+            result.note = (f"{', '.join(result.unsure)} gave no outcome ({probes[gap[0]].skipped}): the change is at "
+                           f"one of them or at {result.first}")  # fmt: skip
     mixed = [p for p in result.probes if p.verdict == "flaky"]
     if mixed and repeat > 1:
         fails = sum(sum(1 for s in p.statuses if s != PASSED) for p in mixed)
@@ -457,7 +487,14 @@ def _bisect_flaky(
             break
         index = next_version(p, rate)
         echo(f"probe {cells[index].runtime.label} (P(first bad = {versions[best]}) = {p[best]:.2f})")
-        echo(f"  {cells[index].runtime.label}: {_attempt(factory, campaign_id, cells[index], selection, run_options)}")
+        try:
+            status = _attempt(factory, campaign_id, cells[index], selection, run_options)
+        except NoOutcome as exc:
+            raise ConfigError(
+                f"cannot bisect: {cells[index].runtime.label} gives no outcome ({exc}); a probabilistic bisection "
+                "needs every version runnable: make it runnable here (`matrix doctor`) or bisect a range without it"
+            ) from None
+        echo(f"  {cells[index].runtime.label}: {status}")
         cells_run += 1
     result = BisectResult(campaign_id, params["case"], params["backend"], versions, params["good"], params["bad"],
                           [probes[i] for i in sorted(probes)], cells_run=cells_run)  # fmt: skip
