@@ -88,7 +88,7 @@ class BisectResult:
             "confidence": self.confidence,
             "attempts": sum(len(p.statuses) for p in self.probes),
             "probes": [{"version": p.version, "verdict": p.verdict, "statuses": p.statuses,
-                        "messages": p.messages, "attempts": p.uids} for p in self.probes],
+                        "messages": p.messages, "attempts": p.uids, "skipped": p.skipped} for p in self.probes],
         }  # fmt: skip
 
 
@@ -522,7 +522,7 @@ def _record_result(factory: sessionmaker[Session], campaign_id: int, result: Bis
             "unsure": result.unsure, "note": result.note, "confidence": result.confidence,
             # The version line the report draws: every version in range, and what each probe found.
             "versions": result.versions, "verdicts": {p.version: p.verdict for p in result.probes},
-            "evidence": {p.version: next((m for m in p.messages if m), "") for p in result.probes},
+            "evidence": {p.version: next((m for m in p.messages if m), p.skipped) for p in result.probes},
         }  # fmt: skip
         campaign.selection = {**campaign.selection, "bisect": info}
 

@@ -141,7 +141,7 @@ def bisect_cmd(
     if as_json:
         print_json(result.as_dict())
     else:
-        rows = [(p.version, p.verdict, " ".join(p.statuses), clean(next((m for m in p.messages if m), "")))
+        rows = [(p.version, p.verdict, " ".join(p.statuses), clean(next((m for m in p.messages if m), p.skipped)))
                 for p in result.probes]  # fmt: skip
         print_table(("version", "verdict", "attempts", "evidence"), rows, title=f"bisect campaign {result.campaign_id}")
         if result.first is not None:

@@ -338,3 +338,20 @@ launch = {{ teardown_grace_s = 0.5 }}
     plan = matrix.subprocess("plan", "--backend", "eng", "--format", "json")
     assert plan.returncode == 0, plan.stderr
     assert [c["runtime"] for c in json.loads(plan.stdout)["cells"]] == ["eng-2.0.0"], plan.stdout
+
+
+def test_a_version_that_gives_no_outcome_is_stepped_around_and_named(matrix: Matrix, tmp_path: Path) -> None:
+    """1.2.0's interpreter is not on this host (its cells are skipped): the bisect steps around it, finds the
+    boundary from its neighbours and names 1.2.0 as unsure only when the break may be there."""
+    path = Path(synthetic_catalog(tmp_path / "synth.toml", 6, 4))
+    builtin = 'version = "1.2.0"\nprovider = { kind = "builtin" }'
+    text = path.read_text().replace(builtin, 'version = "1.2.0"\nprovider = { kind = "host", python = "python3.99" }')
+    path.write_text(text)
+    sync(matrix, str(path))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.5.0", "--json", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert (data["first"], data["last_other"], data["unsure"]) == ("1.4.0", "1.3.0", [])
+    skipped = [p for p in data["probes"] if p["verdict"] == "skip"]
+    assert [p["version"] for p in skipped] == ["1.2.0"] and "python3.99" in skipped[0]["skipped"]
+    assert "stepping around it" in result.stderr
