@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -268,11 +269,45 @@ def _queue(session: Session, campaign_id: int, cell: Cell) -> None:
                         attempt=attempt, status="pending", checks=[]))  # fmt: skip
 
 
+_STAMP = re.compile(r"^(line \d+: )?(\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)?\s+)*")
+_ERRORISH = re.compile(r"\b(ERROR|FATAL|Exception|Error|error)\b")
+_QUIET_LEVELS = frozenset({"WARN", "WARNING", "INFO", "DEBUG", "TRACE"})
+_ERROR_FIELD = re.compile(r'\berror="([^"]+)"')
+
+
+def _log_evidence(lines: list[str]) -> str:
+    """The first real error among the message's "error lines" section (`role: text`, timestamps dropped), or "".
+
+    A health timeout's first line only says the server never got ready; the reason is in a log."""
+    role, inside = "", False
+    for line in lines:
+        if line.startswith("--- "):
+            inside = line.startswith("--- error lines")
+            continue
+        if not inside:
+            continue
+        if line.startswith("==> ") and line.endswith(" <=="):
+            role = line[4:-4]
+            continue
+        text = _STAMP.sub("", line).strip()
+        level = text.split(maxsplit=1)[0] if text else ""
+        if not _ERRORISH.search(text) or text.startswith("Traceback") or level in _QUIET_LEVELS:
+            continue
+        field = _ERROR_FIELD.search(text)  # structured logs carry the cause in error="..."
+        detail = field.group(1) if field else text
+        return f"{role}: {detail[-160:]}" if role else detail[-160:]
+    return ""
+
+
 def _first_line(row: CellRun) -> str:
+    """A failed attempt's evidence: its kind and first line, and the first error of its logs."""
+    if row.status == PASSED:
+        return ""
     text = (row.message or "").strip().splitlines()
     head = text[0] if text else ""
     kind = f"{row.failure_kind}: " if row.failure_kind else ""
-    return (kind + head)[:160] if row.status != PASSED else ""
+    found = _log_evidence(text[1:])
+    return (kind + head)[:160] + (f" [{found}]" if found else "")
 
 
 def _attempt(

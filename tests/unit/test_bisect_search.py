@@ -111,3 +111,31 @@ def test_a_version_without_outcome_is_stepped_around(first_bad: int) -> None:
 def test_when_every_version_between_gives_no_outcome_the_search_stops_at_the_bad_end() -> None:
     first, probed = _search_with_skips(6, 3, {1, 2, 3, 4})
     assert first == 5 and sorted(probed[1:]) == [1, 2, 3, 4]
+
+
+def test_evidence_names_the_first_real_error_of_the_logs_not_a_warning() -> None:
+    """Shapes of real ai-dynamo 1.4.2 and 1.0.2 outcomes: the health timeout's own line says only that the
+    model never appeared; the cause is in the frontend's or the worker's log."""
+    from matrix.bisect import _log_evidence
+
+    timeout = [
+        "--- error lines (whole log) ---",
+        "==> frontend <==",
+        "line 7: 2026-11-30T23:41:01.398+00:00 2026-11-30T23:41:01.396563Z  WARN dynamo_llm::hub: Cannot connect to "
+        "ModelExpress server: Transport error: transport error. Using direct download.",
+        'line 17: 2026-11-30T23:46:29.760+00:00 2026-11-30T23:46:29.757107Z ERROR dynamo_llm::discovery::watcher: '
+        'Error adding model from discovery model_name="matrix-tiny" error="build_preprocessed_routing: Generic '
+        'error: Interface not found: 127.0.0.1"',
+        "--- last log lines ---",
+        "2026-11-30T23:46:29.504+00:00 ERROR not an error line of the section",
+    ]
+    cause = "build_preprocessed_routing: Generic error: Interface not found: 127.0.0.1"
+    assert _log_evidence(timeout) == f"frontend: {cause}"
+    crash = [
+        "--- error lines (whole log) ---",
+        "==> prefill <==",
+        "line 9: 2026-11-30T23:31:51.840+00:00 Traceback (most recent call last):",
+        "line 31: 2026-11-30T23:31:51.840+00:00 Exception: Failed to connect to NATS: IO error: Connection refused",
+    ]
+    assert _log_evidence(crash) == "prefill: Exception: Failed to connect to NATS: IO error: Connection refused"
+    assert _log_evidence(["no section here"]) == ""
