@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -49,13 +50,14 @@ class Probe:
     statuses: list[str] = field(default_factory=list)  # finished attempts, oldest first
     messages: list[str] = field(default_factory=list)
     uids: list[str] = field(default_factory=list)
+    skipped: str = ""  # why this version gave no outcome (not provisionable here, skipped): stepped around
 
     @property
     def verdict(self) -> str:
-        """good | bad | flaky (mixed: counted bad) | unknown (not enough decisive attempts)."""
+        """good | bad | flaky (mixed: counted bad) | skip (no outcome: stepped around) | unknown."""
         decisive = [s for s in self.statuses if s in DECISIVE]
         if not decisive:
-            return "unknown"
+            return "skip" if self.skipped else "unknown"
         fails = sum(1 for s in decisive if s != PASSED)
         if fails == 0:
             return "good"
@@ -87,7 +89,7 @@ class BisectResult:
             "confidence": self.confidence,
             "attempts": sum(len(p.statuses) for p in self.probes),
             "probes": [{"version": p.version, "verdict": p.verdict, "statuses": p.statuses,
-                        "messages": p.messages, "attempts": p.uids} for p in self.probes],
+                        "messages": p.messages, "attempts": p.uids, "skipped": p.skipped} for p in self.probes],
         }  # fmt: skip
 
 
@@ -107,11 +109,16 @@ def next_probe(n: int, bad_index: int, verdicts: dict[int, str]) -> tuple[int | 
         return bad_index, None
     if verdicts[bad_index] == "good":
         return None, None
-    # Walk from the oldest version: lo has the old end's outcome, hi the new end's.
+    # Walk from the oldest version: lo has the old end's outcome, hi the new end's. A version that gave no
+    # outcome ("skip") is stepped around, as `git bisect skip` does: the nearest untried one to the middle.
     new_is_bad = bad_index == n - 1
     lo, hi = 0, n - 1
     while hi - lo > 1:
-        mid = (lo + hi) // 2
+        candidates = [i for i in range(lo + 1, hi) if verdicts.get(i) != "skip"]
+        if not candidates:
+            return None, hi  # every version between gave no outcome: the caller names them as unsure
+        middle = (lo + hi) // 2
+        mid = min(candidates, key=lambda i: (abs(i - middle), i))
         if mid not in verdicts:
             return mid, None
         is_bad = verdicts[mid] != "good"
@@ -157,6 +164,54 @@ def _cells(session: Session, case: str, backend: str | None, good: str, bad: str
     ordered = [by_version[v] for v in sorted(by_version) if low <= v <= high]
     bad_index = len(ordered) - 1 if hi_v > lo_v else 0
     return backends[0], ordered, bad_index
+
+
+def _component_cells(
+    session: Session, case: str, backend: str | None, component: str, good: str, bad: str, on: str | None,
+    index_url: str | None, echo: Echo,
+) -> tuple[str, list[Cell], int, str]:  # fmt: skip
+    """(backend, one cell per released version of the component under the fixed base runtime, ordered by the
+    component's version; bad's index; the base runtime's version)."""
+    from matrix.bisect_component import find_pin, index_versions, make_variants, pin_component
+    from matrix.db.models import Runtime
+
+    selection = Selection(cases=(case,), backends=(backend,) if backend else (), strict_markers=False)
+    cells = list(plan_from_db(session, selection).cells)
+    if not cells:
+        raise ConfigError(f"case {case!r} has no runnable cell; see `matrix plan --case {case} --explain`")
+    backends = sorted({c.runtime.backend for c in cells})
+    if len(backends) > 1:
+        raise ConfigError(f"case {case!r} runs on {', '.join(backends)}: choose one with --backend")
+    if on is not None:
+        cells = [c for c in cells if c.runtime.parsed_version == parse_version(on)]
+        if not cells:
+            raise ConfigError(f"--on {on}: not a runtime the case runs on; see `matrix plan --case {case}`")
+    pinning = [c for c in cells if find_pin(dict(c.runtime.provider), component) is not None]
+    if not pinning:
+        newest = max(cells, key=lambda c: c.runtime.parsed_version)
+        pin_component(dict(newest.runtime.provider), component, good, f"runtime {newest.runtime.label}")
+    base_cell = max(pinning, key=lambda c: c.runtime.parsed_version)
+    try:
+        versions, left_out = index_versions(component, good, bad, index_url)
+    except ConfigError as exc:
+        raise ConfigError(f"--component {component}: {exc}") from None
+    if left_out:
+        echo(f"{component} on the index: left out {', '.join(left_out)}")
+    base = session.get(Runtime, base_cell.runtime.id)
+    assert base is not None
+    variants = make_variants(session, base, component, versions)
+    named = tuple(f"{backends[0]}={r.version}" for r in variants)
+    planned = plan_from_db(session, Selection(cases=(case,), backends=(backends[0],), runtimes=named,
+                                              strict_markers=False)).cells  # fmt: skip
+    by_version = {c.runtime.version: c for c in planned}
+    missing = [r.version for r in variants if r.version not in by_version]
+    if missing:
+        raise ConfigError(
+            f"case {case!r} does not run on the variants {', '.join(missing)}; see `matrix plan --explain`"
+        )
+    ordered = [by_version[r.version] for r in variants]
+    bad_index = len(ordered) - 1 if parse_version(bad) > parse_version(good) else 0
+    return backends[0], ordered, bad_index, base.version
 
 
 def _find_or_create_campaign(session: Session, params: dict[str, Any], selection: Selection) -> tuple[int, bool]:
@@ -214,11 +269,45 @@ def _queue(session: Session, campaign_id: int, cell: Cell) -> None:
                         attempt=attempt, status="pending", checks=[]))  # fmt: skip
 
 
+_STAMP = re.compile(r"^(line \d+: )?(\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)?\s+)*")
+_ERRORISH = re.compile(r"\b(ERROR|FATAL|Exception|Error|error)\b")
+_QUIET_LEVELS = frozenset({"WARN", "WARNING", "INFO", "DEBUG", "TRACE"})
+_ERROR_FIELD = re.compile(r'\berror="([^"]+)"')
+
+
+def _log_evidence(lines: list[str]) -> str:
+    """The first real error among the message's "error lines" section (`role: text`, timestamps dropped), or "".
+
+    A health timeout's first line only says the server never got ready; the reason is in a log."""
+    role, inside = "", False
+    for line in lines:
+        if line.startswith("--- "):
+            inside = line.startswith("--- error lines")
+            continue
+        if not inside:
+            continue
+        if line.startswith("==> ") and line.endswith(" <=="):
+            role = line[4:-4]
+            continue
+        text = _STAMP.sub("", line).strip()
+        level = text.split(maxsplit=1)[0] if text else ""
+        if not _ERRORISH.search(text) or text.startswith("Traceback") or level in _QUIET_LEVELS:
+            continue
+        field = _ERROR_FIELD.search(text)  # structured logs carry the cause in error="..."
+        detail = field.group(1) if field else text
+        return f"{role}: {detail[-160:]}" if role else detail[-160:]
+    return ""
+
+
 def _first_line(row: CellRun) -> str:
+    """A failed attempt's evidence: its kind and first line, and the first error of its logs."""
+    if row.status == PASSED:
+        return ""
     text = (row.message or "").strip().splitlines()
     head = text[0] if text else ""
     kind = f"{row.failure_kind}: " if row.failure_kind else ""
-    return (kind + head)[:160] if row.status != PASSED else ""
+    found = _log_evidence(text[1:])
+    return (kind + head)[:160] + (f" [{found}]" if found else "")
 
 
 def _attempt(
@@ -245,10 +334,39 @@ def _attempt(
             .order_by(CellRun.attempt.desc())
         ).first()  # fmt: skip
         why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
-    raise ConfigError(
-        f"cannot bisect: {cell.runtime.label} gives no outcome ({why.splitlines()[0][:200]}); "
-        f"make it runnable here (`matrix doctor`) or bisect a range without it"
-    )
+    raise NoOutcome(why.splitlines()[0][:200])
+
+
+class NoOutcome(Exception):
+    """A probe was skipped or not run: the version says nothing about the case."""
+
+
+def _fill_from_index(
+    factory: sessionmaker[Session], case: str, backend: str | None, good: str, bad: str, index_url: str | None,
+    echo: Echo,
+) -> None:  # fmt: skip
+    """Turn the index's releases between GOOD and BAD that the catalog lacks into runtimes (the backend's
+    `runtime_template`, as `matrix discover` does), so the bisection walks every released version."""
+    from matrix.db.models import Case
+    from matrix.discover import fill_between
+
+    with transaction(factory) as session:
+        if backend is None:
+            row = session.scalar(select(Case).where(Case.name == case, Case.retired.is_(False)))
+            if row is None:
+                raise ConfigError(f"unknown case {case!r}; see `matrix cases list`")
+            backend = row.backend.name
+        try:
+            found = fill_between(session, backend, good, bad, index_url=index_url)
+        except ConfigError as exc:
+            raise ConfigError(f"--from-index: {exc}") from None
+    releases = [f for f in found.found if f.action != "channel"]
+    added = [f.version for f in releases if f.action == "added"]
+    left_out = [f"{f.version} ({f.action})" for f in found.found if f.action in ("yanked", "python")]
+    echo(f"{found.package} on the index between {good} and {bad}: {len(releases)} release(s), "
+         f"{len(added)} added as runtimes{': ' + ', '.join(added) if added else ''}")  # fmt: skip
+    if left_out:
+        echo(f"  left out: {', '.join(left_out)}")
 
 
 class BisectInterrupted(Exception):
@@ -260,7 +378,8 @@ class BisectInterrupted(Exception):
 def bisect(
     factory: sessionmaker[Session], case: str, good: str, bad: str, *, backend: str | None = None, repeat: int = 1,
     echo: Echo = print, run_options: dict[str, Any] | None = None, flaky: float | None = None,
-    confidence: float = 0.95, cell_limit: int = 100,
+    confidence: float = 0.95, cell_limit: int = 100, from_index: bool = False, index_url: str | None = None,
+    component: str | None = None, on: str | None = None,
 ) -> BisectResult:  # fmt: skip
     """Run the bisection; raises `BisectInterrupted` (campaign resumable) when a probe was interrupted.
 
@@ -274,23 +393,41 @@ def bisect(
         raise ConfigError("--confidence must be at least 0.5 and below 1, e.g. 0.95")
     if flaky is not None and repeat > 1:
         raise ConfigError("--flaky chooses how often to run each version: drop --repeat")
+    if from_index and component:
+        raise ConfigError("--component reads the component's versions from the index already: drop --from-index")
+    if on and not component:
+        raise ConfigError("--on names the engine runtime a --component bisect keeps fixed: give --component too")
+    if from_index:
+        _fill_from_index(factory, case, backend, good, bad, index_url, echo)
     with transaction(factory) as session:
-        backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
+        if component:
+            backend_name, cells, bad_index, base = _component_cells(
+                session, case, backend, component, good, bad, on, index_url, echo
+            )
+            versions = [str(parse_version(c.runtime.components[component])) for c in cells]
+            what = f"{component} versions under {backend_name}-{base}"
+        else:
+            backend_name, cells, bad_index = _cells(session, case, backend, good, bad)
+            versions = [c.runtime.version for c in cells]
+            what = f"{backend_name} versions"
         params = _bisect_params(case, backend_name, str(parse_version(good)), str(parse_version(bad)), repeat)
+        if component:
+            params.update(component=component, on=base)
         if flaky is not None:
             if bad_index == 0:
                 raise ConfigError("--flaky bisects a break: give GOOD older than BAD")
             params.update(flaky=flaky, confidence=confidence)
-        selection = Selection(cases=(case,), backends=(backend_name,), strict_markers=False)
+        # A component bisect's variants are planned only when named, so its campaign names them.
+        named = tuple(f"{backend_name}={c.runtime.version}" for c in cells) if component else ()
+        selection = Selection(cases=(case,), backends=(backend_name,), runtimes=named, strict_markers=False)
         campaign_id, resumed = _find_or_create_campaign(session, params, selection)
     n = len(cells)
-    versions = [c.runtime.version for c in cells]
-    echo(f"{'resuming ' if resumed else ''}bisect campaign {campaign_id}: {case} over {n} {backend_name} versions "
+    echo(f"{'resuming ' if resumed else ''}bisect campaign {campaign_id}: {case} over {n} {what} "
          f"{versions[0]} .. {versions[-1]} (at most {max_cells(n) * repeat} cells)")  # fmt: skip
     probes: dict[int, Probe] = {}
     cells_run = 0
     if flaky is not None:
-        return _bisect_flaky(factory, campaign_id, cells, params, selection, echo, run_options, cell_limit)
+        return _bisect_flaky(factory, campaign_id, cells, versions, params, selection, echo, run_options, cell_limit)
     while True:
         verdicts = {i: p.verdict for i, p in probes.items()}
         index, first = next_probe(n, bad_index, verdicts)
@@ -307,7 +444,18 @@ def bisect(
             if len(finished) >= repeat:
                 break
             echo(f"probe {cell.runtime.label} (attempt {len(finished) + 1} of {repeat})")
-            echo(f"  {cell.runtime.label}: {_attempt(factory, campaign_id, cell, selection, run_options)}")
+            try:
+                status = _attempt(factory, campaign_id, cell, selection, run_options)
+            except NoOutcome as exc:
+                if index == bad_index:
+                    raise ConfigError(
+                        f"cannot bisect: the bad end {cell.runtime.label} gives no outcome ({exc}); "
+                        "make it runnable here (`matrix doctor`) or choose another BAD"
+                    ) from None
+                probe.skipped = str(exc)
+                echo(f"  {cell.runtime.label}: no outcome ({exc}); stepping around it")
+                break
+            echo(f"  {cell.runtime.label}: {status}")
             cells_run += 1
     result = BisectResult(
         campaign_id, case, backend_name, versions, params["good"], params["bad"],
@@ -319,6 +467,18 @@ def bisect(
     else:
         result.first = versions[first]
         result.last_other = versions[first - 1]
+        # Versions stepped around just before the boundary could hold it: the change is at one of them or
+        # at `first`.
+        gap = []
+        i = first - 1
+        while i > 0 and i in probes and probes[i].verdict == "skip":
+            gap.append(i)
+            i -= 1
+        if gap:
+            result.last_other = versions[i]
+            result.unsure = [versions[j] for j in sorted(gap)]
+            result.note = (f"{', '.join(result.unsure)} gave no outcome ({probes[gap[0]].skipped}): the change is at "
+                           f"one of them or at {result.first}")  # fmt: skip
     mixed = [p for p in result.probes if p.verdict == "flaky"]
     if mixed and repeat > 1:
         fails = sum(sum(1 for s in p.statuses if s != PASSED) for p in mixed)
@@ -336,13 +496,12 @@ def bisect(
 
 
 def _bisect_flaky(
-    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], params: dict[str, Any],
+    factory: sessionmaker[Session], campaign_id: int, cells: list[Cell], versions: list[str], params: dict[str, Any],
     selection: Selection, echo: Echo, run_options: dict[str, Any] | None, cell_limit: int,
 ) -> BisectResult:  # fmt: skip
     from matrix.bisect_prob import next_version, posterior
 
     n, rate, confidence = len(cells), float(params["flaky"]), float(params["confidence"])
-    versions = [c.runtime.version for c in cells]
     probes: dict[int, Probe] = {}
     cells_run = 0
     while True:
@@ -363,7 +522,14 @@ def _bisect_flaky(
             break
         index = next_version(p, rate)
         echo(f"probe {cells[index].runtime.label} (P(first bad = {versions[best]}) = {p[best]:.2f})")
-        echo(f"  {cells[index].runtime.label}: {_attempt(factory, campaign_id, cells[index], selection, run_options)}")
+        try:
+            status = _attempt(factory, campaign_id, cells[index], selection, run_options)
+        except NoOutcome as exc:
+            raise ConfigError(
+                f"cannot bisect: {cells[index].runtime.label} gives no outcome ({exc}); a probabilistic bisection "
+                "needs every version runnable: make it runnable here (`matrix doctor`) or bisect a range without it"
+            ) from None
+        echo(f"  {cells[index].runtime.label}: {status}")
         cells_run += 1
     result = BisectResult(campaign_id, params["case"], params["backend"], versions, params["good"], params["bad"],
                           [probes[i] for i in sorted(probes)], cells_run=cells_run)  # fmt: skip
@@ -386,7 +552,13 @@ def _record_result(factory: sessionmaker[Session], campaign_id: int, result: Bis
         campaign = session.get(Campaign, campaign_id)
         assert campaign is not None
         info = dict(campaign.selection.get("bisect", {}))
-        info["result"] = {"first": result.first, "direction": result.direction, "unsure": result.unsure}
+        info["result"] = {
+            "first": result.first, "last_other": result.last_other, "direction": result.direction,
+            "unsure": result.unsure, "note": result.note, "confidence": result.confidence,
+            # The version line the report draws: every version in range, and what each probe found.
+            "versions": result.versions, "verdicts": {p.version: p.verdict for p in result.probes},
+            "evidence": {p.version: next((m for m in p.messages if m), p.skipped) for p in result.probes},
+        }  # fmt: skip
         campaign.selection = {**campaign.selection, "bisect": info}
 
 

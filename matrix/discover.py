@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -23,7 +24,7 @@ from packaging.utils import (
     parse_sdist_filename,
     parse_wheel_filename,
 )
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -45,7 +46,8 @@ class Found:
     version: str
     files: int = 0
     yanked: str | None = None  # the reason ("" when none was given) when every file is yanked
-    action: str = ""  # added | would add | yanked | older | channel
+    action: str = ""  # added | would add | yanked | older | channel | python | outside
+    requires_python: list[str] = field(default_factory=list)  # each file's Requires-Python, where given
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Discovery:
         return {
             "backend": self.backend, "package": self.package, "index_url": self.index_url,
             "newest_known": self.newest_known, "malformed": self.malformed,
-            "versions": [vars(f) for f in self.found if f.action in ("added", "would add", "yanked")],
+            "versions": [vars(f) for f in self.found if f.action in ("added", "would add", "yanked", "python")],
         }  # fmt: skip
 
 
@@ -131,6 +133,7 @@ def _file_version(filename: str) -> Version | None:
 def versions_on_index(data: dict[str, Any]) -> tuple[dict[Version, Found], list[str]]:
     """Every version with its file count and yank state, and the file entries that are malformed."""
     by_version: dict[Version, list[Any]] = {}
+    requires_python: dict[Version, list[str]] = {}
     malformed: list[str] = []
     for entry in data["files"]:
         filename = entry.get("filename") if isinstance(entry, dict) else None
@@ -139,14 +142,41 @@ def versions_on_index(data: dict[str, Any]) -> tuple[dict[Version, Found], list[
             malformed.append(str(filename if isinstance(filename, str) else entry)[:200])
             continue
         by_version.setdefault(version, []).append(entry.get("yanked", False))
+        requires = entry.get("requires-python")
+        if isinstance(requires, str) and requires.strip():
+            requires_python.setdefault(version, []).append(requires.strip())
     found = {}
     for version, yanks in by_version.items():
         # PEP 592: a version is yanked when all its files are; the value is False, True or the reason.
         yanked = None
         if all(y not in (False, None) for y in yanks):
             yanked = next((y for y in yanks if isinstance(y, str) and y), "")
-        found[version] = Found(str(version), files=len(yanks), yanked=yanked)
+        found[version] = Found(str(version), files=len(yanks), yanked=yanked,
+                               requires_python=requires_python.get(version, []))  # fmt: skip
     return found, malformed
+
+
+def _python_fits(item: Found, python: str | None) -> bool:
+    """Whether some file of the version accepts the template's interpreter (PEP 691 `requires-python`).
+
+    A file without the field, or with one `packaging` cannot read, is taken to fit: pip decides then."""
+    if not python:
+        return True
+    try:
+        # "3.11" is any 3.11.x: the first and a late patch release stand for the line.
+        line = python.count(".") < 2
+        interpreters = [Version(python + ".0"), Version(python + ".99")] if line else [Version(python)]
+    except InvalidVersion:
+        return True
+    if len(item.requires_python) < item.files:
+        return True
+    for text in item.requires_python:
+        try:
+            if any(SpecifierSet(text).contains(v, prereleases=True) for v in interpreters):
+                return True
+        except InvalidSpecifier:
+            return True
+    return False
 
 
 def _in_channel(version: Version, channel: str) -> bool:
@@ -157,9 +187,9 @@ def _in_channel(version: Version, channel: str) -> bool:
     return True
 
 
-def discover(
-    session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool
-) -> Discovery:
+def _backend_and_template(
+    session: Session, backend_name: str, package: str | None, channel: str
+) -> tuple[Backend, dict[str, Any], str]:
     if channel not in CHANNELS:
         raise ConfigError(f"unknown --channel {channel!r}; choose one of {', '.join(CHANNELS)}")
     backend = session.scalar(select(Backend).where(Backend.name == backend_name, Backend.retired.is_(False)))
@@ -175,6 +205,18 @@ def discover(
     package = package or str(template.get("package") or "")
     if not package:
         raise ConfigError(f"backend {backend_name!r}: give --package NAME (its runtime_template names no package)")
+    return backend, template, package
+
+
+def _template_python(template: dict[str, Any]) -> str | None:
+    python = template.get("provider", {}).get("python")
+    return str(python) if python else None
+
+
+def discover(
+    session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool
+) -> Discovery:
+    backend, template, package = _backend_and_template(session, backend_name, package, channel)
     index = index_url or default_index_url()
     known_versions = [parse_version(r.version) for r in backend.runtimes]
     live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
@@ -190,8 +232,43 @@ def discover(
             item.action = "channel"
         elif item.yanked is not None:
             item.action = "yanked"
+        elif not _python_fits(item, _template_python(template)):
+            item.action = "python"
         elif dry_run:
             item.action = "would add"
+        else:
+            _add_runtime(session, backend, version, template, index)
+            item.action = "added"
+    return result
+
+
+def fill_between(
+    session: Session, backend_name: str, low: str, high: str, *, index_url: str | None, channel: str = "release"
+) -> Discovery:
+    """Add the index's versions from `low` to `high` (both included) that the catalog lacks, through the
+    backend's template: what `matrix bisect --from-index` walks. Older versions than the catalog's are
+    welcome here (a bisect reaches back); yanked ones, other channels and ones whose files all refuse the
+    template's Python are left out and reported, as `discover` does."""
+    backend, template, package = _backend_and_template(session, backend_name, None, channel)
+    index = index_url or default_index_url()
+    lo, hi = sorted((parse_version(low), parse_version(high)))
+    known = {parse_version(r.version) for r in backend.runtimes}
+    live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
+    result = Discovery(backend_name, package, index, str(max(live)) if live else None)
+    found, result.malformed = versions_on_index(fetch_project(index, package))
+    for version in sorted(found):
+        item = found[version]
+        if not lo <= version <= hi:
+            continue
+        result.found.append(item)
+        if version in known:
+            item.action = "known"
+        elif not _in_channel(version, channel):
+            item.action = "channel"
+        elif item.yanked is not None:
+            item.action = "yanked"
+        elif not _python_fits(item, _template_python(template)):
+            item.action = "python"
         else:
             _add_runtime(session, backend, version, template, index)
             item.action = "added"

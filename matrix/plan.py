@@ -90,6 +90,8 @@ class RuntimeInfo:
     components: Mapping[str, str] = field(default_factory=dict)
     enabled: bool = True
     id: int | None = None
+    # A variant made by `matrix bisect --component` (source "derived"): planned only when named by --runtime.
+    derived: bool = False
 
     @property
     def label(self) -> str:
@@ -214,6 +216,7 @@ def runtime_info(runtime: Runtime) -> RuntimeInfo:
         provider=dict(runtime.provider),
         components={c.name: c.version for c in runtime.components},
         enabled=runtime.enabled,
+        derived=runtime.source == "derived",
     )
 
 
@@ -348,6 +351,8 @@ def _exclusion_reason(
         return "case is disabled"
     if wanted_runtimes and (runtime.backend, runtime.parsed_version) not in wanted_runtimes:
         return "runtime not selected by --runtime"
+    if runtime.derived and not wanted_runtimes:
+        return "a variant made by `matrix bisect --component`: name it with --runtime to run it"
     admitted, why = window.admits(runtime.backend, runtime.parsed_version)
     if not admitted:
         return why or "outside the version window"

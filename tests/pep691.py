@@ -21,9 +21,13 @@ def project_page(name: str, files: list[dict[str, Any]]) -> dict[str, Any]:
     return {"meta": {"api-version": "1.1"}, "name": name, "files": files}
 
 
-def wheel(name: str, version: str, yanked: bool | str = False) -> dict[str, Any]:
+def wheel(name: str, version: str, yanked: bool | str = False, requires_python: str | None = None) -> dict[str, Any]:
     filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    return {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64}, "yanked": yanked}
+    entry: dict[str, Any] = {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64},
+                             "yanked": yanked}  # fmt: skip
+    if requires_python is not None:
+        entry["requires-python"] = requires_python
+    return entry
 
 
 def sdist(name: str, version: str, yanked: bool | str = False) -> dict[str, Any]:

@@ -60,6 +60,10 @@ def discover_cmd(
     for item in result.found:
         if item.action == "yanked":
             rows.append((item.version, item.files, f"yanked, skipped{': ' + item.yanked if item.yanked else ''}"))
+        elif item.action == "python":
+            refused = ", ".join(sorted(set(item.requires_python)))
+            why = f"skipped: Requires-Python {refused} excludes the template's interpreter"
+            rows.append((item.version, item.files, why))
         elif item.action in ("added", "would add"):
             rows.append((item.version, item.files, item.action))
     if rows:
@@ -87,12 +91,21 @@ def discover_cmd(
 @click.option("--confidence", type=float, default=0.95, show_default=True,
               help="With --flaky: stop once one version is the first bad one with this probability.")
 @click.option("--max-cells", type=int, default=100, show_default=True, help="With --flaky: give up after N attempts.")
+@click.option("--component", metavar="NAME",
+              help="Bisect a dependency instead: GOOD and BAD are NAME's versions, each installed into the case's "
+                   "newest runtime (or --on's) by replacing the recipe's NAME pin.")
+@click.option("--on", metavar="VERSION", help="With --component: the engine runtime to keep fixed.")
+@click.option("--from-index", is_flag=True,
+              help="First add the index's releases between GOOD and BAD that the catalog lacks, as runtimes "
+                   "from the backend's runtime_template (as `matrix discover` does).")
+@click.option("--index-url", metavar="URL", help="With --from-index: a PEP 691 simple index (default as for discover).")
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @json_option
 @click.pass_obj
 def bisect_cmd(
     app: App, case: str, between: tuple[str, str], backend: str | None, repeat: int, flaky: float | None,
-    confidence: float, max_cells: int, logs_dir: Path | None, as_json: bool,
+    confidence: float, max_cells: int, component: str | None, on: str | None, from_index: bool,
+    index_url: str | None, logs_dir: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Find the first version between GOOD and BAD at which CASE changes outcome.
 
@@ -107,6 +120,8 @@ def bisect_cmd(
 
     if logs_dir is not None:
         usable_dir(logs_dir, "--logs-dir")
+    if index_url and not (from_index or component):
+        raise click.UsageError("--index-url is read only with --from-index or --component")
 
     def say(line: str) -> None:
         click.echo(clean(line), err=as_json)
@@ -116,7 +131,8 @@ def bisect_cmd(
         with stdout_to_stderr(as_json):
             result = bisect(app.sessions(), case, between[0], between[1], backend=backend, repeat=repeat,
                             echo=say, run_options=run_options, flaky=flaky, confidence=confidence,
-                            cell_limit=max_cells)  # fmt: skip
+                            cell_limit=max_cells, from_index=from_index, index_url=index_url, component=component,
+                            on=on)  # fmt: skip
     except (BisectInterrupted, KeyboardInterrupt) as exc:
         which = f"campaign {exc.campaign_id} " if isinstance(exc, BisectInterrupted) else ""
         click.echo(f"bisect {which}interrupted: run the same command again to continue from its recorded attempts",
@@ -125,7 +141,7 @@ def bisect_cmd(
     if as_json:
         print_json(result.as_dict())
     else:
-        rows = [(p.version, p.verdict, " ".join(p.statuses), clean(next((m for m in p.messages if m), "")))
+        rows = [(p.version, p.verdict, " ".join(p.statuses), clean(next((m for m in p.messages if m), p.skipped)))
                 for p in result.probes]  # fmt: skip
         print_table(("version", "verdict", "attempts", "evidence"), rows, title=f"bisect campaign {result.campaign_id}")
         if result.first is not None:

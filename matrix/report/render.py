@@ -113,6 +113,37 @@ def _has_results(results: Results, runtime: RuntimeView) -> bool:
     return any(cell.attempts for cell in results.cells_of_runtime(runtime.id))
 
 
+def bisect_line(selection: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A finished bisect campaign as a version line: each version in range with its probe's verdict, and
+    the boundary (between `last_other` and `first`) marked. None for other campaigns."""
+    info = selection.get("bisect")
+    if not isinstance(info, Mapping):
+        return None
+    result = info.get("result")
+    if not isinstance(result, Mapping) or not isinstance(result.get("versions"), list):
+        return None
+    verdicts = result.get("verdicts") or {}
+    evidence = result.get("evidence") or {}
+    unsure = set(result.get("unsure") or [])
+    first = result.get("first")
+    steps = []
+    for version in result["versions"]:
+        verdict = str(verdicts.get(version, "not probed"))
+        steps.append({
+            "version": str(version), "verdict": verdict, "css": _VERDICT_CSS.get(verdict, "st-not-run"),
+            "first": version == first, "unsure": version in unsure, "evidence": clean(str(evidence.get(version, ""))),
+        })  # fmt: skip
+    what = info.get("component") or info.get("backend", "")
+    return {
+        "what": str(what), "case": str(info.get("case", "")), "direction": str(result.get("direction", "")),
+        "first": first, "last_other": result.get("last_other"), "note": clean(str(result.get("note") or "")),
+        "steps": steps, "probed": sum(1 for s in steps if s["verdict"] != "not probed"),
+    }  # fmt: skip
+
+
+_VERDICT_CSS = {"good": "st-passed", "bad": "st-failed", "flaky": "st-flaky", "unknown": "st-skipped"}
+
+
 def _campaign_context(campaign: CampaignView) -> dict[str, Any]:
     duration = campaign.duration_s
     return {
@@ -167,12 +198,14 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
         statuses = [st for st in STATUS_LABELS if summary.counts[st]]
         _write(env, "campaign.html", out_dir / links.campaign_page(campaign.id), {
             **_campaign_context(campaign),
-            "selection": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(campaign.selection) if k != "cells"],
+            "selection": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(campaign.selection)
+                          if k != "cells" and not k.startswith("bisect.result")],  # the line below shows it
             "totals": [(st, status_label(st), summary.counts[st]) for st in statuses],
             "statuses": [(st, status_label(st)) for st in statuses],
             "by_runtime": [(label, [counts[st] for st in statuses]) for label, counts in summary.by_runtime.items()],
             "attempts": summary.attempts,
             "rows": summary.rows,
+            "bisect": bisect_line(campaign.selection),
         })  # fmt: skip
     compare_links = []
     for comparison in comparisons:

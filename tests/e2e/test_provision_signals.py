@@ -84,15 +84,18 @@ def slow(matrix: Matrix, tmp_path: Path) -> Iterator[tuple[Matrix, Path]]:
     synced = matrix("catalog", "sync", *files)
     assert synced.exit_code == 0, synced.output
     yield matrix, marker
-    for proc in _tagged():  # whatever a failed test left
+    for proc in _tagged(matrix):  # whatever a failed test left
         proc.kill()
 
 
-def _tagged() -> list[psutil.Process]:
+def _tagged(m: Matrix) -> list[psutil.Process]:
+    """This test's build processes: tagged, and of its data directory. Builds of other runs on the host
+    (a bisect, another CI job) are none of its business: it must neither count nor kill them."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if OWNER_ENV in proc.environ():
+            env = proc.environ()
+            if OWNER_ENV in env and env.get("MATRIX_HOME") == str(m.home):
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
@@ -140,7 +143,7 @@ def test_a_signal_during_a_build_interrupts_the_campaign_and_removes_the_build(
     assert m.sql("SELECT status FROM campaign") == [("interrupted",)]
     assert m.sql("SELECT status FROM cell_run") == [("pending",)]  # `--resume 1` runs it
     assert not psutil.pid_exists(backend) or psutil.Process(backend).status() == psutil.STATUS_ZOMBIE
-    assert _tagged() == []
+    assert _tagged(m) == []
     assert _temps(m) == []  # the half-built environment is gone
 
 
@@ -152,7 +155,7 @@ def test_runtime_provision_is_interrupted_the_same_way(slow: tuple[Matrix, Path]
     output = provisioner.communicate(timeout=60)[0]
     assert provisioner.returncode == 3, output
     assert "interrupted by SIGTERM: the build in progress was removed" in output
-    assert _tagged() == [] and _temps(m) == []
+    assert _tagged(m) == [] and _temps(m) == []
 
 
 def test_a_killed_runners_build_processes_are_swept_by_the_next_run(slow: tuple[Matrix, Path]) -> None:
@@ -170,5 +173,5 @@ def test_a_killed_runners_build_processes_are_swept_by_the_next_run(slow: tuple[
     result = m.subprocess("run", "--runtime", "reference=0.1.0", "--no-report", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE, f"{orphan.cmdline()} survived"
-    assert _tagged() == []
+    assert _tagged(m) == []
     assert m.sql("SELECT status FROM campaign WHERE id = 1") == [("interrupted",)]

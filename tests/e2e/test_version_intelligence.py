@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import time
 from pathlib import Path
@@ -103,6 +104,18 @@ def test_bisect_finds_the_first_good_version_of_a_fix(matrix: Matrix, tmp_path: 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "first good version: 1.3.0 (previous: 1.2.0)" in result.stdout
     assert "startup:" in result.stdout  # the evidence table carries each failing probe's error
+    # The report draws the campaign as a version line, the boundary marked just before the first good one.
+    report = matrix.subprocess("report", "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stdout + report.stderr
+    page = (tmp_path / "report" / "campaign-1.html").read_text()
+    line = page[page.index('<ol class="bisect-line">') : page.index("</ol>")]
+    versions = re.findall(r'<span class="badge (st-[a-z-]+)">(1\.\d\.0)</span>', line)
+    assert [v for _, v in versions] == [f"1.{i}.0" for i in range(6)]
+    boundary = line.index('class="boundary"')
+    assert line.index(">1.2.0<") < boundary < line.index(">1.3.0<")
+    verdicts = dict((v, css) for css, v in versions)
+    assert verdicts["1.3.0"] == "st-passed" and verdicts["1.2.0"] == "st-failed" and verdicts["1.0.0"] == "st-failed"
+    assert "first good version: <strong>1.3.0</strong>" in page
 
 
 def test_bisect_with_nothing_to_bisect_says_so(matrix: Matrix, tmp_path: Path) -> None:
@@ -189,3 +202,156 @@ def test_repeat_runs_every_probe_k_times_in_one_campaign(matrix: Matrix, tmp_pat
     assert data["attempts"] == 2 * len(data["probes"]) <= 2 * max_cells(n)
     attempts = matrix.sql("SELECT attempt FROM cell_run WHERE campaign_id = ? ORDER BY attempt", data["campaign"])
     assert sorted({int(str(a)) for (a,) in attempts}) == [1, 2]
+
+
+FROM_INDEX_CATALOG = """
+[[backend]]
+name = "idx"
+runtime_template = { package = "idx-pkg", provider = { kind = "builtin", env = { IDX_PKG = "{version}" } }, \
+components = { idx-pkg = "{version}" } }
+
+[[runtime]]
+backend = "idx"
+version = "1.0.0"
+provider = { kind = "builtin" }
+
+[[runtime]]
+backend = "idx"
+version = "2.0.0"
+provider = { kind = "builtin", env = { MATRIX_REFERENCE_FAULTS = "crash-at-start" } }
+
+[[case]]
+name = "idx_pair"
+backend = "idx"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 20
+request_timeout_s = 10
+launch = { teardown_grace_s = 0.5 }
+"""
+
+
+def test_bisect_from_index_walks_the_releases_the_catalog_lacks(matrix: Matrix, tmp_path: Path) -> None:
+    """Only 1.0.0 (good) and 2.0.0 (bad) are in the catalog; the index has three releases between them (and a
+    yanked one, a pre-release and one outside the range). They become runtimes through the template and are
+    probed: the boundary is found between the last discovered release and 2.0.0."""
+    (tmp_path / "idx.toml").write_text(FROM_INDEX_CATALOG)
+    sync(matrix, str(tmp_path / "idx.toml"))
+    write_project(tmp_path / "index", "idx-pkg", [
+        wheel("idx-pkg", "0.9.0"), wheel("idx-pkg", "1.0.0"), wheel("idx-pkg", "1.1.0"),
+        wheel("idx-pkg", "1.2.0", yanked="bad build"), wheel("idx-pkg", "1.3.0"), wheel("idx-pkg", "1.4.0rc1"),
+        wheel("idx-pkg", "1.4.0"), wheel("idx-pkg", "2.0.0"), wheel("idx-pkg", "2.1.0"),
+    ])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        result = matrix.subprocess("bisect", "idx_pair", "--between", "1.0.0", "2.0.0", "--from-index",
+                                   "--index-url", url, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 added as runtimes: 1.1.0, 1.3.0, 1.4.0" in result.stdout
+    assert "left out: 1.2.0 (yanked)" in result.stdout
+    assert "first bad version: 2.0.0 (previous: 1.4.0)" in result.stdout
+    versions = {str(v): str(s) for v, s in matrix.sql(
+        "SELECT runtime.version, runtime.source FROM runtime JOIN backend ON backend.id = runtime.backend_id "
+        "WHERE backend.name = 'idx'")}  # fmt: skip
+    assert versions == {"1.0.0": "catalog", "1.1.0": "discovered", "1.3.0": "discovered", "1.4.0": "discovered",
+                        "2.0.0": "catalog"}  # fmt: skip
+    probed = {v for v, _ in campaign_rows(matrix, 1)}
+    assert "2.0.0" in probed and probed & {"1.1.0", "1.3.0", "1.4.0"}
+
+
+def dependency_wheel(wheels: Path, version: str, *, breaks: bool) -> None:
+    """A real wheel of `refdep`; a breaking version ships a .pth file, which Python runs at start-up in every
+    process of the venv, that plants a start-up crash into the reference server: a dependency that breaks
+    the engine, as NIXL 1.2.0 broke every P/D job."""
+    import zipfile
+
+    name = f"refdep-{version}-py3-none-any.whl"
+    info = f"refdep-{version}.dist-info"
+    files = {
+        "refdep/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: refdep\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }  # fmt: skip
+    if breaks:
+        files["refdep_break.pth"] = "import os; os.environ.setdefault('MATRIX_REFERENCE_FAULTS', 'crash-at-start')\n"
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(wheels / name, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+def test_bisect_component_walks_a_dependencys_releases_under_one_engine_runtime(
+    matrix: Matrix, tmp_path: Path
+) -> None:
+    """The engine runtime stays fixed; each refdep release is pinned into its recipe in turn (real venvs built
+    offline from real wheels); from 1.3.0 on the dependency breaks the pair."""
+    import site
+
+    import matrix as package
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    versions = ["1.0.0", "1.1.0", "1.2.0", "1.3.0", "1.4.0"]
+    for v in versions:
+        dependency_wheel(wheels, v, breaks=v >= "1.3.0")
+    # The venv gets matrix (for `python -m matrix.reference`) and its libraries from this interpreter.
+    pythonpath = ":".join([str(Path(package.__file__).parent.parent), *site.getsitepackages()])
+    (tmp_path / "dep.toml").write_text(f"""
+[[backend]]
+name = "eng"
+
+[[runtime]]
+backend = "eng"
+version = "2.0.0"
+components = {{ refdep = "1.4.0" }}
+provider = {{ kind = "venv", python = "3.11", env = {{ PYTHONPATH = "{pythonpath}" }}, steps = [
+  ["--no-index", "--find-links", "{wheels}", "refdep==1.4.0"],
+] }}
+
+[[case]]
+name = "eng_pair"
+backend = "eng"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+startup_timeout_s = 30
+request_timeout_s = 10
+launch = {{ teardown_grace_s = 0.5 }}
+""")
+    sync(matrix, str(tmp_path / "dep.toml"))
+    write_project(tmp_path / "index", "refdep", [wheel("refdep", v) for v in versions]
+                  + [wheel("refdep", "1.5.0rc1"), wheel("refdep", "1.0.5", yanked=True)])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        result = matrix.subprocess("bisect", "eng_pair", "--component", "refdep", "--between", "1.0.0", "1.4.0",
+                                   "--index-url", url, "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert (data["first"], data["last_other"], data["direction"]) == ("1.3.0", "1.2.0", "first bad")
+    assert data["attempts"] <= max_cells(5)
+    for probe in data["probes"]:
+        assert probe["verdict"] == ("bad" if probe["version"] >= "1.3.0" else "good"), probe
+    assert "left out 1.0.5 (yanked)" in result.stderr
+    variants = {str(v): str(s) for v, s in matrix.sql(
+        "SELECT version, source FROM runtime WHERE version LIKE '2.0.0+%'")}  # fmt: skip
+    assert variants == {f"2.0.0+refdep.{v}": "derived" for v in versions}
+    # A variant runs only when named: a plain plan of the backend shows the catalog's runtime alone.
+    plan = matrix.subprocess("plan", "--backend", "eng", "--format", "json")
+    assert plan.returncode == 0, plan.stderr
+    assert [c["runtime"] for c in json.loads(plan.stdout)["cells"]] == ["eng-2.0.0"], plan.stdout
+
+
+def test_a_version_that_gives_no_outcome_is_stepped_around_and_named(matrix: Matrix, tmp_path: Path) -> None:
+    """1.2.0's interpreter is not on this host (its cells are skipped): the bisect steps around it, finds the
+    boundary from its neighbours and names 1.2.0 as unsure only when the break may be there."""
+    path = Path(synthetic_catalog(tmp_path / "synth.toml", 6, 4))
+    builtin = 'version = "1.2.0"\nprovider = { kind = "builtin" }'
+    text = path.read_text().replace(builtin, 'version = "1.2.0"\nprovider = { kind = "host", python = "python3.99" }')
+    path.write_text(text)
+    sync(matrix, str(path))
+    result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.5.0", "--json", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert (data["first"], data["last_other"], data["unsure"]) == ("1.4.0", "1.3.0", [])
+    skipped = [p for p in data["probes"] if p["verdict"] == "skip"]
+    assert [p["version"] for p in skipped] == ["1.2.0"] and "python3.99" in skipped[0]["skipped"]
+    assert "stepping around it" in result.stderr

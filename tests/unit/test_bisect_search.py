@@ -81,3 +81,61 @@ def test_probabilistic_bisection_finds_a_forty_percent_flake_over_twenty_seeds()
 def test_posterior_rules_out_versions_after_a_failure() -> None:
     p = posterior(8, {3: (1, 0)}, 0.4)  # version 3 failed once: the first bad is 1, 2 or 3
     assert p[0] == 0 and all(x < 0.01 for x in p[4:]) and abs(sum(p) - 1) < 1e-9
+
+
+def _search_with_skips(n: int, first_bad: int, skipped: set[int]) -> tuple[int | None, list[int]]:
+    """Drive next_probe like `matrix bisect` does; versions in `skipped` give no outcome."""
+    verdicts: dict[int, str] = {}
+    probed = []
+    while True:
+        index, first = next_probe(n, n - 1, verdicts)
+        if index is None:
+            return first, probed
+        probed.append(index)
+        verdicts[index] = "skip" if index in skipped else ("bad" if index >= first_bad else "good")
+
+
+@pytest.mark.parametrize("first_bad", range(1, 16))
+def test_a_version_without_outcome_is_stepped_around(first_bad: int) -> None:
+    skipped = {7, 8}
+    first, probed = _search_with_skips(16, first_bad, skipped)
+    if first_bad in (7, 8):
+        # The break is inside the skipped run: the search ends at the first version it can prove bad, and
+        # `matrix bisect` names 7 and 8 as unsure.
+        assert first == 9
+    else:
+        assert first == first_bad
+    assert len(set(probed)) == len(probed)  # no version probed twice
+
+
+def test_when_every_version_between_gives_no_outcome_the_search_stops_at_the_bad_end() -> None:
+    first, probed = _search_with_skips(6, 3, {1, 2, 3, 4})
+    assert first == 5 and sorted(probed[1:]) == [1, 2, 3, 4]
+
+
+def test_evidence_names_the_first_real_error_of_the_logs_not_a_warning() -> None:
+    """Shapes of real ai-dynamo 1.4.2 and 1.0.2 outcomes: the health timeout's own line says only that the
+    model never appeared; the cause is in the frontend's or the worker's log."""
+    from matrix.bisect import _log_evidence
+
+    timeout = [
+        "--- error lines (whole log) ---",
+        "==> frontend <==",
+        "line 7: 2026-11-30T23:41:01.398+00:00 2026-11-30T23:41:01.396563Z  WARN dynamo_llm::hub: Cannot connect to "
+        "ModelExpress server: Transport error: transport error. Using direct download.",
+        'line 17: 2026-11-30T23:46:29.760+00:00 2026-11-30T23:46:29.757107Z ERROR dynamo_llm::discovery::watcher: '
+        'Error adding model from discovery model_name="matrix-tiny" error="build_preprocessed_routing: Generic '
+        'error: Interface not found: 127.0.0.1"',
+        "--- last log lines ---",
+        "2026-11-30T23:46:29.504+00:00 ERROR not an error line of the section",
+    ]
+    cause = "build_preprocessed_routing: Generic error: Interface not found: 127.0.0.1"
+    assert _log_evidence(timeout) == f"frontend: {cause}"
+    crash = [
+        "--- error lines (whole log) ---",
+        "==> prefill <==",
+        "line 9: 2026-11-30T23:31:51.840+00:00 Traceback (most recent call last):",
+        "line 31: 2026-11-30T23:31:51.840+00:00 Exception: Failed to connect to NATS: IO error: Connection refused",
+    ]
+    assert _log_evidence(crash) == "prefill: Exception: Failed to connect to NATS: IO error: Connection refused"
+    assert _log_evidence(["no section here"]) == ""

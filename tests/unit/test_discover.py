@@ -196,3 +196,36 @@ def test_a_template_with_an_unknown_placeholder_fails_the_sync(matrix: Matrix, t
     result = matrix("catalog", "sync", str(path))
     assert result.exit_code == 2
     assert "unknown placeholder {vresion}" in result.output
+
+
+PYTHON_CATALOG = """
+[[backend]]
+name = "pyref"
+runtime_template = { package = "py-ref", provider = { kind = "venv", python = "3.11", \
+steps = [["py-ref=={version}"]] }, components = { py-ref = "{version}" } }
+
+[[runtime]]
+backend = "pyref"
+version = "1.0.0"
+provider = { kind = "builtin" }
+"""
+
+
+def test_versions_whose_files_all_refuse_the_templates_python_are_skipped_and_said(
+    matrix: Matrix, tmp_path: Path
+) -> None:
+    (tmp_path / "pyref.toml").write_text(PYTHON_CATALOG)
+    assert matrix("catalog", "sync", str(tmp_path / "pyref.toml"), str(DATA / "markers.toml")).exit_code == 0
+    write_project(tmp_path / "index", "py-ref", [
+        wheel("py-ref", "1.1.0", requires_python=">=3.10"),
+        wheel("py-ref", "1.2.0", requires_python=">=3.12"),
+        # One file for 3.12+, one without the field: pip may take the second, so the version stays.
+        wheel("py-ref", "1.3.0", requires_python=">=3.12"), sdist("py-ref", "1.3.0"),
+        wheel("py-ref", "1.4.0", requires_python="not a specifier"),
+        wheel("py-ref", "1.5.0", requires_python=">=3.11,<3.11.5"),
+    ])  # fmt: skip
+    with serve_index(tmp_path / "index") as url:
+        result = matrix("discover", "pyref", "--index-url", url)
+    assert result.exit_code == 0, result.output
+    assert "Requires-Python >=3.12 excludes the template's interpreter" in result.output
+    assert sorted(runtimes(matrix, "pyref")) == ["1.0.0", "1.1.0", "1.3.0", "1.4.0", "1.5.0"]

@@ -75,6 +75,16 @@ def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
     return env
 
 
+def _response_stream_host(case: CaseInfo) -> str:
+    """The loopback interface (`lo`), or the case's `response_stream_host`, which must stay on loopback."""
+    host = str(case.launch.get("response_stream_host", "lo"))
+    if host not in ("lo", "127.0.0.1", "localhost"):
+        raise ConfigError(
+            f"case {case.name}: response_stream_host {host!r} would leave loopback; use lo, 127.0.0.1 or localhost"
+        )
+    return host
+
+
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
     """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
     return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
@@ -119,8 +129,9 @@ class DynamoArm:
             "DYN_EVENT_PLANE": "zmq",
             "DYN_TCP_RPC_HOST": "127.0.0.1",
             # An interface name, not an address: ai-dynamo < 1.6 reads this variable as an interface and
-            # fails every request route with "Interface not found: 127.0.0.1"; 1.6 accepts both.
-            "DYN_TCP_RESPONSE_STREAM_HOST": "lo",
+            # fails every request route with "Interface not found: 127.0.0.1"; 1.6 accepts both. A case
+            # may give an address instead (`response_stream_host`) to show which releases accept one.
+            "DYN_TCP_RESPONSE_STREAM_HOST": _response_stream_host(ctx.case),
             "DYN_EVENT_PLANE_HOST": "127.0.0.1",
             "DYN_SYSTEM_HOST": "127.0.0.1",
             # The frontend keeps a cache under the user's cache directory; keep it inside the cell.
