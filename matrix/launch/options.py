@@ -111,8 +111,8 @@ LAUNCH_KEYS: dict[str, frozenset[str]] = {
     }),
     "sglang_native": frozenset({"aggregated_servers", "teardown_grace_s"}) | _SGLANG_SERVER_KEYS,
     "dynamo": frozenset({
-        "aggregated", "cpu", "disable_cuda_graph", "gpu_memory_utilization", "max_model_len", "script",
-        "speedup_ratio", "teardown_grace_s", "workspace_script",
+        "aggregated", "cpu", "disable_cuda_graph", "gpu_memory_utilization", "max_model_len", "response_stream_host",
+        "script", "speedup_ratio", "teardown_grace_s", "workspace_script",
     }) | _SGLANG_SERVER_KEYS | _VLLM_SIDECAR_KEYS,
 }  # fmt: skip
 
