@@ -104,6 +104,7 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
         "components": row.components,
         "gpu": row.gpu,
         "peaks": row.peaks,
+        "kv_ledger": row.kv_ledger,
         "log_dir": row.log_dir,
         "logs": logs,
     }

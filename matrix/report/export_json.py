@@ -53,6 +53,7 @@ def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
         "components": dict(a.components),
         "gpu": dict(a.gpu),
         "peaks": dict(a.peaks),
+        "kv_ledger": dict(a.kv_ledger),
         "log_dir": a.log_dir,
     }  # fmt: skip
 
