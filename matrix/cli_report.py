@@ -242,7 +242,7 @@ def register(cli: click.Group) -> None:
 
     @cli.group("export", cls=MatrixGroup)
     def export() -> None:
-        """Machine-readable results: JUnit XML, Markdown, JSON."""
+        """Machine-readable results: JUnit XML, Markdown, JSON, CSV."""
 
     def export_command(name: str, help_text: str, produce: Callable[[Session, Any], str | bytes]) -> None:
         @export.command(name, help=help_text)
@@ -284,6 +284,14 @@ def register(cli: click.Group) -> None:
         "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", markdown,
     )  # fmt: skip
     export_command("json", "Every cell in scope with its latest attempt, as JSON.", as_json)
+    export_command("csv", "One row per cell: pass rate with its Wilson 95 % interval, flaky and its history, "
+                   "median timings and KV-transfer figures of its passed attempts.", _csv)  # fmt: skip
+
+
+def _csv(session: Session, results: Any) -> str:
+    from matrix.report.export_csv import export_csv
+
+    return export_csv(session, results)
 
 
 def _seconds(iso: str | None) -> str:
