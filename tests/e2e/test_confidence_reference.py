@@ -94,3 +94,46 @@ def test_planted_slowdown_is_flagged_and_blocks_the_gate(matrix: Matrix) -> None
     # follow the host's load, which differs between the two runs on a shared machine.)
     lenient = json.loads(matrix("compare", "synth=1.0.0", "synth=1.1.0", "--json", "--threshold", "0.5").output)
     assert "request_s" not in lenient["cases"][0]["regressions"]
+    html = matrix.home / "compare.html"
+    assert matrix("compare", "synth=1.0.0", "synth=1.1.0", "--html", str(html)).exit_code == 0
+    page = html.read_text()
+    assert "Mann&ndash;Whitney" in page and "REGRESSION" in page and "request_s x1." in page
+
+
+def test_planted_flake_is_incomplete_at_three_and_no_go_with_enough_samples(matrix: Matrix) -> None:
+    flaky = 'MATRIX_REFERENCE_FAULTS = "flaky-start", MATRIX_REFERENCE_FLAKE_RATE = "0.3"'
+    setup_catalog(matrix, runtime("1.0.0") + runtime("2.0.0", flaky))
+    run(matrix, "2.0.0", 3)
+    gate = matrix("gate", "synth", "2.0.0", "--policy", "flake")
+    assert gate.exit_code == 3, gate.output  # INCOMPLETE: 3 samples are fewer than min_samples
+    assert gate.output.startswith("INCOMPLETE") and "few-samples" in gate.output
+    run(matrix, "2.0.0", 37)
+    gate = matrix("gate", "synth", "2.0.0", "--policy", "flake", "--json")
+    verdict = json.loads(gate.output)
+    rate = verdict["cells"][0]["pass_rate"]
+    assert rate["samples"] == 40 and rate["failed"] > 0, rate
+    # 30 % planted: P(at most 3 failures in 40) < 0.001, so a Wilson upper bound below 0.95 is all but certain.
+    assert rate["wilson_high"] < 0.95, rate
+    assert verdict["verdict"] == "NO-GO" and gate.exit_code == 1
+    assert any(r["kind"] == "low-pass-rate" for r in verdict["reasons"])
+    show = json.loads(matrix("show", "ref_timed@synth-2.0.0", "--json").output)
+    assert show["pass_rate"]["samples"] == 40 and show["pass_rate"]["flaky"] is True
+    exported = list(csv.DictReader(io.StringIO(matrix("export", "csv", "--runtime", "synth=2.0.0").output)))
+    assert exported[0]["samples"] == "40" and exported[0]["flaky"] == "True"
+    assert float(exported[0]["wilson_low"]) < float(exported[0]["pass_rate"]) < float(exported[0]["wilson_high"])
+    cells = json.loads(matrix("export", "json", "--runtime", "synth=2.0.0").output)["cells"]
+    assert cells[0]["pass_rate"]["samples"] == 40
+    report = matrix("report", "--out", str(matrix.home / "report"))
+    assert report.exit_code == 0, report.output
+    grid = (matrix.home / "report" / "index.html").read_text()
+    assert "pass " in grid and "95 % CI" in grid and "history " in grid
+
+
+def test_a_passed_reference_attempt_has_a_kv_ledger(matrix: Matrix) -> None:
+    setup_catalog(matrix, runtime("1.0.0"))
+    run(matrix, "1.0.0", 1)
+    shown = json.loads(matrix("show", "ref_timed@synth-1.0.0", "--json").output)
+    ledger = shown["kv_ledger"]
+    assert ledger["transfers"] == 1 and ledger["bytes"] > 0 and ledger["seconds"] > 0, ledger
+    assert ledger["gb_per_s"] > 0 and ledger["source"].startswith("reference at http://127.0.0.1:")
+    assert Path(shown["log_dir"], "metrics-decode.prom").is_file()
