@@ -12,7 +12,10 @@ medians past the threshold):
 Seeded samples: the same rule on lognormal samples (sigma 0.1) with a seeded RNG, 1000 trials each, A/A
 and +15 %, as the pure-statistics reference.
 
-Run: python tests/bench/bench_statistics.py [--repeat 60] [--n 30] [--trials 100]
+Runs are one campaign for the three runtimes, so their repeats interleave (`--sequential`: one campaign per
+runtime, one after the other, to measure what host-load drift does to an A/B comparison).
+
+Run: python tests/bench/bench_statistics.py [--repeat 60] [--n 30] [--trials 100] [--sequential]
 (appends to docs/benchmarks.md; docs/statistics.md quotes it)
 """
 
@@ -75,16 +78,19 @@ def matrix(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False, timeout=3600)  # fmt: skip
 
 
-def real_samples(repeat: int) -> tuple[dict[str, list[float]], float]:
+def real_samples(repeat: int, interleaved: bool) -> tuple[dict[str, list[float]], float]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         (home / "synth.toml").write_text(CATALOG)
         sync = matrix(home, "catalog", "sync", str(home / "synth.toml"), str(REPO / "data" / "markers.toml"))
         assert sync.returncode == 0, sync.stderr
         start = time.perf_counter()
-        for version in ("1.0.0", "1.0.1", "1.1.0"):
-            run = matrix(home, "run", "--runtime", f"synth={version}", "--repeat", str(repeat), "--no-report",
-                         "-q", "-j", "2")  # fmt: skip
+        if interleaved:  # one campaign: the repeats of the three runtimes take turns
+            runs = [["--runtime", "synth=1.0.0", "--runtime", "synth=1.0.1", "--runtime", "synth=1.1.0"]]
+        else:  # one campaign per runtime, one after the other
+            runs = [["--runtime", f"synth={version}"] for version in ("1.0.0", "1.0.1", "1.1.0")]
+        for chosen in runs:
+            run = matrix(home, "run", *chosen, "--repeat", str(repeat), "--no-report", "-q", "-j", "2")
             assert run.returncode == 0, run.stdout + run.stderr
         wall = time.perf_counter() - start
         with sqlite3.connect(home / "matrix.db") as conn:
@@ -131,18 +137,29 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=60, help="real attempts per runtime")
     parser.add_argument("--n", type=int, default=30, help="samples per side in each trial")
     parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--sequential", action="store_true", help="one campaign per runtime instead of one for all")
     opts = parser.parse_args()
-    samples, wall = real_samples(opts.repeat)
+    samples, wall = real_samples(opts.repeat, not opts.sequential)
     a, a2, b = samples["1.0.0"], samples["1.0.1"], samples["1.1.0"]
     median = {v: sorted(s)[len(s) // 2] for v, s in samples.items()}
     full = compare_metrics({"request_s": a[: opts.n]}, {"request_s": b[: opts.n]}, THRESHOLD, ALPHA)[0]
     aa_reg, aa_sig = trials(a, a2, opts.n, opts.trials, 1)
+    # One runtime against itself: two disjoint random halves of its own samples, per trial.
+    self_reg = self_sig = 0
+    rng = random.Random(5)
+    for _ in range(opts.trials):
+        shuffled = rng.sample(a, len(a))
+        regression, sig = flagged(shuffled[: opts.n], shuffled[opts.n : 2 * opts.n])
+        self_reg += regression
+        self_sig += sig
     ab_reg, ab_sig = trials(a, b, opts.n, opts.trials, 2)
     s_aa_reg, s_aa_sig = seeded(opts.n, 1000, 1.0, 3)
     s_ab_reg, _ = seeded(opts.n, 1000, 1.15, 4)
+    how = "one campaign per runtime, one after the other" if opts.sequential else "one campaign, repeats interleaved"
     lines = [
         f"\n## compare: regression flag error rates ({dt.date.today()}, tests/bench/bench_statistics.py)\n",
         f"Rule: Mann-Whitney p < {ALPHA} and ratio of medians past {THRESHOLD:.0%}; N = {opts.n} per side.",
+        f"Runs: {how}. "
         f"Real reference samples: {opts.repeat} passed attempts per runtime ({len(a)}/{len(a2)}/{len(b)} passed), "
         f"{wall:.0f} s of runs; median request time 1.0.0 {median['1.0.0'] * 1000:.1f} ms, 1.0.1 "
         f"{median['1.0.1'] * 1000:.1f} ms, 1.1.0 (+15 % planted) {median['1.1.0'] * 1000:.1f} ms.\n",
@@ -150,6 +167,8 @@ def main() -> None:
         "|---|---|---|---|---|",
         f"| A/A (1.0.0 vs 1.0.1) | real | {opts.trials} | {aa_reg} (false-positive rate {aa_reg / opts.trials:.0%}) "
         f"| {aa_sig} |",
+        f"| A/A (1.0.0 split in halves) | real | {opts.trials} | {self_reg} (false-positive rate "
+        f"{self_reg / opts.trials:.0%}) | {self_sig} |",
         f"| +15 % (1.0.0 vs 1.1.0) | real | {opts.trials} | {ab_reg} (false-negative rate "
         f"{1 - ab_reg / opts.trials:.0%}) | {ab_sig} |",
         f"| A/A | seeded lognormal | 1000 | {s_aa_reg} ({s_aa_reg / 10:.1f} %) | {s_aa_sig} |",

@@ -61,19 +61,20 @@ def setup_catalog(m: Matrix, runtimes: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def run(m: Matrix, version: str, repeat: int) -> None:
-    result = m.subprocess("run", "--runtime", f"synth={version}", "--repeat", str(repeat), "--no-report", "-q",
-                          "-j", "2", timeout=900)  # fmt: skip
+def run(m: Matrix, *versions: str, repeat: int) -> None:
+    """One campaign over the versions: their repeats interleave, so both sides share the host's load."""
+    chosen = [arg for version in versions for arg in ("--runtime", f"synth={version}")]
+    result = m.subprocess("run", *chosen, "--repeat", str(repeat), "--no-report", "-q", "-j", "2", timeout=900)
     assert result.returncode in (0, 1), result.stdout + result.stderr
-    rows = m.sql(f"SELECT count(*) FROM cell_run JOIN runtime ON runtime.id = cell_run.runtime_id "
-                 f"WHERE runtime.version = '{version}' AND cell_run.status IN ('passed', 'failed')")  # fmt: skip
-    assert rows[0][0] >= repeat
+    for version in versions:
+        rows = m.sql(f"SELECT count(*) FROM cell_run JOIN runtime ON runtime.id = cell_run.runtime_id "
+                     f"WHERE runtime.version = '{version}' AND cell_run.status IN ('passed', 'failed')")  # fmt: skip
+        assert rows[0][0] >= repeat
 
 
 def test_planted_slowdown_is_flagged_and_blocks_the_gate(matrix: Matrix) -> None:
     setup_catalog(matrix, runtime("1.0.0") + runtime("1.1.0", 'MATRIX_REFERENCE_FAULTS = "slow-request"'))
-    run(matrix, "1.0.0", 30)
-    run(matrix, "1.1.0", 30)
+    run(matrix, "1.0.0", "1.1.0", repeat=30)
     result = matrix("compare", "synth=1.0.0", "synth=1.1.0", "--json")
     assert result.exit_code == 0, result.output
     case = json.loads(result.output)["cases"][0]
@@ -103,11 +104,11 @@ def test_planted_slowdown_is_flagged_and_blocks_the_gate(matrix: Matrix) -> None
 def test_planted_flake_is_incomplete_at_three_and_no_go_with_enough_samples(matrix: Matrix) -> None:
     flaky = 'MATRIX_REFERENCE_FAULTS = "flaky-start", MATRIX_REFERENCE_FLAKE_RATE = "0.3"'
     setup_catalog(matrix, runtime("1.0.0") + runtime("2.0.0", flaky))
-    run(matrix, "2.0.0", 3)
+    run(matrix, "2.0.0", repeat=3)
     gate = matrix("gate", "synth", "2.0.0", "--policy", "flake")
     assert gate.exit_code == 3, gate.output  # INCOMPLETE: 3 samples are fewer than min_samples
     assert gate.output.startswith("INCOMPLETE") and "few-samples" in gate.output
-    run(matrix, "2.0.0", 37)
+    run(matrix, "2.0.0", repeat=37)
     gate = matrix("gate", "synth", "2.0.0", "--policy", "flake", "--json")
     verdict = json.loads(gate.output)
     rate = verdict["cells"][0]["pass_rate"]
@@ -131,7 +132,7 @@ def test_planted_flake_is_incomplete_at_three_and_no_go_with_enough_samples(matr
 
 def test_a_passed_reference_attempt_has_a_kv_ledger(matrix: Matrix) -> None:
     setup_catalog(matrix, runtime("1.0.0"))
-    run(matrix, "1.0.0", 1)
+    run(matrix, "1.0.0", repeat=1)
     shown = json.loads(matrix("show", "ref_timed@synth-1.0.0", "--json").output)
     ledger = shown["kv_ledger"]
     assert ledger["transfers"] == 1 and ledger["bytes"] > 0 and ledger["seconds"] > 0, ledger
