@@ -137,3 +137,24 @@ def test_repeat_plans_one_pending_row_per_repeat(matrix: Matrix) -> None:
     assert [attempt for _, attempt, _ in chosen] == [1, 2, 3, 4]
     rows = matrix.sql(f"SELECT attempt, status FROM cell_run WHERE campaign_id = {campaign_id} ORDER BY attempt")
     assert rows == [(1, "pending"), (2, "pending"), (3, "pending"), (4, "pending")]
+
+
+def test_repeats_take_turns_across_cells(matrix: Matrix) -> None:
+    """Every cell's first repeat, then every second one: compared runtimes share the host's load over time."""
+    from matrix.campaign import RunOptions, _selected_cells
+    from matrix.db.engine import create_db_engine, session_factory, transaction
+    from matrix.plan import Selection
+
+    sync(matrix)
+    engine = create_db_engine(f"sqlite:///{matrix.db_path}")
+    cases = ("reference_disaggregated", "reference_disaggregated_gpu")
+    try:
+        with transaction(session_factory(engine)) as session:
+            options = RunOptions(Selection(backends=("reference",), cases=cases), repeat=3)
+            _, chosen = _selected_cells(session, options, lambda _: None)
+            order = [(cell.case.name, attempt) for cell, attempt, _ in chosen]
+    finally:
+        engine.dispose()
+    first, second = sorted(cases)
+    assert sorted(order[:2]) == [(first, 1), (second, 1)]
+    assert [attempt for _, attempt in order] == [1, 1, 2, 2, 3, 3]
