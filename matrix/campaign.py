@@ -39,7 +39,7 @@ from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import CaseInfo, Cell, RuntimeInfo, Selection, plan_from_db
 from matrix.progress import Event, make_reporter
-from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign
+from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
@@ -81,6 +81,8 @@ class RunOptions:
     hooks: HostHooks | None = None
     # `--new`: only cells of runtimes that have no attempt at all yet (e.g. just added by `matrix discover`).
     new_only: bool = False
+    # `--repeat N`: every cell of a new campaign runs N times, each repeat its own attempt (1..N).
+    repeat: int = 1
 
 
 def _git_sha() -> str:
@@ -229,6 +231,11 @@ def _cells_with_latest(session: Session, campaign: Campaign) -> list[tuple[Cell,
     return out
 
 
+def _key(cell: Cell) -> tuple[int, int]:
+    assert cell.case.id is not None and cell.runtime.id is not None
+    return cell.case.id, cell.runtime.id
+
+
 def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[Cell, int, bool]]:
     """The cells of a running campaign that no runner has claimed yet, for `--join`."""
     campaign = session.get(Campaign, campaign_id)
@@ -240,7 +247,9 @@ def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[
             f"run its unfinished cells with `matrix run --resume {campaign_id}`"
         )
     cells = _cells_with_latest(session, campaign)
-    chosen = [(cell, max(attempt, 1), False) for cell, attempt, status in cells if status in ("", "pending")]
+    waiting = pending_attempts(session, campaign.id)
+    chosen = [(cell, n, False) for cell, _attempt, _status in cells for n in waiting.get(_key(cell), [])]
+    chosen += [(cell, 1, False) for cell, _attempt, status in cells if status == ""]
     echo(f"joining campaign {campaign.id}: {len(chosen)} of {len(cells)} cells not claimed yet")
     return chosen
 
@@ -255,11 +264,14 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         if campaign is None:
             raise ConfigError(f"no campaign {wanted}; see `matrix campaigns list`")
         cells = _cells_with_latest(session, campaign)
-        chosen = []
+        waiting = pending_attempts(session, campaign.id)
+        chosen: list[tuple[Cell, int, bool]] = []
         for cell, attempt, status in cells:
-            if status == "pending":  # never started (its runner died first): claim that row
-                chosen.append((cell, attempt, False))
-            elif options.resume is not None and status in ("", "interrupted", "not-run"):
+            # Never started (its runner died first): claim those rows (several under --repeat).
+            chosen.extend((cell, n, False) for n in waiting.get(_key(cell), []))
+            if status == "pending":
+                continue
+            if options.resume is not None and status in ("", "interrupted", "not-run"):
                 chosen.append((cell, attempt + 1, False))
             elif options.rerun_failed is not None and status in FAILED_STATUSES:
                 # An interruption says nothing about the cell: passing after one is not flaky.
@@ -290,8 +302,11 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     )
     session.add(campaign)
     session.flush()
-    add_pending_rows(session, campaign.id, planned)
-    return campaign.id, [(cell, 1, False) for cell in planned]
+    add_pending_rows(session, campaign.id, planned, repeat=options.repeat)
+    # Repeats round-robin over the cells (every cell's first repeat, then every second one...): runtimes
+    # compared with each other then share the host's load over time, instead of one running in a quiet
+    # hour and the other in a busy one (docs/statistics.md measured that drift).
+    return campaign.id, [(cell, n, False) for n in range(1, options.repeat + 1) for cell in planned]
 
 
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal, hooks: HostHooks) -> None:
@@ -312,6 +327,18 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
         say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
 
 
+def _check_repeat(options: RunOptions) -> None:
+    if options.repeat < 1:
+        raise ConfigError("--repeat must be at least 1")
+    if options.repeat > 1 and options.max_attempts > 1:
+        # A retry turns a failure into a later pass; repeats are there to count failures.
+        raise ConfigError("--repeat measures how often a cell fails, --max-attempts retries failures away: "
+                          "use one of them")  # fmt: skip
+    if options.repeat > 1 and (options.resume is not None or options.rerun_failed is not None or options.join):
+        raise ConfigError("--repeat plans the repeats of a new campaign; --resume/--rerun-failed/--join run the "
+                          "attempts a campaign already has: drop --repeat")  # fmt: skip
+
+
 def _check_executor_options(options: RunOptions) -> None:
     if options.executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {options.executor!r}; choose one of {', '.join(EXECUTORS)}")
@@ -328,6 +355,7 @@ def _check_executor_options(options: RunOptions) -> None:
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
     if options.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1")
+    _check_repeat(options)
     if options.jobs is not None and options.jobs < 1:
         raise ConfigError("--jobs must be at least 1")
     if options.json_events:  # stdout carries only JSON events then

@@ -66,6 +66,9 @@ class CellOutcome:
     unexpected_pass: bool = False
     # Passed after a failed attempt of the same cell; only the scheduler knows, so it sets this.
     flaky: bool = False
+    # The KV transfers the engines' own counters saw during the request (`matrix.check.ledger`): transfers,
+    # bytes, seconds and GB/s, with the counters they came from; empty when no engine exposes them.
+    kv_ledger: Mapping[str, Any] = field(default_factory=dict)
 
 
 _NONE = type(None)
@@ -95,6 +98,7 @@ STORED_COLUMNS: dict[str, tuple[type, ...]] = {
     "gpu": (dict,),
     "peaks": (dict,),
     "components": (dict,),
+    "kv_ledger": (dict,),
 }
 # Fields of `CellOutcome` that are not in STORED_COLUMNS, and why.
 NOT_STORED = {"queued_s": "only total_s is stored, without it", "log_dir": "stored, but a host path: it never travels"}

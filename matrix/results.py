@@ -70,6 +70,23 @@ def _iso(value: dt.datetime | None) -> str | None:
     return (value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)).isoformat()
 
 
+def _pass_rate(row: CellRun) -> dict[str, Any] | None:
+    """The pass rate of the row's case on its runtime over every attempt in the database (Wilson 95 %)."""
+    from sqlalchemy.orm import object_session
+
+    from matrix.report.stats import pass_rate
+
+    session = object_session(row)
+    if session is None:
+        return None
+    statuses = session.scalars(
+        select(CellRun.status)
+        .where(CellRun.case_id == row.case_id, CellRun.runtime_id == row.runtime_id)
+        .order_by(CellRun.id)
+    )
+    return pass_rate(list(statuses)).as_dict()
+
+
 def describe_cell(row: CellRun) -> dict[str, Any]:
     from pathlib import Path
 
@@ -104,6 +121,8 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
         "components": row.components,
         "gpu": row.gpu,
         "peaks": row.peaks,
+        "kv_ledger": row.kv_ledger,
+        "pass_rate": _pass_rate(row),
         "log_dir": row.log_dir,
         "logs": logs,
     }

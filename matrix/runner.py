@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.check import metrics
+from matrix.check import ledger, metrics
 from matrix.check.client import send_chat
 from matrix.check.validate import CheckFailure, validate_chat_response
 from matrix.errors import MatrixError
@@ -211,7 +211,8 @@ def _start_and_query(
 
 
 def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
-    before = metrics.baseline(plan.metrics_checks) if plan.metrics_checks else []
+    scraped_before: dict[int, str] = {}
+    before = metrics.baseline(plan.metrics_checks, scraped_before) if plan.metrics_checks else []
     response = send_chat(plan.request)
     if response.error is not None and response.error_kind != "oversized":
         return CellOutcome(
@@ -233,8 +234,13 @@ def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
         )
     validation = validate_chat_response(response.status_code, response.body)
     failures = list(validation.failures)
+    kv_ledger: dict[str, Any] = {}
     if plan.metrics_checks:
-        failures += metrics.judge(plan.metrics_checks, before, metrics.settle(plan.metrics_checks, before))
+        scraped_after: dict[int, str] = {}
+        after = metrics.settle(plan.metrics_checks, before, texts=scraped_after)
+        failures += metrics.judge(plan.metrics_checks, before, after)
+        urls = [check.url for check in plan.metrics_checks]
+        kv_ledger = ledger.ledger(urls, scraped_before, scraped_after)
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,
@@ -245,5 +251,6 @@ def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
         "completion_tokens": validation.completion_tokens,
         "finish_reason": validation.finish_reason,
         "completion_excerpt": validation.content_excerpt or "",
+        "kv_ledger": kv_ledger,
     }
     return checked(failures, **common)

@@ -82,9 +82,10 @@ def _record(checks: tuple[MetricsCheck, ...], texts: dict[int, str], prefix: str
                 path.with_name(prefix + path.name).write_text(texts[number], encoding="utf-8")
 
 
-def baseline(checks: tuple[MetricsCheck, ...]) -> list[dict[str, float] | str]:
-    """Counters before the request (kept as `before-<record>` beside the scrape after it)."""
-    texts: dict[int, str] = {}
+def baseline(checks: tuple[MetricsCheck, ...], texts: dict[int, str] | None = None) -> list[dict[str, float] | str]:
+    """Counters before the request (kept as `before-<record>` beside the scrape after it); `texts` receives
+    the scrapes themselves (the KV ledger reads them)."""
+    texts = {} if texts is None else texts
     before = snapshot(checks, texts=texts)
     _record(checks, texts, prefix="before-")
     return before
@@ -102,7 +103,10 @@ def grown(
 
 
 def settle(
-    checks: tuple[MetricsCheck, ...], before: list[dict[str, float] | str], window_s: float = SETTLE_S
+    checks: tuple[MetricsCheck, ...],
+    before: list[dict[str, float] | str],
+    window_s: float = SETTLE_S,
+    texts: dict[int, str] | None = None,
 ) -> list[dict[str, float] | str]:
     """Counters after the request, read again until they grew or `window_s` passed.
 
@@ -110,7 +114,7 @@ def settle(
     engine's stats), so a single read right after the response could miss a transfer that happened.
     """
     deadline = time.monotonic() + window_s
-    texts: dict[int, str] = {}
+    texts = {} if texts is None else texts
     after = snapshot(checks, texts=texts)
     while not grown(checks, before, after) and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_S)

@@ -58,6 +58,8 @@ def _comparison_rows(comparison: Comparison) -> list[tuple[str, ...]]:
 
 
 def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
+    from matrix.report.compare import statistics_dict
+
     def side(outcome: Any) -> dict[str, Any] | None:
         if outcome is None:
             return None
@@ -72,10 +74,28 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "counts": comparison.counts(),
         "cases": [
             {"case": row.case.name, "verdict": row.verdict, "a": side(row.a), "b": side(row.b),
-             "ratios": {"ready": row.ready_ratio, "request": row.request_ratio, "total": row.total_ratio}}
+             "ratios": {"ready": row.ready_ratio, "request": row.request_ratio, "total": row.total_ratio},
+             **statistics_dict(row)}
             for row in comparison.rows
         ],
+        "threshold": comparison.threshold,
+        "alpha": comparison.alpha,
+        "regressions": sum(len(row.regressions) for row in comparison.rows),
     }  # fmt: skip
+
+
+def significance_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--threshold` and `--alpha`: when a performance change counts as a regression (`compare`)."""
+    from matrix.report.perf import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+
+    command = click.option(
+        "--alpha", type=float, default=DEFAULT_ALPHA, show_default=True,
+        help="Significance level of the Mann-Whitney test.",
+    )(command)  # fmt: skip
+    return click.option(
+        "--threshold", type=float, default=DEFAULT_THRESHOLD, show_default=True,
+        help="A regression must also be worse than this fraction (0.10 = 10 %).",
+    )(command)  # fmt: skip
 
 
 @click.group("campaigns", cls=MatrixGroup)
@@ -135,20 +155,30 @@ def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
     help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
 )  # fmt: skip
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+@significance_options
 @json_option
 @with_session
-def compare_cmd(session: Session, a: str, b: str, component: str | None, html_out: Path | None, as_json: bool) -> None:
+def compare_cmd(
+    session: Session, a: str, b: str, component: str | None, html_out: Path | None, threshold: float, alpha: float,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Compare outcomes case by case: fixed, regressed, still failing, unchanged, new, missing.
 
     \b
     matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
     matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
-    Timing ratios are B over A (below 1 is faster).
+    Timing ratios are B over A (below 1 is faster). Per case: pass rates with Wilson 95 % intervals and,
+    per metric, the ratio of medians with a 95 % interval and a Mann-Whitney p-value (needs scipy:
+    pip install 'disagg-matrix[stats]'); a regression is significant (p < --alpha) and past --threshold.
     """
     from matrix.output import print_json, print_table
-    from matrix.report.compare import compare_components, compare_runtimes
+    from matrix.report.compare import compare_components, compare_runtimes, statistics_lines
 
-    comparison = compare_components(session, component, a, b) if component else compare_runtimes(session, a, b)
+    comparison = (
+        compare_components(session, component, a, b, threshold, alpha)
+        if component
+        else compare_runtimes(session, a, b, threshold, alpha)
+    )
     if html_out is not None:
         from matrix.report.render import render_compare
 
@@ -161,6 +191,7 @@ def compare_cmd(session: Session, a: str, b: str, component: str | None, html_ou
     print_table(columns, _comparison_rows(comparison), title=comparison.title)
     counts = comparison.counts()
     click.echo(", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either side")
+    click.echo("\n".join(statistics_lines(comparison)))
 
 
 @click.command("gate")
@@ -205,7 +236,7 @@ def gate_cmd(
 
 @click.group("export", cls=MatrixGroup)
 def export() -> None:
-    """Machine-readable results: JUnit XML, Markdown, JSON."""
+    """Machine-readable results: JUnit XML, Markdown, JSON, CSV."""
 
 
 def _export_command(name: str, help_text: str, produce: Callable[[Session, Any], str | bytes]) -> None:
@@ -252,6 +283,16 @@ _export_command(
     "`matrix export markdown >> \"$GITHUB_STEP_SUMMARY\"`.", _markdown,
 )  # fmt: skip
 _export_command("json", "Every cell in scope with its latest attempt, as JSON.", _json)
+
+
+def _csv(session: Session, results: Any) -> str:
+    from matrix.report.export_csv import export_csv
+
+    return export_csv(session, results)
+
+
+_export_command("csv", "One row per cell: pass rate with its Wilson 95 % interval, flaky and its history, "
+                "median timings and KV-transfer figures of its passed attempts.", _csv)  # fmt: skip
 
 
 def register(cli: click.Group) -> None:

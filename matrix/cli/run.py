@@ -76,6 +76,10 @@ def plan_cmd(
     show_default=True,
     help="Retry startup/health/infra failures (never validation failures) up to N attempts.",
 )
+@click.option(
+    "--repeat", type=int, default=1, show_default=True, metavar="N",
+    help="Run each cell N times, each a separate attempt (pass rates with Wilson intervals; timing samples).",
+)  # fmt: skip
 @click.option("-x", "--fail-fast", is_flag=True, help="Start no new cell after the first failure.")
 @click.option("--resume", type=int, metavar="CAMPAIGN", help="Run the cells of CAMPAIGN that have no finished attempt.")
 @click.option(
@@ -118,7 +122,7 @@ def plan_cmd(
               help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
 @pass_app
 def run_cmd(
-    app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, fail_fast: bool,
+    app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, repeat: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
@@ -168,7 +172,7 @@ def run_cmd(
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
-        new_only=new_only,
+        new_only=new_only, repeat=repeat,
     )  # fmt: skip
     from matrix.output import echo
 

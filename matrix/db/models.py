@@ -292,6 +292,8 @@ class CellRun(Base):
     gpu: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     peaks: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     components: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # {"transfers", "bytes", "seconds", "gb_per_s", "source"}: the KV-transfer ledger (`matrix.check.ledger`).
+    kv_ledger: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
     campaign: Mapped[Campaign] = relationship(back_populates="cells")
     case: Mapped[Case] = relationship()

@@ -9,6 +9,9 @@ from collections.abc import Iterable, Mapping
 FAULTS_ENV = "MATRIX_REFERENCE_FAULTS"
 # The probability with which `flaky-start` crashes a start (0..1).
 FLAKE_RATE_ENV = "MATRIX_REFERENCE_FLAKE_RATE"
+# How much `slow-request` slows each chat completion, as a fraction of its own serving time (0.15: +15 %).
+SLOWDOWN_ENV = "MATRIX_REFERENCE_SLOWDOWN"
+DEFAULT_SLOWDOWN = 0.15
 # File whose existence tells `crash-once` that the first start already crashed (shared by attempts).
 STATE_ENV = "MATRIX_REFERENCE_STATE"
 
@@ -19,6 +22,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "flaky-start": "the prefill worker crashes at start with probability $MATRIX_REFERENCE_FLAKE_RATE (default 1): "
     "a flaky break to bisect",
     "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
+    "slow-request": "the frontend holds each chat completion for $MATRIX_REFERENCE_SLOWDOWN (default 0.15) times "
+    "the time it took to serve it: a planted performance regression (+15 % request latency)",
     "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
     "same-worker-id": "the frontend reports the prefill worker id as the decode id too (aggregated)",
     "empty-completion": "the frontend returns an empty content string (usage etc. still present)",
@@ -58,8 +63,18 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "oversized-body",
         "ignore-sigterm",
         "hostile-output",
+        "slow-request",
     }
 )
+
+
+def slowdown(env: Mapping[str, str]) -> float:
+    """The `slow-request` fraction from the environment; a bad value is the default (the fault is a test aid)."""
+    try:
+        value = float(env.get(SLOWDOWN_ENV, DEFAULT_SLOWDOWN))
+    except ValueError:
+        return DEFAULT_SLOWDOWN
+    return value if 0.0 <= value <= 100.0 else DEFAULT_SLOWDOWN
 
 
 class UnknownFaultError(ValueError):

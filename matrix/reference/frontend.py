@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from matrix.reference.eventlog import EventLog
-from matrix.reference.faults import FRONTEND_FAULTS
+from matrix.reference.faults import FRONTEND_FAULTS, slowdown
 from matrix.reference.http import (
     AppServer,
     HTTPError,
@@ -210,6 +210,10 @@ class FrontendApp:
             f"stream={stream} ms={(time.monotonic() - started) * 1000:.1f}"
         )
 
+        if "slow-request" in faults:
+            # The planted regression: the whole answer (first byte included) comes later by a fraction of the
+            # time it took, so request time and TTFT grow by that fraction, as a slower engine's would.
+            time.sleep((time.monotonic() - started) * slowdown(os.environ))
         if "non-json-body" in faults:
             req.send_bytes(200, b"Internal Server Error: engine returned no result\n", "text/plain; charset=utf-8")
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TypeGuard
@@ -54,9 +55,15 @@ class WorkerApp:
         self.pool = pool
         self.instance_id = instance_id
         self.log = log
+        # The KV-transfer counters decode publishes on /metrics, named and shaped like an engine's, so the
+        # KV ledger (`matrix.check.ledger`) reads the reference server as it reads vLLM and SGLang.
+        self._kv_lock = threading.Lock()
+        self.kv_transfers = 0
+        self.kv_bytes = 0
+        self.kv_seconds = 0.0
 
     def routes(self) -> dict[tuple[str, str], Route]:
-        table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health}
+        table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health, ("GET", "/metrics"): self.metrics}
         if self.cfg.role == "prefill":
             table["POST", "/prefill"] = self.prefill
         else:
@@ -74,6 +81,22 @@ class WorkerApp:
                 "kv_free_bytes": self.pool.free_bytes,
             },
         )
+
+    def metrics(self, req: JSONHandler) -> None:
+        with self._kv_lock:
+            transfers, size, seconds = self.kv_transfers, self.kv_bytes, self.kv_seconds
+        lines = [
+            "# HELP matrix_reference:kv_transfers_total KV transfers decode pulled over the side channel.",
+            "# TYPE matrix_reference:kv_transfers_total counter",
+            f'matrix_reference:kv_transfers_total{{role="{self.cfg.role}"}} {transfers}',
+            "# HELP matrix_reference:kv_transfer_bytes_total Bytes of KV cache decode pulled.",
+            "# TYPE matrix_reference:kv_transfer_bytes_total counter",
+            f'matrix_reference:kv_transfer_bytes_total{{role="{self.cfg.role}"}} {size}',
+            "# HELP matrix_reference:kv_transfer_seconds_total Seconds decode spent pulling KV cache.",
+            "# TYPE matrix_reference:kv_transfer_seconds_total counter",
+            f'matrix_reference:kv_transfer_seconds_total{{role="{self.cfg.role}"}} {seconds!r}',
+        ]
+        req.send_bytes(200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def prefill(self, req: JSONHandler) -> None:
         body = req.read_json_object()
@@ -165,6 +188,7 @@ class WorkerApp:
 
     def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
+        began = time.perf_counter()
         try:
             got_blocks, block_bytes, data = pull_blocks(host, port, handle)
             if block_bytes != self.cfg.block_bytes:
@@ -177,6 +201,10 @@ class WorkerApp:
         except KVTransferError as exc:
             self.log(f"decode handle={handle} KV transfer failed: {exc}")
             raise HTTPError(502, f"KV transfer failed: {exc}", "kv_transfer_error") from exc
+        with self._kv_lock:
+            self.kv_transfers += 1
+            self.kv_bytes += len(data)
+            self.kv_seconds += time.perf_counter() - began
         return data
 
 

@@ -3,6 +3,11 @@
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
 version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
 attempt of that case on any of the side's runtimes (the newest row wins, across campaigns).
+
+Beyond the verdict, each case carries each side's pass rate over all its informative attempts (Wilson 95 %
+interval; flaky when a side both passed and failed) and, per metric, B against A as a ratio of medians with
+a 95 % interval and a Mann-Whitney p-value; a metric regresses only when the change is both significant
+and past the threshold (`matrix.report.perf`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ from matrix.report.data import (
     load_cases,
     load_runtimes,
 )
+from matrix.report.perf import (
+    DEFAULT_ALPHA,
+    DEFAULT_THRESHOLD,
+    MetricVerdict,
+    Samples,
+    check_thresholds,
+    compare_metrics,
+    load_samples,
+    pooled,
+)
+from matrix.report.stats import PassRate, pass_rate
 from matrix.versions import parse_version
 
 __all__ = [
@@ -40,6 +56,7 @@ __all__ = [
     "runtime_side",
 ]
 
+NO_RATE = PassRate(0, 0, "")
 # Most newsworthy first: the order of rows in tables.
 VERDICTS = ("regressed", "fixed", "still failing", "new", "missing", "unchanged")
 
@@ -74,6 +91,15 @@ class ComparisonRow:
     ready_ratio: float | None
     request_ratio: float | None
     total_ratio: float | None
+    # Every informative attempt of the case on each side (repeats, retries, campaigns): pass rate, Wilson.
+    rate_a: PassRate = NO_RATE
+    rate_b: PassRate = NO_RATE
+    # Each metric both sides have samples of, B against A, with significance (`matrix.report.perf`).
+    performance: tuple[MetricVerdict, ...] = ()
+
+    @property
+    def regressions(self) -> tuple[MetricVerdict, ...]:
+        return tuple(m for m in self.performance if m.regression)
 
 
 @dataclass(frozen=True)
@@ -81,6 +107,8 @@ class Comparison:
     a: Side
     b: Side
     rows: tuple[ComparisonRow, ...]
+    threshold: float = DEFAULT_THRESHOLD
+    alpha: float = DEFAULT_ALPHA
 
     @property
     def title(self) -> str:
@@ -142,12 +170,34 @@ def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Out
     return chosen
 
 
-def compare(cases: Mapping[int, CaseView], a: Side, b: Side, attempts: Sequence[AttemptRow]) -> Comparison:
-    """Compare side `a` (older) with side `b` (newer) over `attempts` (oldest first)."""
+def _statuses(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    for attempt in attempts:
+        if attempt.runtime_id in side.runtime_ids:
+            found.setdefault(attempt.case_id, []).append(attempt.status)
+    return found
+
+
+def compare(
+    cases: Mapping[int, CaseView],
+    a: Side,
+    b: Side,
+    attempts: Sequence[AttemptRow],
+    samples: Mapping[tuple[int, int], Samples] | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+) -> Comparison:
+    """Compare side `a` (older) with side `b` (newer) over `attempts` (oldest first); with `samples`
+    (`perf.load_samples`), each case's metrics too, regressions judged by `threshold` and `alpha`."""
     side_a, side_b = _latest_by_case(a, attempts), _latest_by_case(b, attempts)
+    statuses_a, statuses_b = _statuses(a, attempts), _statuses(b, attempts)
     rows = []
     for case_id in side_a.keys() | side_b.keys():
         oa, ob = side_a.get(case_id), side_b.get(case_id)
+        performance: tuple[MetricVerdict, ...] = ()
+        if samples is not None:
+            performance = tuple(compare_metrics(pooled(samples, case_id, a.runtime_ids),
+                                                pooled(samples, case_id, b.runtime_ids), threshold, alpha))  # fmt: skip
         rows.append(
             ComparisonRow(
                 case=cases[case_id],
@@ -157,10 +207,36 @@ def compare(cases: Mapping[int, CaseView], a: Side, b: Side, attempts: Sequence[
                 ready_ratio=_timing_ratio(oa, ob, "ready_s"),
                 request_ratio=_timing_ratio(oa, ob, "request_s"),
                 total_ratio=_timing_ratio(oa, ob, "total_s"),
+                rate_a=pass_rate(statuses_a.get(case_id, [])),
+                rate_b=pass_rate(statuses_b.get(case_id, [])),
+                performance=performance,
             )
         )
     rows.sort(key=lambda r: (VERDICTS.index(r.verdict), r.case.name))
-    return Comparison(a, b, tuple(rows))
+    return Comparison(a, b, tuple(rows), threshold, alpha)
+
+
+def statistics_lines(comparison: Comparison) -> list[str]:
+    """Pass rates and performance per case, for a terminal (after the verdict table)."""
+    lines = [f"pass rates (Wilson 95 %) and performance, B over A; a regression is significant at p < "
+             f"{comparison.alpha:g} and worse by more than {100 * comparison.threshold:g} %:"]  # fmt: skip
+    for row in comparison.rows:
+        flaky = [side for side, rate in (("A", row.rate_a), ("B", row.rate_b)) if rate.flaky]
+        note = f"  flaky on {' and '.join(flaky)}: " + ", ".join(
+            f"{side} {rate.history}" for side, rate in (("A", row.rate_a), ("B", row.rate_b)) if rate.flaky
+        ) if flaky else ""  # fmt: skip
+        lines.append(f"  {row.case.name}: A {row.rate_a.text()}; B {row.rate_b.text()}{note}")
+        lines.extend(f"    {metric.text()}" for metric in row.performance)
+    regressions = sum(len(row.regressions) for row in comparison.rows)
+    lines.append(f"{regressions} performance regression(s)")
+    return lines
+
+
+def statistics_dict(row: ComparisonRow) -> dict[str, object]:
+    """A case's pass rates and metrics, for `compare --json`."""
+    return {"pass_rate": {"a": row.rate_a.as_dict(), "b": row.rate_b.as_dict()},
+            "performance": [metric.as_dict() for metric in row.performance],
+            "regressions": [metric.comparison.metric for metric in row.regressions]}  # fmt: skip
 
 
 def parse_runtime_spec(text: str) -> tuple[str, str]:
@@ -198,20 +274,31 @@ def component_side(runtimes: Sequence[RuntimeView], component: str, version: str
     return Side(f"{component} {wanted}", chosen)
 
 
-def _compare_sides(session: Session, a: Side, b: Side) -> Comparison:
+def _compare_sides(session: Session, a: Side, b: Side, threshold: float, alpha: float) -> Comparison:
+    check_thresholds(threshold, alpha)
     cases = {c.id: c for c in load_cases(session)}
     ids = sorted(a.runtime_ids | b.runtime_ids)
     attempts = list(iter_attempt_rows(session, [CellRun.runtime_id.in_(ids)]))
-    return compare(cases, a, b, attempts)
+    return compare(cases, a, b, attempts, load_samples(session, ids), threshold, alpha)
 
 
-def compare_runtimes(session: Session, a: str, b: str) -> Comparison:
+def compare_runtimes(
+    session: Session, a: str, b: str, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA
+) -> Comparison:
     """`matrix compare vllm=0.29.0 vllm=0.30.0`."""
     runtimes = load_runtimes(session)
-    return _compare_sides(session, runtime_side(runtimes, a), runtime_side(runtimes, b))
+    return _compare_sides(session, runtime_side(runtimes, a), runtime_side(runtimes, b), threshold, alpha)
 
 
-def compare_components(session: Session, component: str, a: str, b: str) -> Comparison:
+def compare_components(
+    session: Session,
+    component: str,
+    a: str,
+    b: str,
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+) -> Comparison:
     """`matrix compare --component vllm-rs 0.29.0 0.30.0`."""
     runtimes = load_runtimes(session)
-    return _compare_sides(session, component_side(runtimes, component, a), component_side(runtimes, component, b))
+    sides = component_side(runtimes, component, a), component_side(runtimes, component, b)
+    return _compare_sides(session, *sides, threshold, alpha)

@@ -209,13 +209,14 @@ class AttemptDetail(NamedTuple):
     gpu: Mapping[str, Any]
     peaks: Mapping[str, Any]
     components: Mapping[str, Any]
+    kv_ledger: Mapping[str, Any]
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED_STATUSES
 
 
-_JSON_FIELDS = ("checks", "ports", "exit_codes", "gpu", "peaks", "components")
+_JSON_FIELDS = ("checks", "ports", "exit_codes", "gpu", "peaks", "components", "kv_ledger")
 _DATETIME_FIELDS = ("started_at", "finished_at")
 _DETAIL_FIELDS = AttemptDetail._fields
 _DETAIL_COLUMNS = tuple(

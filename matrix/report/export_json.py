@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from matrix.report.data import AttemptDetail, ResultCell, Results, latest, load_details
+from matrix.report.stats import pass_rate
 from matrix.report.text import clean
 
 __all__ = ["export_json", "iter_cell_dicts"]
@@ -53,6 +54,7 @@ def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
         "components": dict(a.components),
         "gpu": dict(a.gpu),
         "peaks": dict(a.peaks),
+        "kv_ledger": dict(a.kv_ledger),
         "log_dir": a.log_dir,
     }  # fmt: skip
 
@@ -66,6 +68,8 @@ def _cell_dict(cell: ResultCell, attempts: list[AttemptDetail]) -> dict[str, Any
         "version": cell.runtime.version,
         "status": last.status if last else None,
         "attempts": len(attempts),
+        # Every informative attempt in scope: passes and the cell's own failures, Wilson 95 % interval.
+        "pass_rate": pass_rate([a.status for a in attempts]).as_dict(),
         "missing_fixes": [clean(why) for why in cell.missing],
         "latest": attempt_dict(last) if last else None,
     }

@@ -18,6 +18,15 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    make (0.30.0 is compared with 0.29.0, not with 0.29.1rc1.dev347). Under `regressions_block` (the
    default) a regression blocks even when a waiver covers its failure.
 5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
+6. Under `min_pass_rate` (with `min_samples`, default 1) rules 2, 3 and 5 judge the pass rate over every
+   informative attempt of the cell on this runtime (repeats, retries, campaigns) instead of the latest
+   attempt: fewer than `min_samples` samples is incomplete evidence; a Wilson 95 % lower bound at or
+   above `min_pass_rate` passes; an upper bound below it fails (blocks unless waived); a bound on each
+   side is inconclusive: incomplete evidence, run more repeats. A rate rule needs many samples: 30 of 30
+   passes only show a rate above 0.89 (`docs/statistics.md`).
+7. Under `max_slowdown` (a fraction, 0.10 = 10 %) each required cell's passed attempts are compared with
+   the previous release's, metric by metric (`matrix.report.perf`): a change worse than `max_slowdown`
+   that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`).
 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
@@ -52,6 +61,8 @@ from matrix.report.data import (
     load_cases,
     load_runtimes,
 )
+from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
+from matrix.report.stats import PassRate, pass_rate
 from matrix.report.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
@@ -60,13 +71,21 @@ __all__ = [
     "gate_text",
 ]  # fmt: skip
 
+NO_RATE = PassRate(0, 0, "")
 # `matrix gate` exit code per verdict (2 is bad input, as for every command).
 EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3}
 # Blocking findings that mean "evidence missing" rather than "something is wrong".
-INCOMPLETE_KINDS = frozenset({"not-run"})
+INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive"})
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
-KNOWN_RULES: Mapping[str, bool] = {"flaky_blocks": False, "regressions_block": True}
+KNOWN_RULES: Mapping[str, Any] = {
+    "flaky_blocks": False,
+    "regressions_block": True,
+    "min_pass_rate": None,
+    "min_samples": 1,
+    "max_slowdown": None,
+    "perf_alpha": DEFAULT_ALPHA,
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,15 @@ class Policy:
     description: str
     flaky_blocks: bool
     regressions_block: bool
+    min_pass_rate: float | None = None
+    min_samples: int = 1
+    max_slowdown: float | None = None
+    perf_alpha: float = DEFAULT_ALPHA
+
+    def rules(self) -> dict[str, Any]:
+        return {"flaky_blocks": self.flaky_blocks, "regressions_block": self.regressions_block,
+                "min_pass_rate": self.min_pass_rate, "min_samples": self.min_samples,
+                "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +150,8 @@ class GateCell:
     waiver: WaiverView | None
     expired_waivers: tuple[WaiverView, ...]
     blocking: bool
+    # Every informative attempt on this runtime: what `min_pass_rate` judges (shown under any policy).
+    rate: PassRate = NO_RATE
 
     @property
     def status(self) -> str:
@@ -178,12 +208,12 @@ class GateResult:
             "passed": self.passed,
             "backend": self.runtime.backend,
             "version": self.runtime.version,
-            "policy": {"name": self.policy.name, "expression": self.policy.expression,
-                       "flaky_blocks": self.policy.flaky_blocks, "regressions_block": self.policy.regressions_block},
+            "policy": {"name": self.policy.name, "expression": self.policy.expression, **self.policy.rules()},
             "previous_release": self.previous.version if self.previous else None,
             "reasons": [{"kind": r.kind, "case": r.case, "message": r.message, "blocking": r.blocking}
                         for r in self.reasons],
             "cells": [{"case": c.case.name, "status": c.status, "flaky": bool(c.attempt and c.attempt.flaky),
+                       "pass_rate": c.rate.as_dict(),
                        "previous": c.previous.status if c.previous else None, "missing_fixes": list(c.missing),
                        "waived": c.waiver is not None, "blocking": c.blocking} for c in self.cells],
             "not_required": [{"case": case, "why": why} for case, why in self.not_required],
@@ -203,10 +233,37 @@ def _policy(session: Session, name: str) -> Policy:
             f"gate policy {name!r} has unknown rule(s) {', '.join(unknown)}; known rules: {', '.join(KNOWN_RULES)}"
         )
     for key, value in rules.items():
-        if not isinstance(value, bool):
-            raise ConfigError(f"gate policy {name!r}: rule {key} must be true or false, got {value!r}")
+        _check_rule(name, key, value)
     values = {**KNOWN_RULES, **rules}
-    return Policy(row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"])
+    return Policy(
+        row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"],
+        _float(values["min_pass_rate"]), int(values["min_samples"]), _float(values["max_slowdown"]),
+        float(values["perf_alpha"]),
+    )  # fmt: skip
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+# Numeric rules: (smallest, largest, what it means) for the error message.
+_NUMERIC_RULES: Mapping[str, tuple[float, float, str]] = {
+    "min_pass_rate": (0.0, 1.0, "a pass rate from 0 to 1 (0.95: the Wilson lower bound must reach 95 %)"),
+    "min_samples": (1, 1_000_000, "a whole number of attempts, at least 1"),
+    "max_slowdown": (0.0, 10.0, "a fraction from 0 to 10 (0.10: 10 % worse)"),
+    "perf_alpha": (1e-9, 0.5, "a significance level above 0 and at most 0.5 (e.g. 0.01)"),
+}
+
+
+def _check_rule(policy: str, key: str, value: Any) -> None:
+    if key in _NUMERIC_RULES:
+        low, high, meaning = _NUMERIC_RULES[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        whole = key != "min_samples" or isinstance(value, int)
+        if not (number and whole and low <= value <= high):
+            raise ConfigError(f"gate policy {policy!r}: rule {key} must be {meaning}, got {value!r}")
+    elif not isinstance(value, bool):
+        raise ConfigError(f"gate policy {policy!r}: rule {key} must be true or false, got {value!r}")
 
 
 def _find_runtime(runtimes: Sequence[RuntimeView], backend: str, version: str) -> RuntimeView:
@@ -275,6 +332,7 @@ def evaluate_gate(
         waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
 
     skips = _skip_messages(session, history.values())
+    samples = load_samples(session, runtime_ids) if policy.max_slowdown is not None else {}
     reasons: list[Reason] = []
     cells: list[GateCell] = []
     for case in required:
@@ -284,14 +342,20 @@ def evaluate_gate(
         applicable = [w for w in waivers.get(case.id, []) if w.admits(runtime.version)]
         valid = next((w for w in applicable if not w.expired(today)), None)
         expired = tuple(w for w in applicable if w.expired(today))
-        found = _judge(case, runtime, previous, policy, now, before, valid, expired, skips)
+        rate = pass_rate([a.status for a in attempts])
+        if policy.min_pass_rate is None:
+            found = _judge(case, runtime, previous, policy, now, before, valid, expired, skips)
+        else:
+            found = _judge_rate(case, runtime, policy, rate, valid, expired)
+        if policy.max_slowdown is not None and previous is not None:
+            found.extend(_slowdowns(case, runtime, previous, policy, samples))
         skip = later_skip(attempts, now)
         if skip is not None and now is not None:
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
                                 f"attempt of campaign {now.campaign_id}, which decides: a skip proves nothing", False))
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
-        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found)))
+        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
     if not required:
         reasons.append(
             Reason("no-cases", "", f"policy {policy.name} ({policy.expression}) selects no case that applies to "
@@ -349,6 +413,61 @@ def _judge(
                    f"{runtime.version}{note}", blocks or waiver is None)
         )  # fmt: skip
     return found
+
+
+def _judge_rate(
+    case: CaseView,
+    runtime: RuntimeView,
+    policy: Policy,
+    rate: PassRate,
+    waiver: WaiverView | None,
+    expired: tuple[WaiverView, ...],
+) -> list[Reason]:
+    """Every finding for one required cell under `min_pass_rate` (rule 6)."""
+    name = case.name
+    wanted = policy.min_pass_rate or 0.0
+    found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
+    for w in expired:
+        found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
+    history = f" (history {rate.history})" if rate.flaky else ""
+    if rate.samples < policy.min_samples:
+        found.append(Reason("few-samples", name, f"{rate.text()} on {runtime.label}: fewer than min_samples = "
+                            f"{policy.min_samples}; incomplete evidence, run more (`matrix run --repeat N`)", True))
+        return found  # fmt: skip
+    low, high = rate.interval
+    if low >= wanted:
+        if rate.flaky:
+            found.append(Reason("flaky", name, f"{rate.text()}: flaky{history}, above min_pass_rate "
+                                f"{wanted:g}", policy.flaky_blocks))  # fmt: skip
+        return found
+    if high >= wanted:
+        found.append(Reason("inconclusive", name, f"{rate.text()}{history}: cannot tell whether the pass rate "
+                            f"reaches min_pass_rate {wanted:g}; run more repeats", True))  # fmt: skip
+        return found
+    text = f"{rate.text()}{history}: below min_pass_rate {wanted:g} (even the Wilson upper bound)"
+    if waiver is None:
+        found.append(Reason("low-pass-rate", name, f"{text} on {runtime.label}", True))
+    else:
+        found.append(Reason("waived", name, f"{text}, excused by {waiver.describe()}", False))
+    return found
+
+
+def _slowdowns(
+    case: CaseView,
+    runtime: RuntimeView,
+    previous: RuntimeView,
+    policy: Policy,
+    samples: Mapping[tuple[int, int], Mapping[str, list[float]]],
+) -> list[Reason]:
+    """Metrics significantly worse than on the previous release by more than `max_slowdown` (rule 7)."""
+    before = dict(samples.get((case.id, previous.id), {}))
+    now = dict(samples.get((case.id, runtime.id), {}))
+    found = []
+    for metric in compare_metrics(before, now, policy.max_slowdown or 0.0, policy.perf_alpha):
+        if metric.regression:
+            found.append(Reason("slowdown", case.name, f"{metric.text()} against {previous.version} "
+                                f"(max_slowdown {policy.max_slowdown:g}, alpha {policy.perf_alpha:g})", True))
+    return found  # fmt: skip
 
 
 def _skip_messages(session: Session, histories: Iterable[Sequence[AttemptRow]]) -> dict[int, str]:

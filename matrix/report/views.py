@@ -17,6 +17,7 @@ from matrix.outcome import FAILED_STATUSES
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
+from matrix.report.stats import pass_rate
 from matrix.report.text import clean, printable, shorten
 from matrix.report.trend import Trend, trend
 
@@ -117,6 +118,10 @@ def counts_text(statuses: Iterable[str]) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in order) or "no results"
 
 
+# The newest outcomes of a flaky cell shown in the grid ("P" pass, "F" failure, oldest first).
+HISTORY_LIMIT = 12
+
+
 def _grid_cell(
     cell: ResultCell | None, runtime: RuntimeView, case: CaseView, excluded: str | None, reasons: Mapping[int, str]
 ) -> GridCell:
@@ -144,8 +149,16 @@ def _grid_cell(
         detail += f": {reason}"
     if last.attempt > 1:
         notes.append(f"attempt {last.attempt}")
-    if last.flaky:
+    rate = pass_rate([a.status for a in cell.attempts])
+    if rate.samples > 1:
+        # Several samples (repeats, retries, campaigns): how often it passes and how sure that is.
+        low, high = rate.interval
+        notes.append(f"pass {rate.passed}/{rate.samples} (95 % CI {100 * low:.0f}-{100 * high:.0f} %)")
+        detail += f"; {rate.text()}"
+    if last.flaky or rate.flaky:
         notes.append("flaky")
+    if rate.flaky:
+        notes.append(f"history {rate.history[-HISTORY_LIMIT:]}")
     if last.unexpected_pass:
         notes.append("unexpected pass")
     skip = cell.later_skip

@@ -66,14 +66,16 @@ def new_cell_row(
     return row
 
 
-def add_pending_rows(session: Session, campaign_id: int, cells: Iterable[Cell]) -> None:
-    """A `pending` attempt-1 row per cell, in the caller's transaction (the one creating the campaign)."""
-    values = []
+def add_pending_rows(session: Session, campaign_id: int, cells: Iterable[Cell], repeat: int = 1) -> None:
+    """`pending` rows for attempts 1..`repeat` of every cell, in the caller's transaction (the one creating
+    the campaign). Each repeat is an attempt like any other: claimed, run and recorded on its own."""
+    values: list[dict[str, Any]] = []
     for cell in cells:
         case_id, runtime_id = _ids(cell)
-        values.append(
+        values.extend(
             {"uid": new_uid(), "campaign_id": campaign_id, "case_id": case_id, "runtime_id": runtime_id,
-             "attempt": 1, "status": "pending", "checks": []}
+             "attempt": attempt, "status": "pending", "checks": []}
+            for attempt in range(1, repeat + 1)
         )  # fmt: skip
     if values:
         session.execute(insert(CellRun), values)
@@ -125,6 +127,19 @@ def claim_attempt(
             return uid, row.id
     except IntegrityError:
         return None
+
+
+def pending_attempts(session: Session, campaign_id: int) -> dict[tuple[int, int], list[int]]:
+    """(case id, runtime id) -> the attempt numbers still `pending` in a campaign (never started)."""
+    found: dict[tuple[int, int], list[int]] = {}
+    rows = session.execute(
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt)
+        .where(CellRun.campaign_id == campaign_id, CellRun.status == "pending")
+        .order_by(CellRun.attempt)
+    )
+    for case_id, runtime_id, attempt in rows:
+        found.setdefault((case_id, runtime_id), []).append(attempt)
+    return found
 
 
 def latest_statuses(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:

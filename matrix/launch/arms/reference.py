@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from matrix.check.specs import MetricsCheck
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
@@ -74,4 +75,12 @@ class ReferenceArm:
             startup_timeout_s=ctx.case.startup_timeout_s,
             teardown_grace_s=float(launch.get("teardown_grace_s", 3.0)),
             gpu_ids=ctx.gpu_ids,
+            metrics_checks=(decode_metrics(ctx),),
         )
+
+
+def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
+    """Decode's KV counters, scraped around the request for the KV ledger only: no counter is required to
+    grow (the reference pair proves its transfer by checksum), so every verdict stays as it was."""
+    url = loopback_url(ctx.ports["decode_http"], "/metrics")
+    return MetricsCheck(url, (), record=str(ctx.work_dir / "metrics-decode.prom"))

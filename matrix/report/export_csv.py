@@ -1,0 +1,58 @@
+"""`matrix export csv`: one row per cell in scope with its pass rate (Wilson 95 % interval), flakiness and
+median timings over its passed attempts, for spreadsheets and dashboards.
+
+Every value is plain text a spreadsheet cannot take for a formula (`=`, `+`, `-`, `@` first are quoted
+with a leading apostrophe: CSV injection).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+
+from sqlalchemy.orm import Session
+
+from matrix.report.data import Results
+from matrix.report.perf import METRICS, load_samples
+from matrix.report.stats import pass_rate
+from matrix.report.text import clean
+
+__all__ = ["COLUMNS", "export_csv"]
+
+COLUMNS = (
+    "case", "backend", "version", "status", "samples", "passed", "failed", "pass_rate", "wilson_low",
+    "wilson_high", "flaky", "history", *(f"median_{metric}" for metric in METRICS),
+)  # fmt: skip
+
+
+def _safe(value: object) -> str:
+    text = clean("" if value is None else str(value))
+    return "'" + text if text[:1] in ("=", "+", "-", "@") and not _is_number(text) else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def export_csv(session: Session, results: Results) -> str:
+    samples = load_samples(session, [r.id for r in results.runtimes])
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for runtime in results.runtimes:
+        for cell in results.cells_of_runtime(runtime.id):
+            rate = pass_rate([a.status for a in cell.attempts])
+            low, high = rate.interval
+            last = cell.latest
+            metrics = samples.get((cell.case.id, runtime.id), {})
+            medians = [statistics.median(metrics[m]) if metrics.get(m) else None for m in METRICS]
+            row = [cell.case.name, runtime.backend, runtime.version, last.status if last else "none", rate.samples,
+                   rate.passed, rate.failed, rate.rate, low if rate.samples else None,
+                   high if rate.samples else None, rate.flaky, rate.history, *medians]  # fmt: skip
+            writer.writerow([_safe(value) for value in row])
+    return out.getvalue()

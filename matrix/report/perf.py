@@ -1,0 +1,154 @@
+"""Performance samples per attempt and their comparison between two sides, with significance.
+
+A sample is one *passed* attempt: the timings of a failed one describe the failure, not the runtime.
+Metrics (per attempt, from stored columns):
+
+* `ready_s`, `ttft_s`, `request_s`: seconds, lower is better;
+* `tokens_per_s`: completion tokens over request time, higher is better;
+* `kv_gb_per_s`, `kv_seconds`, `kv_bytes`: the KV-transfer ledger (`matrix.check.ledger`); the rate is
+  better higher, the time lower; bytes have no better direction (a change says the transfer changed).
+
+A metric *regresses* when B is worse than A by more than the threshold (ratio of medians past
+1 + threshold for lower-is-better, below 1 - threshold for higher-is-better) AND the Mann-Whitney test
+says the difference is significant (p < alpha). Either alone is not enough: a 3 % drop on one sample is
+noise, and a significant 0.5 % change is not worth blocking a release for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.db.models import CellRun
+from matrix.report.stats import MetricComparison, compare_samples
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_THRESHOLD",
+    "METRICS",
+    "MetricVerdict",
+    "compare_metrics",
+    "load_samples",
+]
+
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_ALPHA = 0.01
+# Metric -> which way is better: "lower", "higher", or "" (reported, never a regression).
+METRICS: Mapping[str, str] = {
+    "ready_s": "lower",
+    "ttft_s": "lower",
+    "request_s": "lower",
+    "tokens_per_s": "higher",
+    "kv_gb_per_s": "higher",
+    "kv_seconds": "lower",
+    "kv_bytes": "",
+}
+
+Samples = dict[str, list[float]]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def attempt_metrics(
+    ready_s: float | None,
+    ttft_s: float | None,
+    request_s: float | None,
+    completion_tokens: int | None,
+    kv_ledger: Mapping[str, Any] | None,
+) -> dict[str, float]:
+    """The metrics one attempt has (a missing one is absent, never zero)."""
+    found = {"ready_s": ready_s, "ttft_s": ttft_s, "request_s": request_s}
+    if completion_tokens and request_s:
+        found["tokens_per_s"] = completion_tokens / request_s
+    ledger = kv_ledger or {}
+    if ledger.get("transfers"):
+        found["kv_bytes"] = _number(ledger.get("bytes"))
+        found["kv_seconds"] = _number(ledger.get("seconds"))
+        found["kv_gb_per_s"] = _number(ledger.get("gb_per_s"))
+    return {name: float(value) for name, value in found.items() if value is not None and value > 0}
+
+
+def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int, int], Samples]:
+    """(case id, runtime id) -> metric -> values of every passed attempt, oldest first."""
+    ids = sorted(set(runtime_ids))
+    out: dict[tuple[int, int], Samples] = defaultdict(lambda: defaultdict(list))
+    if not ids:
+        return {}
+    stmt = (
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
+               CellRun.completion_tokens, CellRun.kv_ledger)
+        .where(CellRun.runtime_id.in_(ids), CellRun.status == "passed")
+        .order_by(CellRun.id)
+    )  # fmt: skip
+    for case_id, runtime_id, ready, ttft, request, tokens, ledger in session.execute(stmt):
+        for name, value in attempt_metrics(ready, ttft, request, tokens, ledger).items():
+            out[(case_id, runtime_id)][name].append(value)
+    return {key: dict(metrics) for key, metrics in out.items()}
+
+
+def pooled(samples: Mapping[tuple[int, int], Samples], case_id: int, runtime_ids: Iterable[int]) -> Samples:
+    """One case's samples over several runtimes (a side of `compare --component`)."""
+    merged: Samples = defaultdict(list)
+    for runtime_id in runtime_ids:
+        for name, values in samples.get((case_id, runtime_id), {}).items():
+            merged[name].extend(values)
+    return dict(merged)
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """One metric of one case, B against A, and whether it is a regression under the thresholds."""
+
+    comparison: MetricComparison
+    direction: str
+    regression: bool
+    improvement: bool
+
+    def text(self) -> str:
+        c = self.comparison
+        interval = f" [{c.low:.3f}, {c.high:.3f}]" if c.low is not None and c.high is not None else ""
+        p = f", p={c.p_value:.2g}" if c.p_value is not None else ", p=n/a (needs 2+ samples a side)"
+        mark = " REGRESSION" if self.regression else " improved" if self.improvement else ""
+        return f"{c.metric} x{c.ratio:.3f}{interval}{p} (n={c.n_a}/{c.n_b}){mark}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.comparison.as_dict(), "better": self.direction or None, "regression": self.regression,
+                "improvement": self.improvement}  # fmt: skip
+
+
+def judge(comparison: MetricComparison, threshold: float, alpha: float) -> MetricVerdict:
+    direction = METRICS.get(comparison.metric, "")
+    significant = comparison.significant(alpha)
+    worse = better = False
+    if direction == "lower":
+        worse, better = comparison.ratio > 1 + threshold, comparison.ratio < 1 - threshold
+    elif direction == "higher":
+        worse, better = comparison.ratio < 1 - threshold, comparison.ratio > 1 + threshold
+    return MetricVerdict(comparison, direction, significant and worse, significant and better)
+
+
+def compare_metrics(a: Samples, b: Samples, threshold: float, alpha: float) -> list[MetricVerdict]:
+    """Every metric both sides have, in `METRICS` order."""
+    found = []
+    for metric in METRICS:
+        comparison = compare_samples(metric, a.get(metric, ()), b.get(metric, ()))
+        if comparison is not None:
+            found.append(judge(comparison, threshold, alpha))
+    return found
+
+
+def check_thresholds(threshold: float, alpha: float) -> None:
+    from matrix.errors import ConfigError
+
+    if not 0 <= threshold < 10:
+        raise ConfigError(f"the regression threshold must be a fraction from 0 to 10 (0.10 = 10 %), got {threshold}")
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha must be between 0 and 1 (e.g. 0.01), got {alpha}")
+

@@ -1,0 +1,162 @@
+"""How sure the numbers are: pass rates with Wilson intervals, and two-sample comparisons of timings.
+
+Pure functions over stored samples (no database, no I/O); `docs/statistics.md` says why these tests and
+what their measured error rates are.
+
+* Pass rate: k passes in n informative attempts, with the Wilson score 95 % interval. Unlike the normal
+  approximation it stays inside [0, 1] and is honest at n = 3 or at 0 and n passes, the cases a flake
+  gate meets most.
+* Timings: B against A by the ratio of medians, a 95 % interval for the ratio (Hodges-Lehmann on the
+  log scale, with the distribution-free Moses interval) and the two-sided Mann-Whitney U p-value. Both are
+  rank based: latencies are skewed with rare long tails, so a t-test on means would be led by outliers.
+  The p-value comes from `scipy.stats` (optional extra `stats`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matrix.errors import MatrixError
+from matrix.outcome import CELL_FAULT_STATUSES
+
+__all__ = [
+    "Z95",
+    "MetricComparison",
+    "PassRate",
+    "compare_samples",
+    "pass_rate",
+    "wilson",
+]
+
+Z95 = 1.959963984540054  # the standard normal quantile for a two-sided 95 % interval
+INSTALL_HINT = "pip install 'disagg-matrix[stats]'"
+
+
+class StatsMissingError(MatrixError):
+    """scipy is not installed: the significance tests need it."""
+
+
+def wilson(passed: int, total: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion; (0, 1) when there is no sample."""
+    if total <= 0:
+        return 0.0, 1.0
+    p = passed / total
+    denominator = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / denominator
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
+    # Exact bounds at 0 and n passes (floating point would leave 1e-17 crumbs).
+    low = 0.0 if passed == 0 else max(0.0, centre - half)
+    high = 1.0 if passed == total else min(1.0, centre + half)
+    return low, high
+
+
+@dataclass(frozen=True)
+class PassRate:
+    """Passes and failures of one cell on one runtime, oldest first in `history` ("P" pass, "F" failure)."""
+
+    passed: int
+    failed: int
+    history: str
+
+    @property
+    def samples(self) -> int:
+        return self.passed + self.failed
+
+    @property
+    def rate(self) -> float | None:
+        return self.passed / self.samples if self.samples else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.passed, self.samples)
+
+    @property
+    def flaky(self) -> bool:
+        """Passed and failed on the same runtime: the cell's outcome is not a property of the runtime alone."""
+        return self.passed > 0 and self.failed > 0
+
+    def text(self) -> str:
+        """``3/5 passed (60 %, 95 % CI 23-88 %)``."""
+        if not self.samples:
+            return "no informative attempt"
+        low, high = self.interval
+        return (f"{self.passed}/{self.samples} passed ({100 * (self.rate or 0):.0f} %, "
+                f"95 % CI {100 * low:.0f}-{100 * high:.0f} %)")  # fmt: skip
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.interval
+        return {"passed": self.passed, "failed": self.failed, "samples": self.samples, "rate": self.rate,
+                "wilson_low": low, "wilson_high": high, "flaky": self.flaky, "history": self.history}  # fmt: skip
+
+
+def pass_rate(statuses: Sequence[str]) -> PassRate:
+    """The pass rate over attempts' statuses (oldest first). Only passes and the cell's own failures are
+    samples: a skip, an interruption or a never-started attempt says nothing about the runtime."""
+    history = "".join("P" if s == "passed" else "F" for s in statuses if s == "passed" or s in CELL_FAULT_STATUSES)
+    return PassRate(history.count("P"), history.count("F"), history)
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    """B against A for one metric: ratio of medians (B/A), its 95 % interval, and the Mann-Whitney p."""
+
+    metric: str
+    n_a: int
+    n_b: int
+    median_a: float
+    median_b: float
+    ratio: float
+    low: float | None
+    high: float | None
+    p_value: float | None
+
+    def significant(self, alpha: float) -> bool:
+        return self.p_value is not None and self.p_value < alpha
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "n_a": self.n_a, "n_b": self.n_b, "median_a": self.median_a,
+                "median_b": self.median_b, "ratio": self.ratio, "ratio_low": self.low, "ratio_high": self.high,
+                "p_value": self.p_value}  # fmt: skip
+
+
+def _mannwhitneyu() -> Any:
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError as exc:
+        raise StatsMissingError(
+            f"comparing timings with significance needs scipy, which is not installed: {INSTALL_HINT}"
+        ) from exc
+    return mannwhitneyu
+
+
+def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """exp of the Hodges-Lehmann shift of log(b) - log(a), with the Moses 95 % interval: (estimate, low, high).
+
+    The Moses interval takes the k-th smallest and largest of the n*m pairwise differences, k from the
+    normal approximation of the Mann-Whitney U distribution; it needs no assumption about the shape."""
+    diffs = sorted(math.log(y) - math.log(x) for x in a for y in b)
+    n, m = len(a), len(b)
+    count = len(diffs)
+    estimate = statistics.median(diffs)
+    k = math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
+    if k < 1:  # too few samples for a 95 % interval: the widest one there is
+        return math.exp(estimate), math.exp(diffs[0]), math.exp(diffs[-1])
+    return math.exp(estimate), math.exp(diffs[k - 1]), math.exp(diffs[count - k])
+
+
+def compare_samples(metric: str, a: Sequence[float], b: Sequence[float]) -> MetricComparison | None:
+    """B against A; None without a positive sample on both sides. One sample a side gives the ratio only."""
+    a = [x for x in a if x > 0 and math.isfinite(x)]
+    b = [x for x in b if x > 0 and math.isfinite(x)]
+    if not a or not b:
+        return None
+    median_a, median_b = statistics.median(a), statistics.median(b)
+    if len(a) < 2 or len(b) < 2:
+        return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, None, None, None)
+    _, low, high = hodges_lehmann_ratio(a, b)
+    p_value = float(_mannwhitneyu()(a, b, alternative="two-sided").pvalue)
+    return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, low, high, p_value)
