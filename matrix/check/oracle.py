@@ -44,8 +44,9 @@ __all__ = [
 CHECK_NAME = "equivalent_to_aggregated"
 TOKEN_ID_PREFIX = "token_id:"  # noqa: S105 (vLLM's spelling of a token id, not a secret)
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-# Syllables of the tiny model's word-level vocabulary (`matrix.models`): every 1- and 2-syllable word is in
-# it, so a prompt made of them has no <unk> and every position of the KV cache carries a distinct token.
+# The tiny model's word-level vocabulary (`matrix.models`) spells token id i (7 <= i < 4096) in these
+# syllables, least significant first; prompts made of ids 7..255 have no <unk>, so every position of the KV
+# cache carries a distinct token.
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vi", "so", "pe", "du", "ga", "zo", "fi", "hu", "be", "ya")
 _SHOWN_TOKENS = 12
 
@@ -55,11 +56,16 @@ def oracle_prompts(count: int, seed: int = 0) -> list[str]:
     rng = random.Random(f"matrix-oracle-{seed}")
     prompts: list[str] = []
     while len(prompts) < count:
-        words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 2))) for _ in range(rng.randint(8, 48))]
+        words = [_word(rng.randint(7, 255)) for _ in range(rng.randint(8, 48))]
         text = " ".join(words)
         if text not in prompts:
             prompts.append(text)
     return prompts
+
+
+def _word(index: int) -> str:
+    high, low = divmod(index, len(_SYLLABLES))
+    return _SYLLABLES[low] + (_SYLLABLES[high] if high else "")
 
 
 def payload(spec: OracleSpec, prompt: str) -> dict[str, Any]:

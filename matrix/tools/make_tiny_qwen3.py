@@ -86,7 +86,7 @@ def shape_circuit(model: PreTrainedModel) -> None:
     cfg = model.config
     d, vocab, head_dim = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     half = d // 2
-    if CODEWORDS > half or cfg.num_attention_heads != 4 or cfg.num_key_value_heads != 2 or 2 * head_dim != half:
+    if half < CODEWORDS or cfg.num_attention_heads != 4 or cfg.num_key_value_heads != 2 or 2 * head_dim != half:
         raise SystemExit(f"shape_circuit expects hidden {d} = 4 heads x {head_dim} with 2 KV heads")
     gen = torch.Generator().manual_seed(SEED + 1)
 
