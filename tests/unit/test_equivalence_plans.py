@@ -16,6 +16,7 @@ from matrix.launch.plan import LaunchPlan
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import ProxyApp
 from matrix.plan import CaseInfo, RuntimeInfo
+from tests.conftest import Matrix
 
 
 def _case(arm: str, launch: dict[str, Any]) -> CaseInfo:
@@ -113,3 +114,34 @@ def test_arms_without_an_aggregated_deployment_say_so() -> None:
 def test_the_pd_proxy_routes_plain_completions_like_chat() -> None:
     routes = ProxyApp.__dict__["routes"](ProxyApp.__new__(ProxyApp))
     assert ("POST", "/v1/completions") in routes
+
+
+CASE = """
+[[case]]
+name = "eq_bad"
+backend = "{backend}"
+arm = "{arm}"
+model = "tiny"
+markers = ["gpu_0"]
+launch = {{ equivalence = {value} }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("backend", "arm", "value", "needle"),
+    [
+        ("reference", "reference", "{ tokenz = 8 }", "launch.equivalence has unknown key(s) tokenz"),
+        ("reference", "reference", "{ near_tie_gap = -0.5 }", "near_tie_gap must be a number >= 0"),
+        ("vllm", "dynamo", "true", "arm dynamo cannot launch an aggregated instance"),
+    ],
+)
+def test_catalog_sync_refuses_bad_equivalence_and_changes_nothing(
+    seeded: Matrix, tmp_path: Path, backend: str, arm: str, value: str, needle: str
+) -> None:
+    bad = tmp_path / "eq.toml"
+    bad.write_text(CASE.format(backend=backend, arm=arm, value=value))
+    before = seeded.dump()
+    result = seeded("catalog", "sync", str(bad))
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "eq_bad" in result.output
+    assert seeded.dump() == before

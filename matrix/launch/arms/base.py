@@ -93,12 +93,17 @@ EQUIVALENCE_DEFAULTS: dict[str, int | float] = {
 def equivalence_options(case: CaseInfo) -> dict[str, int | float] | None:
     """The case's `launch.equivalence` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked; None when
     the case does not opt in. Raises ConfigError naming the bad key and the fix."""
-    raw = case.launch.get("equivalence")
+    return check_equivalence(case.name, case.launch)
+
+
+def check_equivalence(name: str, launch: Mapping[str, object]) -> dict[str, int | float] | None:
+    """`equivalence_options` from a case's name and launch table (what catalog sync has)."""
+    raw = launch.get("equivalence")
     if raw is None or raw is False:
         return None
     if raw is True:
         return dict(EQUIVALENCE_DEFAULTS)
-    where = f"case {case.name}: launch.equivalence"
+    where = f"case {name}: launch.equivalence"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be true or a table with keys {', '.join(EQUIVALENCE_DEFAULTS)}")
     unknown = sorted(set(raw) - set(EQUIVALENCE_DEFAULTS))
