@@ -338,8 +338,11 @@ def _equivalence(
     answers: list[oracle.Completion | str] = []
 
     def ask(plan: LaunchPlan, ready_s: float) -> CellOutcome:
-        assert plan.oracle is not None  # the arm built it from the same case options
-        answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
+        # The same prompts and options as the pair's; only the endpoint is the aggregated instance's.
+        target = replace(spec, url=plan.oracle.url) if plan.oracle is not None else None
+        if target is None:
+            return CellOutcome("error", "config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
+        answers.extend(oracle.ask(target, oracle.oracle_prompts(spec.prompts, spec.seed)))
         return CellOutcome("passed", ready_s=ready_s)
 
     try:
@@ -406,6 +409,9 @@ def _write_equivalence(
         "aggregated_s": round(aggregated_s, 3),
         "aggregated_ready_s": None if aggregated_ready_s is None else round(aggregated_ready_s, 3),
         "summary": oracle.summary(results),
-        "results": [r.as_dict() for r in results],
     }
-    (log_dir / "equivalence.json").write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    # One line per prompt: the token-id lists stay readable side by side.
+    head = json.dumps(document, indent=1)[:-2]
+    rows = ",\n  ".join(json.dumps(r.as_dict()) for r in results)
+    text = f'{head},\n "results": [\n  {rows}\n ]\n}}\n'
+    (log_dir / "equivalence.json").write_text(text, encoding="utf-8")
