@@ -90,6 +90,8 @@ print(json.dumps({k: [float(v.float().std()), float(v.float().abs().max())] for 
 """
 
 
+# Three generations with their decisiveness checks (about a minute of CPU each; longer on a shared host).
+@pytest.mark.timeout(1200)
 def test_random_weights_are_non_degenerate_and_reproducible(tmp_path: Path) -> None:
     python = _torch_python()
     path = ensure_tiny_model(root=tmp_path, weights_python=python)
