@@ -28,6 +28,7 @@ import pytest
 
 from matrix.reference import tokens
 from matrix.reference.faults import (
+    AGGREGATED_FAULTS,
     DECODE_FAULTS,
     FAULT_DESCRIPTIONS,
     FAULTS,
@@ -247,10 +248,12 @@ def check_dynamo_shape(data: dict[str, Any], max_tokens: int) -> None:
 
 def test_fault_table_is_consistent() -> None:
     assert frozenset(FAULT_DESCRIPTIONS) == FAULTS
-    assert len(FAULTS) == 16
+    assert len(FAULTS) == 17
     assert all(desc.strip() for desc in FAULT_DESCRIPTIONS.values())
     # Every fault is acted on by at least one process.
     assert FAULTS == PREFILL_FAULTS | DECODE_FAULTS | FRONTEND_FAULTS
+    # The aggregated worker acts only on start-up faults and ignore-sigterm: it has no KV transfer to break.
+    assert AGGREGATED_FAULTS <= PREFILL_FAULTS & DECODE_FAULTS
 
 
 def test_tokeniser_and_generation_are_deterministic() -> None:
