@@ -27,7 +27,7 @@ TINY_RANDOM = "tiny-random"
 DEFAULT_VOCAB = 4096
 # Version of tools/make_tiny_qwen3.py's output, part of the cached directory's name: a generator change
 # bumps it, so a directory an older generator wrote (possibly broken weights) is never reused.
-WEIGHTS_VERSION = 2
+WEIGHTS_VERSION = 3
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The chat template's own words: without them a chat prompt ends in <unk> ("assistant"), and a random model
 # tends to repeat its last input token, so it generated only <unk>, which detokenizes to blank text.

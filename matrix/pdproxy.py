@@ -124,6 +124,8 @@ class ProxyApp:
             ("GET", "/health"): self.health,
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/chat/completions"): self.chat,
+            # Plain completions take the same path (the equivalence oracle asks them for token ids).
+            ("POST", "/v1/completions"): self.chat,
         }
 
     def health(self, req: JSONHandler) -> None:

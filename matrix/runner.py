@@ -6,23 +6,33 @@ interruption of the runner, and even then the supervisor tears the pair down fir
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.check import ledger, metrics
+from matrix.check import ledger, metrics, oracle
 from matrix.check.client import send_chat
+from matrix.check.specs import OracleSpec
 from matrix.check.validate import CheckFailure, validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
-from matrix.launch.arms.base import LaunchContext
+from matrix.launch.arms.base import AggregatedArm, LaunchContext
 from matrix.launch.launch_plan import LaunchPlan
-from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
+from matrix.launch.providers import (
+    Environment,
+    Mismatch,
+    Unavailable,
+    prepare,
+    remove_cell_containers,
+    wrap_plan,
+)  # fmt: skip
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import CellOutcome, FailureKind, Status, after_teardown, checked, judge_control, judge_expectation
@@ -157,22 +167,30 @@ def _run(
             Path(scratch).mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, log_dir)
         live.add(cell_id, supervisor)
+        pd_answers: list[oracle.Completion | str] = []
         try:
-            outcome = _supervise(supervisor, plan, resources)
+            outcome = _supervise(supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers))
         finally:
             live.remove(cell_id)
+        if plan.oracle is not None and outcome.status == "passed":
+            outcome = _equivalence(
+                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
+            )
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
-        return replace(outcome, ports=ports, components=dict(environment.components), gpu=gpu)
+        return replace(outcome, ports={**ports, **outcome.ports}, components=dict(environment.components), gpu=gpu)
     finally:
         remove_cell_containers(environment, cell_id)
         allocator.release(cell_id)
 
 
-def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources) -> CellOutcome:
+Query = Callable[[LaunchPlan, float], CellOutcome]
+
+
+def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, query: Query) -> CellOutcome:
     sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
     queued: list[float] = [0.0]
     try:
-        outcome = _start_and_query(supervisor, sampler, plan, resources, queued)
+        outcome = _start_and_query(supervisor, sampler, plan, resources, queued, query)
     finally:
         if sampler.is_alive():
             sampler.sample()  # a last look at the steady state, before teardown frees everything
@@ -186,7 +204,12 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources) -
 
 
 def _start_and_query(
-    supervisor: Supervisor, sampler: PeakSampler, plan: LaunchPlan, resources: Resources, queued: list[float]
+    supervisor: Supervisor,
+    sampler: PeakSampler,
+    plan: LaunchPlan,
+    resources: Resources,
+    queued: list[float],
+    query: Query,
 ) -> CellOutcome:
     waited = time.monotonic()
     try:
@@ -207,10 +230,10 @@ def _start_and_query(
         )
         # No ready time: the pair never got ready (a timeout would otherwise read as a 120 s start-up).
         return CellOutcome(status, kind, message)
-    return _request(plan, ready.ready_s)
+    return query(plan, ready.ready_s)
 
 
-def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
+def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Completion | str]) -> CellOutcome:
     scraped_before: dict[int, str] = {}
     before = metrics.baseline(plan.metrics_checks, scraped_before) if plan.metrics_checks else []
     response = send_chat(plan.request)
@@ -253,4 +276,108 @@ def _request(plan: LaunchPlan, ready_s: float) -> CellOutcome:
         "completion_excerpt": validation.content_excerpt or "",
         "kv_ledger": kv_ledger,
     }
+    if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
+        oracle_answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
     return checked(failures, **common)
+
+
+def _equivalence(
+    pair: CellOutcome,
+    spec: OracleSpec,
+    pd_answers: list[oracle.Completion | str],
+    arm: object,
+    context: LaunchContext,
+    environment: Environment,
+    allocator: PortAllocator,
+    resources: Resources,
+    live: LiveCells,
+) -> CellOutcome:
+    """The `equivalent_to_aggregated` check of a pair that passed: the arm's aggregated instance (same engine
+    flags and seed, its own ports, supervised and torn down like the pair, after the pair is gone) answers
+    the same prompts; per-prompt results go to `equivalence.json` in the log directory, the aggregated
+    instance's time into the message and that file, its peaks under `peaks["aggregated"]`."""
+    if not isinstance(arm, AggregatedArm):
+        message = f"arm {context.case.arm} cannot launch an aggregated instance: remove launch.equivalence"
+        return replace(pair, status="error", failure_kind="config", message=message)
+    owner = f"{context.cell_id}/aggregated"
+    started = time.monotonic()
+    answers: list[oracle.Completion | str] = []
+
+    def ask(plan: LaunchPlan, ready_s: float) -> CellOutcome:
+        # The same prompts and options as the pair's; only the endpoint is the aggregated instance's.
+        target = replace(spec, url=plan.oracle.url) if plan.oracle is not None else None
+        if target is None:
+            return CellOutcome("error", "config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
+        answers.extend(oracle.ask(target, oracle.oracle_prompts(spec.prompts, spec.seed)))
+        return CellOutcome("passed", ready_s=ready_s)
+
+    try:
+        ports = allocator.allocate(owner, arm.aggregated_port_requests(context.case))
+    except MatrixError as exc:
+        return replace(pair, status="error", failure_kind="infra", message=f"aggregated instance: {exc}")
+    try:
+        try:
+            plan = wrap_plan(
+                environment, arm.aggregated_plan(replace(context, ports=ports)), case=context.case,
+                runtime=context.runtime, workspace=context.work_dir,
+            )  # fmt: skip
+        except MatrixError as exc:
+            return replace(pair, status="error", failure_kind="config", message=f"aggregated instance: {exc}")
+        for scratch in plan.scratch_dirs:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        supervisor = Supervisor(plan, context.work_dir)
+        live.add(context.cell_id, supervisor)
+        try:
+            agg = _supervise(supervisor, plan, resources, ask)
+        finally:
+            live.remove(context.cell_id)
+    finally:
+        allocator.release(owner)
+    aggregated_s = time.monotonic() - started
+    merged = replace(
+        pair,
+        ports={**pair.ports, **ports},
+        exit_codes={**pair.exit_codes, **agg.exit_codes},
+        peaks={**pair.peaks, "aggregated": dict(agg.peaks)} if agg.peaks else pair.peaks,
+    )
+    timing = f"aggregated instance {aggregated_s:.1f} s (ready {agg.ready_s or 0:.1f} s)"
+    if agg.status != "passed":
+        message = f"aggregated instance (the equivalence baseline): {agg.message}"
+        return replace(merged, status=agg.status, failure_kind=agg.failure_kind, message=message, checks=agg.checks)
+    prompts = oracle.oracle_prompts(spec.prompts, spec.seed)
+    results = [
+        oracle.compare(i, prompt, pd, ag, spec.near_tie_gap)
+        for i, (prompt, pd, ag) in enumerate(zip(prompts, pd_answers, answers, strict=False))
+    ]
+    _write_equivalence(context.work_dir, spec, results, aggregated_s, agg.ready_s)
+    failures = oracle.judge(results)
+    if failures:
+        message = f"failed checks: {oracle.CHECK_NAME}; {timing}"
+        return replace(merged, status="failed", failure_kind="validation", message=message, checks=tuple(failures))
+    note = f"{oracle.summary(results)}; {timing}"
+    return replace(merged, message=f"{merged.message}; {note}" if merged.message else note)
+
+
+def _write_equivalence(
+    log_dir: Path,
+    spec: OracleSpec,
+    results: list[oracle.PromptResult],
+    aggregated_s: float,
+    aggregated_ready_s: float | None,
+) -> None:
+    """equivalence.json: the options, the aggregated instance's time and every prompt's comparison."""
+    document = {
+        "check": oracle.CHECK_NAME,
+        "prompts": spec.prompts,
+        "tokens": spec.tokens,
+        "near_tie_gap": spec.near_tie_gap,
+        "seed": spec.seed,
+        "aggregated_s": round(aggregated_s, 3),
+        "aggregated_ready_s": None if aggregated_ready_s is None else round(aggregated_ready_s, 3),
+        "summary": oracle.summary(results),
+    }
+    # One line per prompt: the token-id lists stay readable side by side.
+    head = json.dumps(document, indent=1)[:-2]
+    rows = ",\n  ".join(json.dumps(r.as_dict()) for r in results)
+    text = f'{head},\n "results": [\n  {rows}\n ]\n}}\n'
+    (log_dir / "equivalence.json").write_text(text, encoding="utf-8")

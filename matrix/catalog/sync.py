@@ -32,7 +32,8 @@ from matrix.db.models import (
     Waiver,
 )
 from matrix.errors import ConfigError
-from matrix.launch.arms import known_arms
+from matrix.launch.arms import get_arm, known_arms
+from matrix.launch.arms.base import AggregatedArm, check_equivalence
 from matrix.markers import Expression, check_known, parse_marker_use
 
 RowT = TypeVar("RowT")
@@ -106,9 +107,7 @@ class _Syncer:
             self.record("changed", kind, name, ", ".join(c for c in changed if c not in LOCATION_ONLY))
         return existing
 
-    def retire_missing(
-        self, kind: str, rows: Iterable[Any], keep: set[Any], key: Callable[[Any], Any]
-    ) -> None:
+    def retire_missing(self, kind: str, rows: Iterable[Any], keep: set[Any], key: Callable[[Any], Any]) -> None:
         if self.prune and kind not in self.spec.kinds:
             return
         for row in rows:
@@ -128,9 +127,7 @@ class _Syncer:
                 "backend", b.name, rows.get(b.name), Backend,
                 {"name": b.name, "description": b.description, "runtime_template": b.runtime_template},
             )  # fmt: skip
-        self.retire_missing(
-            "backend", list(rows.values()), {b.name for b in self.spec.backends}, lambda r: r.name
-        )
+        self.retire_missing("backend", list(rows.values()), {b.name for b in self.spec.backends}, lambda r: r.name)
         return {name: row for name, row in rows.items() if not row.retired}
 
     def markers(self) -> dict[str, Marker]:
@@ -144,9 +141,7 @@ class _Syncer:
                 "source": "catalog",
             }
             rows[m.name] = self.upsert("marker", m.name, rows.get(m.name), Marker, values)
-        self.retire_missing(
-            "marker", list(rows.values()), {m.name for m in self.spec.markers}, lambda r: r.name
-        )
+        self.retire_missing("marker", list(rows.values()), {m.name for m in self.spec.markers}, lambda r: r.name)
         return {name: row for name, row in rows.items() if not row.retired}
 
     def fixes(self) -> dict[str, Fix]:
@@ -178,9 +173,7 @@ class _Syncer:
         keep = {r.key for r in self.spec.runtimes}
         self.retire_missing("runtime", list(rows.values()), keep, lambda r: (r.backend.name, r.version))
 
-    def cases(
-        self, backends: Mapping[str, Backend], markers: Mapping[str, Marker], fixes: Mapping[str, Fix]
-    ) -> None:
+    def cases(self, backends: Mapping[str, Backend], markers: Mapping[str, Marker], fixes: Mapping[str, Fix]) -> None:
         rows = {c.name: c for c in self.session.scalars(select(Case))}
         arms = known_arms()
         for c in self.spec.cases:
@@ -188,6 +181,11 @@ class _Syncer:
             backend = _lookup(backends, c.backend, "backend", where)
             if c.arm not in arms:
                 raise ConfigError(f"{where}: unknown arm {c.arm!r}; known arms: {', '.join(sorted(arms))}")
+            if check_equivalence(c.name, c.launch) is not None and not isinstance(get_arm(c.arm), AggregatedArm):
+                raise ConfigError(
+                    f"{where}: arm {c.arm} cannot launch an aggregated instance for launch.equivalence; "
+                    "use an arm that can (reference, vllm_native) or remove launch.equivalence"
+                )
             row = self.upsert("case", c.name, rows.get(c.name), Case, _case_values(c, backend))
             rows[c.name] = row
             detail = []

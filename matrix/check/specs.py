@@ -20,6 +20,26 @@ class RequestSpec:
     max_response_bytes: int = 1_048_576
 
 
+# A divergence where the aggregated run's top-1 and top-2 log-probabilities differ by less than this (nats)
+# is a near-tie: a last-bit difference in numerics can flip the argmax there, so it is not a KV bug.
+DEFAULT_NEAR_TIE_GAP = 0.1
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    """The `equivalent_to_aggregated` check: K greedy prompts of T tokens, sent to the pair and to one
+    aggregated instance of the same engine, compared token id by token id (`matrix.check.oracle`)."""
+
+    # The OpenAI completions endpoint (`.../v1/completions`) of the deployment being asked.
+    url: str
+    model: str
+    prompts: int = 16
+    tokens: int = 64
+    near_tie_gap: float = DEFAULT_NEAR_TIE_GAP
+    seed: int = 0
+    timeout_s: float = 60.0
+
+
 @dataclass(frozen=True)
 class MetricsCheck:
     """Prometheus counters on one instance that must grow during the request.

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 # The request and the metrics checks are the check stage's own input; a plan carries them (re-exported here
 # for the arms that build plans).
-from matrix.check.specs import MetricsCheck, RequestSpec
+from matrix.check.specs import MetricsCheck, OracleSpec, RequestSpec
 
-__all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "ProcessSpec", "RequestSpec"]
+__all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "OracleSpec", "ProcessSpec", "RequestSpec"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,6 @@ class LaunchPlan:
     metrics_checks: tuple[MetricsCheck, ...] = ()
     # Per-cell scratch directories (discovery stores, caches) removed after teardown; logs are kept.
     scratch_dirs: tuple[str, ...] = ()
+    # The equivalence oracle's prompts for this deployment (cases with `launch.equivalence`): the pair's
+    # plan and the arm's aggregated plan each carry one, pointing at their own completions endpoint.
+    oracle: OracleSpec | None = None

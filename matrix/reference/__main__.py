@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     raw = argparse.RawDescriptionHelpFormatter
     worker = sub.add_parser("worker", help="a prefill or decode worker", epilog=epilog, formatter_class=raw)
-    worker.add_argument("--role", required=True, choices=["prefill", "decode"])
+    worker.add_argument("--role", required=True, choices=["prefill", "decode", "aggregated"])
     worker.add_argument("--port", required=True, type=_port, help="HTTP port")
     worker.add_argument("--side-channel-port", required=True, type=_port, help="KV side-channel TCP port")
     worker.add_argument("--kv-cache-bytes", required=True, type=_positive_int, help="size of the KV pool")
@@ -70,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     front = sub.add_parser("frontend", help="the OpenAI-style frontend", epilog=epilog, formatter_class=raw)
     front.add_argument("--port", required=True, type=_port, help="HTTP port")
-    front.add_argument("--prefill-url", required=True, help="http://127.0.0.1:PORT of the prefill worker")
-    front.add_argument("--decode-url", required=True, help="http://127.0.0.1:PORT of the decode worker")
+    front.add_argument("--prefill-url", help="http://127.0.0.1:PORT of the prefill worker")
+    front.add_argument("--decode-url", help="http://127.0.0.1:PORT of the decode worker")
+    front.add_argument(
+        "--aggregated-url", help="instead of the two: http://127.0.0.1:PORT of one worker with --role aggregated"
+    )
     front.add_argument("--model", required=True, help="the model name served")
     front.add_argument("--fault", action="append", default=[], metavar="NAME", help="inject a fault")
     front.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, help="request body limit")
@@ -112,9 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from matrix.reference.frontend import FrontendConfig, parse_upstream, run_frontend
 
+    pair = args.prefill_url is not None and args.decode_url is not None
+    if pair == (args.aggregated_url is not None) or (not pair and (args.prefill_url or args.decode_url)):
+        parser.error("give --prefill-url and --decode-url, or --aggregated-url alone")
     try:
-        prefill = parse_upstream("prefill", args.prefill_url)
-        decode = parse_upstream("decode", args.decode_url)
+        if pair:
+            prefill = parse_upstream("prefill", args.prefill_url)
+            decode = parse_upstream("decode", args.decode_url)
+        else:
+            prefill = decode = parse_upstream("aggregated", args.aggregated_url)
     except ValueError as exc:
         parser.error(str(exc))
     return run_frontend(

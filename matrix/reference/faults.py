@@ -35,6 +35,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "kv-transfer-dropped": "the prefill side channel closes mid-transfer, so decode answers 502",
     "ignore-sigterm": "every process ignores SIGTERM, so only SIGKILL stops it",
     "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
+    "kv-corrupt-after-checksum": "the decode worker inverts the last KV block it pulled after the transfer's "
+    "checksum passed: every check but equivalent_to_aggregated passes (the aggregated worker moves no KV)",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -52,7 +54,13 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "ignore-sigterm",
     "hostile-output",
 }
-DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"one-token-completion", "ignore-sigterm"}
+DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
+    "one-token-completion",
+    "ignore-sigterm",
+    "kv-corrupt-after-checksum",
+}
+# The aggregated worker (prefill and decode in one, the oracle's baseline) fails to start like the others.
+AGGREGATED_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"ignore-sigterm"}
 FRONTEND_FAULTS: frozenset[str] = frozenset(
     {
         "same-worker-id",

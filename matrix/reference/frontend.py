@@ -126,6 +126,7 @@ class FrontendApp:
             ("GET", "/health"): self.health,
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/completions"): self.completions,
         }
 
     def live(self, req: JSONHandler) -> None:
@@ -177,16 +178,8 @@ class FrontendApp:
         prompt = _prompt(body.get("messages"))
         max_tokens = _max_tokens(body)
         request_id = f"chatcmpl-{os.urandom(12).hex()}"
-        timeout = self.cfg.worker_timeout_s
 
-        # vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates.
-        pre = self.cfg.prefill
-        prefill = _checked(
-            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
-        )
-        dec = self.cfg.decode
-        decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
-        decode = _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, timeout))
+        prefill, decode = self._prefill_decode(request_id, prompt, max_tokens)
 
         faults = self.cfg.faults
         prefill_id = prefill.get("prefill_worker_id")
@@ -236,6 +229,69 @@ class FrontendApp:
             self._send_oversized(req, response)
             return
         req.send_json(200, response)
+
+    def _prefill_decode(self, request_id: str, prompt: str, max_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates."""
+        timeout = self.cfg.worker_timeout_s
+        pre = self.cfg.prefill
+        prefill = _checked(
+            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+        )
+        dec = self.cfg.decode
+        decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
+        return prefill, _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, timeout))
+
+    def completions(self, req: JSONHandler) -> None:
+        """A plain-text completion in vLLM's shape, with `logprobs` (top-N per token, N <= 2 here) and
+        `return_tokens_as_token_ids` ("token_id:N" for every token): what the equivalence oracle asks."""
+        body = req.read_json_object(self.cfg.max_body_bytes)
+        if body.get("model") != self.cfg.model:
+            raise HTTPError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise HTTPError(400, "prompt must be a string")
+        if body.get("stream", False) or body.get("n", 1) != 1:
+            raise HTTPError(400, "only non-streaming requests with n=1 are supported")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+            raise HTTPError(400, "logprobs must be a non-negative integer")
+        request_id = f"cmpl-{os.urandom(12).hex()}"
+        prefill, decode = self._prefill_decode(request_id, prompt, _max_tokens(body))
+        ids = [int(t) for t in decode.get("token_ids", [])]
+        as_ids = bool(body.get("return_tokens_as_token_ids", False))
+        from matrix.reference.tokens import detokenize_one
+
+        def name(tok: int) -> str:
+            return f"token_id:{tok}" if as_ids else detokenize_one(tok)
+
+        words = [detokenize_one(t) for t in ids]
+        choice: dict[str, Any] = {"index": 0, "text": " ".join(words), "logprobs": None, "finish_reason": "length"}
+        if logprobs is not None:
+            top = decode.get("top_logprobs", [])
+            offsets = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
+            choice["logprobs"] = {
+                "text_offset": offsets,
+                "token_logprobs": [float(pos[0][1]) for pos in top],
+                "tokens": [name(t) for t in ids],
+                "top_logprobs": [{name(int(t)): float(lp) for t, lp in pos[: max(logprobs, 1)]} for pos in top],
+            }
+        prompt_tokens = int(prefill.get("prompt_tokens", 0))
+        self.log(f"completion id={request_id} prompt_tokens={prompt_tokens} completion_tokens={len(ids)}")
+        req.send_json(
+            200,
+            {
+                "id": request_id,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.cfg.model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": len(ids),
+                    "total_tokens": prompt_tokens + len(ids),
+                },
+            },
+        )
 
     def _stream(
         self,

@@ -49,6 +49,21 @@ def generate(seed_block: bytes, count: int) -> list[int]:
     return out
 
 
+def top_logprobs(seed_block: bytes, count: int) -> list[tuple[tuple[int, float], tuple[int, float]]]:
+    """The top-2 (id, logprob) of each of `generate`'s `count` tokens: the same ids, and a decisive model's
+    log-probabilities (top-1 near 0, the runner-up 2 to 6 nats below it), all from the same hash chain."""
+    state = hashlib.sha256(seed_block).digest()
+    out: list[tuple[tuple[int, float], tuple[int, float]]] = []
+    for _ in range(count):
+        state = hashlib.sha256(state).digest()
+        best = int.from_bytes(state[:8], "big") % VOCAB_SIZE
+        runner_up = (best + 1 + int.from_bytes(state[8:12], "big") % (VOCAB_SIZE - 1)) % VOCAB_SIZE
+        top1 = -0.01 - (state[12] / 255) * 0.2
+        gap = 2.0 + (state[13] / 255) * 4.0
+        out.append(((best, round(top1, 6)), (runner_up, round(top1 - gap, 6))))
+    return out
+
+
 def detokenize_one(tok: int) -> str:
     """The word a generated id stands for."""
     return WORDS[tok % len(WORDS)]

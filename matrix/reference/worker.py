@@ -12,7 +12,7 @@ from typing import TypeGuard
 
 from matrix.reference import tokens
 from matrix.reference.eventlog import EventLog
-from matrix.reference.faults import DECODE_FAULTS, FLAKE_RATE_ENV, PREFILL_FAULTS, STATE_ENV
+from matrix.reference.faults import AGGREGATED_FAULTS, DECODE_FAULTS, FLAKE_RATE_ENV, PREFILL_FAULTS, STATE_ENV
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
 from matrix.reference.kvpool import (
     MAX_HANDLE_BYTES,
@@ -34,7 +34,9 @@ _ESCAPED: list[object] = []
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    role: str  # "prefill" or "decode"
+    # "prefill", "decode", or "aggregated": one worker doing both phases from its own pool, no transfer
+    # (the baseline of the equivalence oracle).
+    role: str
     port: int
     side_channel_port: int
     kv_cache_bytes: int
@@ -64,9 +66,9 @@ class WorkerApp:
 
     def routes(self) -> dict[tuple[str, str], Route]:
         table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health, ("GET", "/metrics"): self.metrics}
-        if self.cfg.role == "prefill":
+        if self.cfg.role in ("prefill", "aggregated"):
             table["POST", "/prefill"] = self.prefill
-        else:
+        if self.cfg.role in ("decode", "aggregated"):
             table["POST", "/decode"] = self.decode
         return table
 
@@ -155,22 +157,31 @@ class WorkerApp:
             raise HTTPError(400, "kv needs host (str), port (int), handle (str), num_blocks (int), checksum (str)")
         if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise HTTPError(400, f"max_tokens must be an integer from 1 to {MAX_TOKENS_LIMIT}")
-        needed = num_blocks * self.cfg.block_bytes
-        if needed > self.pool.free_bytes:
-            # Checked before pulling, so a full decode cache leaves the blocks on prefill (TTL frees them).
-            raise HTTPError(400, str(PoolFullError(needed, self.pool.free_bytes, self.pool.capacity_bytes)))
-        data = self._pull(host, port, handle, num_blocks, expected)
-        local = f"decode:{handle}"
         bb = self.cfg.block_bytes
-        try:
-            self.pool.put(local, [data[i : i + bb] for i in range(0, len(data), bb)])
-        except (PoolFullError, DuplicateHandleError) as exc:
-            raise HTTPError(400, str(exc)) from exc
+        if self.cfg.role == "aggregated":
+            local = handle  # prefill wrote the blocks into this worker's own pool: nothing moves
+            if self.pool.get(local) is None:
+                raise HTTPError(400, f"no KV blocks under handle {handle!r} in this aggregated worker")
+        else:
+            needed = num_blocks * bb
+            if needed > self.pool.free_bytes:
+                # Checked before pulling, so a full decode cache leaves the blocks on prefill (TTL frees them).
+                raise HTTPError(400, str(PoolFullError(needed, self.pool.free_bytes, self.pool.capacity_bytes)))
+            data = self._pull(host, port, handle, num_blocks, expected)
+            if "kv-corrupt-after-checksum" in self.cfg.faults:
+                data = _corrupt_last_block(data, bb)
+                self.log(f"decode handle={handle} corrupted the last KV block after its checksum passed (fault)")
+            local = f"decode:{handle}"
+            try:
+                self.pool.put(local, [data[i : i + bb] for i in range(0, len(data), bb)])
+            except (PoolFullError, DuplicateHandleError) as exc:
+                raise HTTPError(400, str(exc)) from exc
         try:
             # Generation reads the cache back from the pool, so the pool's memory is really used.
             cached = self.pool.get(local) or b""
             count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
-            ids = tokens.generate(cached[-bb:], count)
+            top = tokens.top_logprobs(cached[-bb:], count)
+            ids = [best[0] for best, _ in top]
             if self.cfg.token_delay_s:
                 time.sleep(self.cfg.token_delay_s * len(ids))  # the blocks stay held, as in a real decode
         finally:
@@ -181,6 +192,8 @@ class WorkerApp:
             {
                 "text": tokens.detokenize(ids),
                 "completion_tokens": len(ids),
+                "token_ids": ids,
+                "top_logprobs": [[list(best), list(runner_up)] for best, runner_up in top],
                 "finish_reason": "length",
                 "decode_worker_id": self.instance_id,
             },
@@ -206,6 +219,12 @@ class WorkerApp:
             self.kv_bytes += len(data)
             self.kv_seconds += time.perf_counter() - began
         return data
+
+
+def _corrupt_last_block(data: bytes, block_bytes: int) -> bytes:
+    """Fault kv-corrupt-after-checksum: the last block's bytes inverted, as a stale or misplaced block would
+    be; the transfer's checksum was already verified, so only the tokens can tell."""
+    return data[:-block_bytes] + bytes(b ^ 0xFF for b in data[-block_bytes:])
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -253,7 +272,7 @@ def _first_start() -> bool:
 def run_worker(cfg: WorkerConfig) -> int:
     """Start the worker and serve until stopped; returns the exit code."""
     log = EventLog(cfg.role)
-    faults = cfg.faults & (PREFILL_FAULTS if cfg.role == "prefill" else DECODE_FAULTS)
+    faults = cfg.faults & {"prefill": PREFILL_FAULTS, "decode": DECODE_FAULTS}.get(cfg.role, AGGREGATED_FAULTS)
     cfg = WorkerConfig(**{**cfg.__dict__, "faults": faults})
     stop = StopSignal(ignore_sigterm="ignore-sigterm" in faults)
     # The devices it was pinned to, as an engine would see them: lets a run prove its GPU placement.

@@ -94,7 +94,8 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
         "--report-dir", str(report_dir), code=1)  # fmt: skip
     rows = matrix.sql("SELECT uid, status, message, checks, completion_excerpt, log_dir FROM cell_run")
     statuses = sorted(str(r[1]) for r in rows)
-    assert statuses.count("passed") == 2 and "failed" in statuses, rows
+    # hostile_pass and the seed's two CPU reference cases (reference_disaggregated, reference_equivalence)
+    assert statuses.count("passed") == 3 and "failed" in statuses, rows
     # The engines really wrote the corpus: their own logs keep it (that is the evidence on this host).
     raw_logs = "".join(p.read_text(errors="replace") for r in rows if r[5] for p in Path(str(r[5])).glob("*.log"))
     assert all(s in raw_logs for s in SECRETS[:5]) and "\x00" in raw_logs

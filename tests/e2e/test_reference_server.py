@@ -28,6 +28,7 @@ import pytest
 
 from matrix.reference import tokens
 from matrix.reference.faults import (
+    AGGREGATED_FAULTS,
     DECODE_FAULTS,
     FAULT_DESCRIPTIONS,
     FAULTS,
@@ -251,6 +252,8 @@ def test_fault_table_is_consistent() -> None:
     assert all(desc.strip() for desc in FAULT_DESCRIPTIONS.values())
     # Every fault is acted on by at least one process.
     assert FAULTS == PREFILL_FAULTS | DECODE_FAULTS | FRONTEND_FAULTS
+    # The aggregated worker acts only on start-up faults and ignore-sigterm: it has no KV transfer to break.
+    assert AGGREGATED_FAULTS <= PREFILL_FAULTS & DECODE_FAULTS
 
 
 def test_tokeniser_and_generation_are_deterministic() -> None:
@@ -615,3 +618,69 @@ def test_fault_escaped_child(launcher: Launcher) -> None:
     os.killpg(pair.prefill.popen.pid, signal.SIGKILL)
     pair.prefill.popen.wait(timeout=5)
     assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+
+
+# ---------------------------------------------------------------------------------------------------
+# The equivalence oracle's API: completions with token ids and logprobs, an aggregated worker, KV corrupted
+# after its checksum
+
+
+def _aggregated(launcher: Launcher, faults: Sequence[str] = ()) -> str:
+    fault_args = [a for f in faults for a in ("--fault", f)]
+    worker, port, _side = launcher.worker("aggregated", extra=fault_args)
+    fport = free_port()
+    args = ["frontend", "--port", str(fport), "--aggregated-url", f"http://127.0.0.1:{port}", "--model", MODEL]
+    frontend = launcher.spawn("frontend", args)
+    url = f"http://127.0.0.1:{fport}"
+    wait_healthy(url, [worker, frontend])
+    return url
+
+
+def _complete(url: str, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, **extra}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_completions_answer_token_ids_and_top_logprobs_in_vllms_shape(launcher: Launcher) -> None:
+    pair = launcher.pair()
+    data = _complete(pair.url, logprobs=2, return_tokens_as_token_ids=True)
+    assert data["object"] == "text_completion" and data["usage"]["completion_tokens"] == 8
+    (choice,) = data["choices"]
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["top_logprobs"]) == len(logprobs["token_logprobs"]) == 8
+    for token, top, lp in zip(logprobs["tokens"], logprobs["top_logprobs"], logprobs["token_logprobs"], strict=True):
+        assert token.startswith("token_id:") and len(top) == 2
+        best, runner_up = sorted(top.items(), key=lambda kv: -kv[1])
+        assert best == (token, lp) and best[1] - runner_up[1] >= 2.0  # decisive by construction
+    assert len(choice["text"].split()) == 8
+    words = _complete(pair.url, logprobs=1)["choices"][0]["logprobs"]["tokens"]
+    assert words == choice["text"].split()  # without the flag: the tokens' text
+
+
+def test_an_aggregated_worker_answers_what_a_healthy_pair_answers(launcher: Launcher) -> None:
+    pair, aggregated = launcher.pair(), _aggregated(launcher)
+    for prompt in ("kalo mine", PROMPT):
+        request = {"prompt": prompt, "logprobs": 2, "return_tokens_as_token_ids": True}
+        assert _complete(pair.url, **request)["choices"] == _complete(aggregated, **request)["choices"]
+    health = httpx.get(f"{aggregated}/health", timeout=5).json()
+    assert {i["role"] for i in health["instances"]} == {"aggregated"}
+
+
+def test_fault_kv_corrupt_after_checksum_passes_the_transfer_and_changes_the_tokens(launcher: Launcher) -> None:
+    pair = launcher.pair(faults=["kv-corrupt-after-checksum"])
+    aggregated = _aggregated(launcher, faults=["kv-corrupt-after-checksum"])  # no transfer: nothing to corrupt
+    chat = pair.chat(max_tokens=16)
+    assert chat.status_code == 200  # the checksum passed: the chat is as healthy as ever
+    check_dynamo_shape(chat.json(), 16)
+    request = {"logprobs": 2, "return_tokens_as_token_ids": True}
+    assert _complete(pair.url, **request)["choices"] != _complete(aggregated, **request)["choices"]
+    assert "corrupted the last KV block after its checksum passed" in pair.decode.log()
+
+
+def test_frontend_needs_a_pair_or_one_aggregated_url(launcher: Launcher) -> None:
+    both = ["--prefill-url", "http://127.0.0.1:1", "--aggregated-url", "http://127.0.0.1:2"]
+    proc = launcher.spawn("frontend", ["frontend", "--port", str(free_port()), "--model", MODEL, *both])
+    assert proc.popen.wait(timeout=10) == 2
+    assert "give --prefill-url and --decode-url, or --aggregated-url alone" in proc.log()

@@ -65,11 +65,11 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     assert len(runtimes) == len(json.loads(seeded("runtimes", "list", "--json").output))
     reference = runtimes["reference-0.1.0"]
     assert (reference["status"], reference["runnable"], reference["cells"], reference["runnable_cells"]) == (
-        "ready", "partly", 2, 1,
+        "ready", "partly", 3, 2,
     )  # fmt: skip
-    assert reference["reasons"] == ["1 of 2 case(s) need 1 GPU, host has 0"]
+    assert reference["reasons"] == ["1 of 3 case(s) need 1 GPU, host has 0"]
     dynamo = runtimes["dynamo-1.6.1"]
-    assert (dynamo["status"], dynamo["runnable"], dynamo["cells"]) == ("not provisioned", "no", 2)
+    assert (dynamo["status"], dynamo["runnable"], dynamo["cells"]) == ("not provisioned", "no", 3)
     assert dynamo["reasons"][0] == (
         "runtime dynamo 1.6.1 is not provisioned: run `matrix runtime provision --runtime dynamo=1.6.1`"
     )
@@ -78,7 +78,7 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     assert (vllm["provider"], vllm["status"], vllm["runnable"]) == ("host", "unavailable", "no")
     assert vllm["reasons"] == [
         "runtime vllm-0.29.1rc0 is not installed on this host (none of vllm, vllm-rs found)",
-        "2 of 2 case(s) need 1 GPU, host has 0",
+        "3 of 3 case(s) need 1 GPU, host has 0",
     ]
     venv_vllm = runtimes["vllm-0.30.0"]
     assert (venv_vllm["provider"], venv_vllm["status"]) == ("venv", "not provisioned")
@@ -96,7 +96,7 @@ def test_table_view(seeded: Matrix, no_gpus_no_engine: None) -> None:
         "not provisioned",
         "matrix runtime provision --runtime dynamo=1.6.1",
         "is not installed on this host",
-        "1/2",
+        "2/3",
     ):
         assert text in result.output, text
 
@@ -121,13 +121,13 @@ def test_readiness_with_a_gpu_and_a_disabled_runtime(seeded: Matrix) -> None:
     }
     assert with_gpu["reference-0.1.0"].status == "disabled"
     assert with_gpu["reference-0.1.0"].reasons[0] == "disabled: `matrix runtime enable reference 0.1.0`"
-    assert with_gpu["reference-0.1.0"].cells == 2  # what it would run once enabled
+    assert with_gpu["reference-0.1.0"].cells == 3  # what it would run once enabled
     enabled = [replace(r, enabled=True) for r in runtimes]
     ready = {
         r.runtime: r
         for r in runtime_readiness(cases, enabled, known_markers=markers, known_backends=backends, gpu_count=1)
     }
-    assert (ready["reference-0.1.0"].runnable, ready["reference-0.1.0"].runnable_cells) == ("yes", 2)
+    assert (ready["reference-0.1.0"].runnable, ready["reference-0.1.0"].runnable_cells) == ("yes", 3)
     assert ready["reference-0.1.0"].reasons == ()
 
 

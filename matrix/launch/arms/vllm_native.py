@@ -17,9 +17,11 @@ from matrix.launch.arms.base import (
     LaunchContext,
     cell_tmp_dir,
     chat_request,
+    equivalence_options,
     frontend_probes,
     gpu_env,
     loopback_url,
+    oracle_spec,
     pd_proxy,
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
@@ -57,42 +59,87 @@ class VllmNativeArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return bool(case.launch.get("cpu", False))
 
+    def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        return (PortRequest("aggregated_http"),)
+
+    def _scratch(self, ctx: LaunchContext) -> dict[str, str]:
+        # Temporary files and caches stay inside the cell's directory and go with it.
+        return {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+
+    def _base_env(self, ctx: LaunchContext) -> dict[str, str]:
+        base_env = {
+            **ctx.env, **gpu_env(ctx), **self._scratch(ctx), "PYTHONUNBUFFERED": "1",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        }  # fmt: skip
+        if not ctx.gpu_ids:
+            base_env["VLLM_TARGET_DEVICE"] = "cpu"
+        base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+        return base_env
+
+    def _engine_argv(self, ctx: LaunchContext, port: int) -> list[str]:
+        """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector)."""
+        launch = ctx.case.launch
+        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
+        argv = [
+            ctx.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--model", str(ctx.model_dir or ctx.case.model),
+            "--served-model-name", ctx.case.model,
+            "--enforce-eager",
+            "--max-model-len", str(launch.get("max_model_len", 512)),
+            kv_flag, str(kv_bytes),
+        ]  # fmt: skip
+        if ctx.gpu_ids:
+            argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", 0.02))]
+        options = equivalence_options(ctx.case)
+        if options is not None:
+            # The oracle compares the pair with an aggregated instance: every instance gets the same seed.
+            argv += ["--seed", str(options["seed"])]
+        return argv
+
+    def _extra_args(self, ctx: LaunchContext) -> list[str]:
+        return [str(a) for a in ctx.case.launch.get("extra_args", [])]
+
+    def aggregated_plan(self, ctx: LaunchContext) -> LaunchPlan:
+        """One `vllm serve` with the pair's flags, without a KV connector: the oracle's baseline."""
+        port = ctx.ports["aggregated_http"]
+        env = self._base_env(ctx)
+        if not ctx.gpu_ids:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"
+        env.update({str(k): str(v) for k, v in ctx.case.launch.get("role_env", {}).get("decode", {}).items()})
+        argv = (*self._engine_argv(ctx, port), *self._extra_args(ctx))
+        health = (HealthProbe(loopback_url(port, "/health")),)
+        return LaunchPlan(
+            cell_id=ctx.cell_id,
+            processes=(ProcessSpec(role="aggregated", argv=argv, env=env, health=health),),
+            ready_probes=frontend_probes(port),
+            request=chat_request(ctx, port),
+            ports=dict(ctx.ports),
+            startup_timeout_s=ctx.case.startup_timeout_s,
+            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 15.0)),
+            gpu_ids=ctx.gpu_ids,
+            scratch_dirs=tuple(self._scratch(ctx).values()),
+            oracle=oracle_spec(ctx, port),
+        )
+
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
         on_gpu = bool(ctx.gpu_ids)
-        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
-        model = str(ctx.model_dir or ctx.case.model)
-        # Temporary files and caches stay inside the cell's directory and go with it.
-        scratch = {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
-        base_env = {
-            **ctx.env, **gpu_env(ctx), **scratch, "PYTHONUNBUFFERED": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        }  # fmt: skip
-        if not on_gpu:
-            base_env["VLLM_TARGET_DEVICE"] = "cpu"
-        base_env.update({str(k): str(v) for k, v in launch.get("env", {}).items()})
+        scratch = self._scratch(ctx)
+        base_env = self._base_env(ctx)
         instances = []
         binding = omp_binding(ctx.cpu_ids) if not on_gpu else {}
         for role, kv_role in ROLES.items():
             connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
             if not on_gpu:
                 connector["kv_buffer_device"] = "cpu"
-            argv = [
-                ctx.python, "-m", "vllm.entrypoints.openai.api_server",
-                "--host", "127.0.0.1",
-                "--port", str(ctx.ports[f"{role}_http"]),
-                "--model", model,
-                "--served-model-name", ctx.case.model,
-                "--enforce-eager",
-                "--max-model-len", str(launch.get("max_model_len", 512)),
-                kv_flag, str(kv_bytes),
-            ]  # fmt: skip
+            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"])
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             if not (role == "decode" and launch.get("decode_without_connector")):
                 argv += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
-            if on_gpu:
-                argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", 0.02))]
-            argv += [str(a) for a in launch.get("extra_args", [])]
+            argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
             if role in binding:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
@@ -113,4 +160,5 @@ class VllmNativeArm:
             gpu_ids=ctx.gpu_ids,
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
             scratch_dirs=tuple(scratch.values()),
+            oracle=oracle_spec(ctx, proxy_port),
         )

@@ -1,0 +1,152 @@
+"""Acceptance of the equivalence oracle on the reference server ([M16]).
+
+Two reference cases that opt in to `equivalent_to_aggregated` (16 prompts x 64 tokens): one healthy, one
+with the fault `kv-corrupt-after-checksum` (decode corrupts the last KV block after the transfer's checksum
+passed, so every other check passes). Each runs N times through the real runner (`run_cell`: real
+processes, ports from the allocator, the aggregated instance launched and torn down after the pair).
+Wanted: the faulty case fails in every run with `equivalent_to_aggregated` as its only failed check; the
+healthy case never fails; nothing survives and every port is free again.
+Run: python tests/bench/bench_equivalence_oracle.py [--runs 50]   (appends to docs/benchmarks.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+CASES = {
+    "oracle_clean": "[]",
+    "oracle_kv_corrupt": '["kv-corrupt-after-checksum"]',
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    case: str
+    status: str
+    failed_checks: tuple[str, ...]
+    message: str
+    aggregated_s: float | None
+    total_s: float | None
+    identical: int
+    prompts: int
+    ports: tuple[int, ...]
+
+
+def _catalog(directory: Path) -> list[Path]:
+    data = REPO / "data"
+    lines = []
+    for name, faults in CASES.items():
+        lines += [
+            "[[case]]",
+            f'name = "{name}"',
+            'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0"]',
+            "startup_timeout_s = 20\nrequest_timeout_s = 20",
+            f"launch = {{ faults = {faults}, teardown_grace_s = 1, equivalence = {{ prompts = 16, tokens = 64 }} }}",
+            "",
+        ]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "oracle.toml").write_text("\n".join(lines))
+    return [
+        directory / "oracle.toml",
+        *(data / n for n in ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml")),
+    ]
+
+
+def run_oracle_cells(home: Path, runs: int) -> list[Run]:
+    """`runs` attempts of each case, alternating, through `run_cell`; MATRIX_HOME must already be `home`."""
+    from matrix.catalog.load import load_catalog
+    from matrix.catalog.sync import sync_catalog
+    from matrix.db.engine import create_db_engine, session_factory, transaction
+    from matrix.db.migrate import ensure_schema
+    from matrix.hardware.ports import PortAllocator
+    from matrix.paths import port_registry_path
+    from matrix.plan import Selection, plan_from_db
+    from matrix.runner import run_cell
+
+    engine = create_db_engine(f"sqlite:///{home / 'oracle.db'}")
+    ensure_schema(engine)
+    factory = session_factory(engine)
+    with transaction(factory) as session:
+        sync_catalog(session, load_catalog(_catalog(home / "catalog")))
+        cells = {c.case.name: c for c in plan_from_db(session, Selection(cases=tuple(CASES))).cells}
+    allocator = PortAllocator(port_registry_path())
+    results = []
+    for i in range(runs):
+        for name, cell in cells.items():
+            log_dir = home / "runs" / f"{name}-{i}"
+            outcome = run_cell(cell, f"oracle-{name}-{i}", log_dir, allocator)
+            artifact = log_dir / "equivalence.json"
+            document = json.loads(artifact.read_text()) if artifact.is_file() else {}
+            kinds = [r["kind"] for r in document.get("results", [])]
+            results.append(
+                Run(
+                    case=name,
+                    status=outcome.status,
+                    failed_checks=tuple(c.name for c in outcome.checks),
+                    message=outcome.message,
+                    aggregated_s=document.get("aggregated_s"),
+                    total_s=outcome.total_s,
+                    identical=kinds.count("identical"),
+                    prompts=len(kinds),
+                    ports=tuple(outcome.ports.values()),
+                )
+            )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="matrix-bench-oracle-"))
+    os.environ["MATRIX_HOME"] = str(home)
+    from matrix.hardware.ports import port_is_free
+
+    runs = run_oracle_cells(home, args.runs)
+    rows = []
+    for name in CASES:
+        mine = [r for r in runs if r.case == name]
+        only_oracle = sum(r.status == "failed" and r.failed_checks == ("equivalent_to_aggregated",) for r in mine)
+        failed = sum(r.status != "passed" for r in mine)
+        busy = sum(not port_is_free(p, reuse_addr=True) for r in mine for p in r.ports)
+        agg = statistics.median(r.aggregated_s for r in mine if r.aggregated_s is not None)
+        total = statistics.median(r.total_s for r in mine if r.total_s is not None)
+        identical = sum(r.identical for r in mine), sum(r.prompts for r in mine)
+        rows.append(
+            f"| `{name}` | {len(mine)} | {failed} | {only_oracle} | {identical[0]}/{identical[1]} | "
+            f"{total:.2f} | {agg:.2f} | {busy} |"
+        )
+        if name == "oracle_clean" and failed:
+            print("\n".join(r.message for r in mine if r.status != "passed"), file=sys.stderr)
+    report = (
+        f"\n## Equivalence oracle on the reference server ({dt.date.today()}, {args.runs} runs per case, "
+        f"{os.cpu_count()} cores)\n\n"
+        f"`python tests/bench/bench_equivalence_oracle.py --runs {args.runs}`: 16 prompts x 64 tokens per run, "
+        "the pair then the aggregated instance.\n\n"
+        "| case | runs | failed | failed with `equivalent_to_aggregated` only | prompts token-identical | "
+        "median total s | median aggregated s | ports still busy |\n|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nWanted: `oracle_kv_corrupt` fails in every run with only `equivalent_to_aggregated`; "
+        "`oracle_clean` never fails.\n"
+    )
+    print(report)
+    if not args.no_write:
+        from tests.bench.results import append_section
+
+        append_section(report)
+
+
+if __name__ == "__main__":
+    main()
