@@ -345,9 +345,10 @@ def _run(
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
-        cpu_ok = get_arm(cell.case.arm).runs_on_cpu(cell.case)
+        arm = get_arm(cell.case.arm)
+        demand = demand_for(cell, cpu_ok=arm.runs_on_cpu(cell.case), absolute_memory=arm.absolute_memory(cell.case))
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
-        jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
+        jobs.append(Job(cell, attempt, expected, demand, failed_before))
     # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
     # `interrupted` with its cells pending (`--resume` finishes it).
     stop = StopSignal()

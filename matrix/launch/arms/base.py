@@ -61,9 +61,27 @@ class Arm(Protocol):
         """Whether this case can run on a host without GPUs."""
         ...
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        """Whether every instance's GPU memory is bounded absolutely (KV bytes or tokens with a tiny
+        utilisation fraction), not sized from what is free: then its start-up may overlap others."""
+        ...
+
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         """Pure: build the plan, start nothing."""
         ...
+
+
+# The most of a GPU's memory an engine's utilisation fraction may claim for its start-up to count as bounded
+# absolutely: vLLM checks `--gpu-memory-utilization` x total against free memory before its byte cap, and
+# SGLang's `--mem-fraction-static` is the share its weights and pool may take; tiny ones never decide.
+TINY_MEMORY_FRACTION = 0.1
+
+
+def tiny_fraction(value: object) -> bool:
+    try:
+        return 0 < float(str(value)) <= TINY_MEMORY_FRACTION
+    except ValueError:
+        return False
 
 
 def cell_tmp_dir(ctx: LaunchContext) -> Path:

@@ -16,9 +16,14 @@ from pathlib import Path
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url, tiny_fraction
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
-from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.arms.vllm_sidecar import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    decode_metrics,
+    scratch_env,
+    vllm_sidecar_processes,
+)
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -102,6 +107,18 @@ class DynamoArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         engine = _engine(case)
         return engine == "mocker" or (engine == "vllm" and bool(case.launch.get("cpu", False)))
+
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        # A launch script may start its engines any way it likes: only matrix's own plans are vouched for.
+        engine, launch = _engine(case), case.launch
+        if launch.get("script") or launch.get("workspace_script"):
+            return False
+        if engine == "vllm":
+            utilization = launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+            return "bytes" in case.kv_bound and tiny_fraction(utilization)
+        if engine == "sglang":
+            return sglang_server.absolute_memory(case)
+        return engine == "mocker"  # no GPU memory at all
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)

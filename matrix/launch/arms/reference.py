@@ -20,6 +20,10 @@ class ReferenceArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return str(case.launch.get("device", "cpu")) == "cpu"
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        # The workers allocate exactly --kv-cache-bytes; without a bound a case sizes nothing absolutely.
+        return "bytes" in case.kv_bound
+
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
         kv_bytes = int(ctx.case.kv_bound.get("bytes", DEFAULT_KV_CACHE_BYTES))

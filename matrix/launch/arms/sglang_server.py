@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url, tiny_fraction
 from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
+from matrix.plan import CaseInfo
 
 ROLES = ("prefill", "decode")
 DEFAULT_KV_TOKENS = 2048
@@ -28,6 +29,12 @@ DEFAULT_CONTEXT_LENGTH = 1024
 DEFAULT_MEM_FRACTION_STATIC = 0.05
 BOOTSTRAP_PORT = "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"
 KV_COUNTERS = ("sglang:kv_transfer_latency_ms_count",)
+
+
+def absolute_memory(case: CaseInfo) -> bool:
+    """An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static`."""
+    fraction = case.launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)
+    return "tokens" in case.kv_bound and tiny_fraction(fraction)
 
 
 def port_name(role: str, kind: str) -> str:

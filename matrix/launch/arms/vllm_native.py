@@ -21,6 +21,7 @@ from matrix.launch.arms.base import (
     gpu_env,
     loopback_url,
     pd_proxy,
+    tiny_fraction,
 )  # fmt: skip
 from matrix.launch.plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
@@ -55,6 +56,9 @@ class VllmNativeArm:
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return bool(case.launch.get("cpu", False))
+
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        return "bytes" in case.kv_bound and tiny_fraction(case.launch.get("gpu_memory_utilization", 0.02))
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
