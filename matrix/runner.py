@@ -21,6 +21,7 @@ from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
+from matrix.launch.caches import cache_env
 from matrix.launch.plan import LaunchPlan
 from matrix.launch.providers import Mismatch, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.supervisor import Supervisor, TeardownReport
@@ -158,6 +159,8 @@ def _run(
         return CellOutcome("failed", "config", environment.reason)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
+    # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime.
+    caches = cache_env(cell.runtime) if environment.container is None else {}
     try:
         ports = allocator.allocate(cell_id, arm.port_requests(case))
     except MatrixError as exc:
@@ -175,7 +178,8 @@ def _run(
             work_dir=log_dir,
             python=environment.python,
             gpu_ids=resources.gpu_ids[:gpus_needed],
-            env=environment.env,
+            env={**environment.env, **caches},
+            caches=caches,
             model_dir=model_dir,
             workspace=resources.workspace,
         )

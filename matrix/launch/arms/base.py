@@ -46,6 +46,9 @@ class LaunchContext:
     # A short per-cell temporary directory: engines put Unix sockets there, whose paths must stay under
     # 108 bytes, so it cannot live inside the (deep) log directory. Created and removed by the runner.
     tmp_dir: Path | None = None
+    # The runtime's persistent engine caches (`matrix.launch.caches`), also part of `env`: an arm keeps a cache
+    # inside the cell only when the runtime has none for that variable (`cell_scratch`).
+    caches: Mapping[str, str] = field(default_factory=dict)
     # The CPUs this runner may use, for arms that split them between the processes of a pair.
     cpu_ids: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(os.sched_getaffinity(0))))
 
@@ -82,6 +85,12 @@ def tiny_fraction(value: object) -> bool:
         return 0 < float(str(value)) <= TINY_MEMORY_FRACTION
     except ValueError:
         return False
+
+
+def cell_scratch(ctx: LaunchContext, scratch: Mapping[str, str]) -> dict[str, str]:
+    """The cell-local directories of `scratch` (variable -> path) except those the runtime's persistent
+    caches provide: those stay in `ctx.env`, and are never removed with the cell."""
+    return {name: path for name, path in scratch.items() if name not in ctx.caches}
 
 
 def cell_tmp_dir(ctx: LaunchContext) -> Path:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url, tiny_fraction
+from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
 from matrix.launch.plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.plan import CaseInfo
 
@@ -49,12 +49,16 @@ def port_requests(*, grpc: bool) -> tuple[PortRequest, ...]:
 
 
 def scratch_env(ctx: LaunchContext) -> dict[str, str]:
-    """Temporary files (SGLang's IPC sockets, Prometheus' multiprocess files) and caches stay in the cell."""
-    return {
-        "TMPDIR": str(cell_tmp_dir(ctx)),
-        "TRITON_CACHE_DIR": str(ctx.work_dir / "triton-cache"),
-        "XDG_CACHE_HOME": str(ctx.work_dir / "cache"),
-    }
+    """Temporary files (SGLang's IPC sockets, Prometheus' multiprocess files) and caches stay in the cell
+    (the caches unless the runtime has persistent ones)."""
+    return cell_scratch(
+        ctx,
+        {
+            "TMPDIR": str(cell_tmp_dir(ctx)),
+            "TRITON_CACHE_DIR": str(ctx.work_dir / "triton-cache"),
+            "XDG_CACHE_HOME": str(ctx.work_dir / "cache"),
+        },
+    )
 
 
 def server(

@@ -15,6 +15,7 @@ import json
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LaunchContext,
+    cell_scratch,
     cell_tmp_dir,
     chat_request,
     frontend_probes,
@@ -66,7 +67,9 @@ class VllmNativeArm:
         kv_bytes = int(ctx.case.kv_bound.get("bytes", CPU_KV_CACHE_BYTES))
         model = str(ctx.model_dir or ctx.case.model)
         # Temporary files and caches stay inside the cell's directory and go with it.
-        scratch = {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+        scratch = cell_scratch(
+            ctx, {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+        )
         base_env = {
             **ctx.env, **gpu_env(ctx), **scratch, "PYTHONUNBUFFERED": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         }  # fmt: skip
