@@ -37,9 +37,10 @@ def _case(name: str, kv_bound: dict[str, int], **launch: object) -> CaseInfo:
 
 
 def _run_two(tmp_path: Path, cases: list[CaseInfo]) -> list[CellOutcome]:
-    pool = SlotPool([Gpu(0, "GPU-fake", "Fake", 80 * GIB, 0)], pack=True, cpu_slots=0)
+    gpu = Gpu(0, "GPU-fake", "Fake", 80 * GIB, 0)
+    pool = SlotPool([gpu], pack=True, cpu_slots=0)
     allocator = PortAllocator(tmp_path / "ports.json")
-    executor = LocalExecutor(pool, allocator, max_workers=2)
+    executor = LocalExecutor(pool, allocator, max_workers=2, gpus=(gpu,))
     futures = []
     for index, case in enumerate(cases):
         cell = Cell(case=case, runtime=REFERENCE)
