@@ -159,8 +159,10 @@ def _run(
         return CellOutcome("failed", "config", environment.reason)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
-    # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime.
+    # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable
+    # the runtime's provider sets itself is the catalog's choice and stays.
     caches = cache_env(cell.runtime) if environment.container is None else {}
+    caches = {name: path for name, path in caches.items() if name not in environment.env}
     try:
         ports = allocator.allocate(cell_id, arm.port_requests(case))
     except MatrixError as exc:

@@ -123,3 +123,15 @@ def test_the_second_cell_of_a_runtime_finds_the_first_ones_cache(home: Path, tmp
     removed = caches.clear_caches([cached["0.1.0"].key])
     assert [c.key for c in removed] == [cached["0.1.0"].key]
     assert [c.key for c in caches.list_caches()] == [cached["0.2.0"].key]
+
+
+def test_a_cache_variable_the_runtime_sets_itself_wins(home: Path, tmp_path: Path) -> None:
+    own = tmp_path / "own-cache"
+    cell = _reference_cell("0.1.0")
+    runtime = RuntimeInfo(backend="reference", version="0.1.0", tag="v0.1.0",
+                          provider={"kind": "builtin", "env": {"XDG_CACHE_HOME": str(own)}})  # fmt: skip
+    outcome = run_cell(
+        Cell(case=cell.case, runtime=runtime), "own", tmp_path / "cell", PortAllocator(tmp_path / "p.json")
+    )
+    assert outcome.status == "passed", outcome.message
+    assert f"kernel cache miss: built {own}" in (tmp_path / "cell" / "prefill.log").read_text()
