@@ -126,7 +126,8 @@ def _drive(cell: Any, home: Path, index: int) -> dict[str, float]:
     with httpx.Client(trust_env=False) as client:
         while probes:
             if any(p.poll() is not None for p in procs):
-                raise SystemExit(f"driver: a process died, see {work}")
+                tails = {f.name: f.read_text()[-1500:] for f in work.glob("*.log")}
+                raise SystemExit(f"driver: a process died before ready: {tails}")
             probes = [probe for probe in probes if not _probe_ok(client, probe)]
             if probes:
                 time.sleep(POLL_S)
@@ -194,9 +195,11 @@ def main() -> None:
             # Bytecode written and used, as after `pip install` (the reference servers are matrix modules).
             env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
             env["PYTHONPATH"] = str(tree if kind == "matrix" else REPO)
-            out = subprocess.run([sys.executable, __file__, "--worker", kind, *common], env=env,
-                                 check=True, capture_output=True, text=True).stdout  # fmt: skip
-            rows[name] += json.loads(out.strip().splitlines()[-1])
+            done = subprocess.run([sys.executable, __file__, "--worker", kind, *common], env=env,
+                                  capture_output=True, text=True)  # fmt: skip
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            rows[name] += json.loads(done.stdout.strip().splitlines()[-1])
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[name]) * 1000

@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import os
 import re
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -51,12 +52,21 @@ def _env(tree: Path, home: Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(tree), "MATRIX_HOME": str(home), "MATRIX_DB": str(home / "matrix.db")}
 
 
+CPU: dict[tuple[str, str], list[float]] = {}
+
+
 def _timed(args: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one `matrix ARGS` process; its CPU seconds (user + system, children included) are
+    kept in CPU, which a loaded host inflates far less than the wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "matrix", *args], env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"matrix {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    CPU.setdefault((env["PYTHONPATH"], " ".join(args)), []).append(cpu)
     return elapsed
 
 
@@ -117,8 +127,10 @@ def main() -> None:
         "| command | " + " | ".join(f"{name}, ms" for name in names) + " |",
         "|---|" + "---|" * len(names),
     ]
-    for label in COMMANDS:
+    for label, command in COMMANDS.items():
         lines.append(f"| {label} (wall) | " + " | ".join(ms(walls[(name, label)]) for name in names) + " |")
+        cpu = [ms(CPU[(str(variants[name]), " ".join(command))][1:]) for name in names]  # [0]: the warm-up
+        lines.append(f"| {label} (CPU, children included) | " + " | ".join(cpu) + " |")
     added_ms = " | ".join(ms(added[name]) for name in names)
     lines.append(f"| one-cell matrix run: wall - the cell's `total_s` | {added_ms} |")
     lines.append("\n`python -X importtime` on this tree, largest cumulative imports (top level, and matrix's own):\n")
