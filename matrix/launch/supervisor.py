@@ -562,7 +562,22 @@ def _probe(client: httpx.Client, probe: HealthProbe, timeout: float) -> str | No
         return f"HTTP {response.status_code}"
     if probe.require_models and not _lists_models(response):
         return "HTTP 200 without models"
+    missing = _missing_endpoints(response, probe.require_endpoints)
+    if missing:
+        return f"HTTP 200 without endpoints {', '.join(missing)}"
     return None
+
+
+def _missing_endpoints(response: httpx.Response, wanted: tuple[str, ...]) -> list[str]:
+    if not wanted:
+        return []
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return list(wanted)
+    listed = body.get("endpoints") if isinstance(body, dict) else None
+    names = [str(e) for e in listed] if isinstance(listed, list) else []
+    return [w for w in wanted if not any(name.endswith(w) for name in names)]
 
 
 def _lists_models(response: httpx.Response) -> bool:

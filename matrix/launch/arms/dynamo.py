@@ -158,8 +158,15 @@ class DynamoArm:
         metrics: tuple[MetricsCheck, ...] = ()
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
         script = _script_text(ctx)
+        ready = frontend_probes(frontend_port)
         if engine == "mocker":
             workers = tuple(self._mocker(ctx, role, env) for role in _worker_roles(ctx.case))
+            # The frontend lists the model and says healthy once *one* worker registered; a request then
+            # fails 503 "no backend worker available" until it has discovered the prefill worker too.
+            # Ready means its /health lists every worker's generate endpoint (decode's component is "backend").
+            components = ["backend" if role in ("decode", "worker") else role for role in _worker_roles(ctx.case)]
+            wanted = tuple(f".{component}.generate" for component in components)
+            ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
         elif script is None and engine == "vllm":
             workers = vllm_sidecar_processes(ctx, env)
             metrics = (decode_metrics(ctx),)
@@ -173,7 +180,7 @@ class DynamoArm:
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*workers, frontend),
-            ready_probes=frontend_probes(frontend_port),
+            ready_probes=ready,
             request=chat_request(ctx, frontend_port),
             ports=dict(ports),
             startup_timeout_s=ctx.case.startup_timeout_s,
