@@ -88,7 +88,10 @@ def _probe_ok(client: Any, probe: Any) -> bool:
         return False
     if response.status_code != 200:
         return False
-    return not probe.require_models or bool(response.json().get("data"))
+    if probe.require_models and not response.json().get("data"):
+        return False
+    endpoints = [str(e) for e in response.json().get("endpoints", [])] if probe.require_endpoints else []
+    return all(any(e.endswith(wanted) for e in endpoints) for wanted in probe.require_endpoints)
 
 
 def _drive(cell: Any, home: Path, index: int) -> dict[str, float]:
