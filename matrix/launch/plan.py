@@ -19,8 +19,8 @@ __all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "ProcessSpec", "RequestS
 @dataclass(frozen=True)
 class HealthProbe:
     """An HTTP GET that must answer 200; with `require_models`, the body must list at least one model; with
-    `require_endpoints`, its JSON `endpoints` must include one ending in each of them (Dynamo's frontend
-    `/health` lists the worker endpoints it has discovered)."""
+    `require_endpoints`, its JSON `endpoints` must include a distinct one ending in each of them (Dynamo's
+    frontend `/health` lists the worker endpoints it has discovered)."""
 
     url: str
     require_models: bool = False

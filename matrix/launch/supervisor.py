@@ -577,7 +577,15 @@ def _missing_endpoints(response: httpx.Response, wanted: tuple[str, ...]) -> lis
         return list(wanted)
     listed = body.get("endpoints") if isinstance(body, dict) else None
     names = [str(e) for e in listed] if isinstance(listed, list) else []
-    return [w for w in wanted if not any(name.endswith(w) for name in names)]
+    # Each wanted suffix needs an endpoint of its own: (".generate", ".generate") means two workers.
+    missing = []
+    for suffix in wanted:
+        match = next((name for name in names if name.endswith(suffix)), None)
+        if match is None:
+            missing.append(suffix)
+        else:
+            names.remove(match)
+    return missing
 
 
 def _lists_models(response: httpx.Response) -> bool:

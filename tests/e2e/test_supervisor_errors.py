@@ -102,7 +102,7 @@ DISCOVERING_FRONTEND = textwrap.dedent("""
 def test_ready_waits_until_the_frontend_lists_every_worker_endpoint(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
     """[M17] a 200 /health alone let a mocker cell send its request before the prefill worker was routable."""
     server = ProcessSpec(role="frontend", argv=(sys.executable, "-c", DISCOVERING_FRONTEND, str(ports[0])))
-    wanted = (".backend.generate", ".prefill.generate")
+    wanted = (".generate", ".generate")  # two distinct workers, as the mocker plan asks
     probe = HealthProbe(f"http://127.0.0.1:{ports[0]}/health", require_endpoints=wanted)
     plan = make_plan((server,), ports, ready_probes=(probe,), startup_timeout_s=60.0)
     with Supervisor(plan, tmp_path / "logs") as sup:

@@ -232,8 +232,7 @@ def test_reference_plan(tmp_path: Path) -> None:
     assert all(p.url.startswith("http://127.0.0.1:") for p in plan.ready_probes)
 
 
-@pytest.mark.parametrize(("aggregated", "wanted"), [(False, (".prefill.generate", ".backend.generate")),
-                                                    (True, (".backend.generate",))])  # fmt: skip
+@pytest.mark.parametrize(("aggregated", "wanted"), [(False, (".generate", ".generate")), (True, (".generate",))])
 def test_a_mocker_cell_is_ready_once_the_frontend_routes_to_every_worker(
     tmp_path: Path, aggregated: bool, wanted: tuple[str, ...]
 ) -> None:
