@@ -103,6 +103,10 @@ class HostHooks(Protocol):
 
     def runs_on_cpu(self, case: CaseInfo) -> bool: ...
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        """Whether the case's arm bounds its GPU memory absolutely (its start-ups need not queue)."""
+        ...
+
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:
@@ -399,9 +403,11 @@ def _run(
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
-        cpu_ok = hooks.runs_on_cpu(cell.case)
+        demand = demand_for(
+            cell, cpu_ok=hooks.runs_on_cpu(cell.case), absolute_memory=hooks.absolute_memory(cell.case)
+        )
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
-        jobs.append(Job(cell, attempt, expected, demand_for(cell, cpu_ok=cpu_ok), failed_before))
+        jobs.append(Job(cell, attempt, expected, demand, failed_before))
     # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
     # `interrupted` with its cells pending (`--resume` finishes it).
     stop = StopSignal()

@@ -22,6 +22,7 @@ from typing import Any
 from matrix import __version__
 from matrix.errors import MatrixError
 from matrix.hardware.gpus import GIB, inventory
+from matrix.launch import caches
 from matrix.launch.arms import get_arm
 from matrix.launch.providers import Mismatch, NotProvisioned, Unavailable, prepare
 from matrix.launch.providers.container import default_engine, engine_problem
@@ -54,6 +55,8 @@ class HostFacts:
     disk_free_bytes: int | None
     # Optional extras for running beyond one host: package -> installed version, or None.
     scale_out: dict[str, str | None] = field(default_factory=dict)
+    # Per-runtime engine caches (`matrix.launch.caches`): on/off, how many, how big.
+    engine_caches: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ def host_facts() -> HostFacts:
         data_dir=str(data_dir()),
         disk_free_bytes=_disk_free(envs_dir()),
         scale_out={extra: _installed(dist) for extra, dist in SCALE_OUT_EXTRAS.items()},
+        engine_caches=caches.summary(),
     )
 
 
@@ -299,6 +303,7 @@ def host_lines(host: HostFacts) -> list[tuple[str, str]]:
         ("uv", uv),
         ("data directory", host.data_dir),
         ("free disk (envs)", _gib(host.disk_free_bytes)),
+        ("engine caches", host.engine_caches),
         *((f"{extra} extra", _extra_line(extra, version)) for extra, version in host.scale_out.items()),
     ]
 

@@ -7,9 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 
 def print_json(data: Any) -> None:
@@ -26,6 +23,11 @@ def echo(text: str = "", *, err: bool = False) -> None:
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
     """A rich table on a terminal; plain, wide rows when piped so nothing is cut."""
+    # Imported here: Rich costs ~0.1 s of start-up, and most commands print no table.
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     from matrix.report.text import printable
 
     console = Console(soft_wrap=False)

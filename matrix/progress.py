@@ -7,14 +7,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from matrix.report.text import clean
+
+if TYPE_CHECKING:  # Rich is imported only for the live panel: it costs start-up time every run pays
+    from rich.console import Console, Group
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,9 @@ class LiveReporter:
     """A live panel on a terminal: counts, ETA, one line per running cell; finished cells scroll above."""
 
     def __init__(self, total: int, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
         self._console = console or Console()
         self._total = total
         self._started = time.monotonic()
@@ -111,6 +112,8 @@ class LiveReporter:
                 if not event.data.get("will_retry"):
                     self._done += 1
                     self._counts[event.status] = self._counts.get(event.status, 0) + 1
+                from rich.text import Text
+
                 style = {"passed": "green", "skipped": "yellow"}.get(event.status, "red")
                 self._live.console.print(Text(_line(event), style=style))
             elif event.kind in ("message", "campaign-end", "campaign-start"):
@@ -118,6 +121,10 @@ class LiveReporter:
             self._live.update(self._render())
 
     def _render(self) -> Group:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
         elapsed = time.monotonic() - self._started
         eta = ""
         if self._done:
@@ -138,6 +145,10 @@ class LiveReporter:
 def make_reporter(*, total: int, json_events: bool, quiet: bool) -> Reporter:
     if json_events:
         return JsonReporter()
+    if quiet:
+        return LineReporter(quiet=True)
+    from rich.console import Console
+
     console = Console()
     if console.is_terminal and not quiet:
         return LiveReporter(total, console)

@@ -24,6 +24,7 @@ from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
+from matrix.launch.caches import cache_env
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.providers import (
     Environment,
@@ -138,6 +139,10 @@ def _run(
         return CellOutcome("failed", "config", environment.reason)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
+    # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable
+    # the runtime's provider sets itself is the catalog's choice and stays.
+    caches = cache_env(cell.runtime) if environment.container is None else {}
+    caches = {name: path for name, path in caches.items() if name not in environment.env}
     try:
         ports = allocator.allocate(cell_id, arm.port_requests(case))
     except MatrixError as exc:
@@ -155,7 +160,8 @@ def _run(
             work_dir=log_dir,
             python=environment.python,
             gpu_ids=resources.gpu_ids[:gpus_needed],
-            env=environment.env,
+            env={**environment.env, **caches},
+            caches=caches,
             model_dir=model_dir,
             workspace=resources.workspace,
         )

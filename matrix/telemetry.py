@@ -7,6 +7,7 @@ A background thread samples every `interval_s` while the pair runs. Peaks are wh
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,13 +15,33 @@ import psutil
 
 from matrix.hardware.gpus import gpu_processes, memory_used
 
+# The sampler may use at most about 1 / _DUTY of the time: a sample walks /proc, and on a small host a
+# sampler running flat out (one sample took ~75 ms on a loaded 2-core host, the interval is 50 ms) takes
+# CPU from the very engines whose start-up is being timed.
+_DUTY = 5
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from one pass over the process table (psutil's `children(recursive=True)`
+    makes one such pass per call, i.e. per role and sample)."""
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if ppid is not None:
+            children.setdefault(ppid, []).append(proc.pid)
+    return children
+
+
+def _tree(pid: int, children: Mapping[int, list[int]]) -> list[psutil.Process]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            found.append(psutil.Process(current))
+        except psutil.Error:
+            continue
+        todo.extend(children.get(current, ()))
+    return found
 
 
 class PeakSampler(threading.Thread):
@@ -39,15 +60,17 @@ class PeakSampler(threading.Thread):
 
     def run(self) -> None:
         while True:
+            started = time.monotonic()
             self.sample()
-            if self._stop_event.wait(self._interval_s):
+            if self._stop_event.wait(max(self._interval_s, _DUTY * (time.monotonic() - started))):
                 break
 
     def sample(self) -> None:
         by_pid: dict[int, str] = {}
+        children = _children_map()
         for role, pid in self._pids().items():
             rss, cpu = 0, 0.0
-            for proc in _tree(pid):
+            for proc in _tree(pid, children):
                 try:
                     with proc.oneshot():
                         rss += proc.memory_info().rss

@@ -24,6 +24,9 @@ class LocalHooks:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return get_arm(case.arm).runs_on_cpu(case)
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        return get_arm(case.arm).absolute_memory(case)
+
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:

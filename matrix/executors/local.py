@@ -12,7 +12,7 @@ from matrix.hardware.ports import PortAllocator
 from matrix.outcome import CellOutcome
 from matrix.runner import LiveCells, Resources, run_cell
 from matrix.schedule.executor import Submission
-from matrix.schedule.slots import Lease, SlotPool
+from matrix.schedule.slots import Lease, SlotPool, StartupGate
 
 # After a GPU cell, how long to wait for NVML to show the GPU back near its baseline, and how near.
 GPU_SETTLE_S = 30.0
@@ -55,16 +55,17 @@ class LocalExecutor:
 
     def _work(self, submission: Submission) -> CellOutcome:
         lease = submission.lease
+        gate = self._pool.startup_gate(lease)
         resources = Resources(
-            gpu_ids=lease.gpu_ids,
-            host_gpus=len(self._gpus),
-            startup_gate=self._pool.startup_gate(lease),
-            workspace=self._workspace,
+            gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=gate, workspace=self._workspace
         )
         outcome = run_cell(submission.cell, submission.uid, submission.log_dir, self._allocator, resources, self._live)
         if lease.gpu_indices:
             settle = self._settle(lease)
-            outcome = replace(outcome, gpu={**outcome.gpu, **settle, "startup_queue_s": round(outcome.queued_s, 3)})
+            # How the start-up went through its GPU's gate (mode, window, peers beside it), for the overlap.
+            startup = gate.record() if isinstance(gate, StartupGate) else {}
+            queue = {"startup_queue_s": round(outcome.queued_s, 3)}
+            outcome = replace(outcome, gpu={**outcome.gpu, **settle, **queue, **startup})
         return outcome
 
     def _settle(self, lease: Lease) -> dict[str, object]:

@@ -18,10 +18,13 @@ __all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "OracleSpec", "ProcessSp
 
 @dataclass(frozen=True)
 class HealthProbe:
-    """An HTTP GET that must answer 200; with `require_models`, the body must list at least one model."""
+    """An HTTP GET that must answer 200; with `require_models`, the body must list at least one model; with
+    `require_endpoints`, its JSON `endpoints` must include a distinct one ending in each of them (Dynamo's
+    frontend `/health` lists the worker endpoints it has discovered)."""
 
     url: str
     require_models: bool = False
+    require_endpoints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ cell fails for a reason that has nothing to do with it. So the supervisor
 
 Readiness is polled with a short, gently growing interval rather than fixed sleeps, so a ready pair is
 noticed within about 50 ms and a dead one is reported at once, with the end of its log. Once a server
-answers HTTP (but is not ready yet) it is asked only every half second: engines log each request, and
-50 ms probes would fill the log's tail with them. A failure message carries the error lines of the whole
-log (ERROR, Traceback, panic, "Failed to"...) before its tail, so the cause survives a chatty process. A
-process that logs a fatal error (FATAL, CRITICAL, a panic, an ERROR that failed to do something) and is
-still not ready a few seconds later fails the start-up at once instead of waiting out the timeout.
+answers HTTP (but is not ready yet) the interval grows with the time it has been answering, to half a
+second after five: engines log each request, and 50 ms probes would fill the log's tail with them. A
+failure message carries the error lines of the whole log (ERROR, Traceback, panic, "Failed to"...) before
+its tail, so the cause survives a chatty process. A process that logs a fatal error (FATAL, CRITICAL, a
+panic, an ERROR that failed to do something) and is still not ready a few seconds later fails the start-up
+at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import functools
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -62,8 +64,12 @@ _REAP_S = 5.0
 _PUMP_JOIN_S = 2.0
 _MAX_LINE_BYTES = 65_536  # progress bars redraw with "\r" and may never end a line
 _TAIL_BYTES = 262_144
-# Once a probe gets an HTTP answer, ask at most this often: each request is a log line in most engines.
+# Once a probe gets HTTP answers (each request is a log line in most engines), the interval is this
+# fraction of the time the server has been answering, between _POLL_MAX_S and _POLL_ANSWERED_S: readiness
+# is noticed within ~10 % of that wait, and a long start-up is asked twice a second. A flat half second
+# here cost every Dynamo mocker cell about 0.2 s of ready time.
 _POLL_ANSWERED_S = 0.5
+_POLL_ANSWERED_FRACTION = 0.1
 # Error lines taken from the whole log into a failure message; the log is read up to this many bytes.
 ERROR_LINES = 20
 _ERROR_SCAN_BYTES = 64 * 1024 * 1024
@@ -260,6 +266,8 @@ class Supervisor:
         plan_probes: list[tuple[_Child | None, HealthProbe]] = [(None, probe) for probe in self._plan.ready_probes]
         last_answer = "no answer yet"
         delay = _POLL_FIRST_S
+        answered_since: float | None = None  # when the failing probe first got an HTTP answer (not ready)
+        answered_probe: HealthProbe | None = None
         with loopback_client(_PROBE_TIMEOUT_S) as client:
             while True:
                 dead = next((child for child in self._children if child.popen.poll() is not None), None)
@@ -271,7 +279,12 @@ class Supervisor:
                 answer = _advance(client, pending, deadline)
                 last_answer = answer or last_answer
                 # A server that answers but is not ready yet is asked less often (see the module docstring).
-                cap = _POLL_ANSWERED_S if answer is not None and answer.startswith("HTTP ") else _POLL_MAX_S
+                # The clock is per probe: the next probe's server has not been answering for as long.
+                if answer is not None and answer.startswith("HTTP ") and pending:
+                    if answered_since is None or answered_probe is not pending[0][1]:
+                        answered_since, answered_probe = time.monotonic(), pending[0][1]
+                else:
+                    answered_since = None
                 if not pending and deferred:
                     healthy = {child.role for child in self._children}
                     # Never empty: the first deferred process only waits on earlier roles, all started.
@@ -288,8 +301,9 @@ class Supervisor:
                     return ReadyResult(True, None, "ready", self._elapsed(), "")
                 if time.monotonic() >= deadline:
                     return self._timed_out(*pending[0], last_answer)
-                if cap != _POLL_MAX_S:
-                    delay = cap
+                if answered_since is not None:
+                    answering = time.monotonic() - answered_since
+                    delay = min(max(_POLL_ANSWERED_FRACTION * answering, _POLL_MAX_S), _POLL_ANSWERED_S)
                 time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
                 delay = min(delay * _POLL_GROWTH, _POLL_MAX_S)
 
@@ -355,6 +369,7 @@ class Supervisor:
         for stage in (group for group in stages if group):
             for child in stage:
                 _signal_group(child.popen.pid, signal.SIGTERM)
+            _wait_exits(stage, self._plan.teardown_grace_s)
             _wait_until(functools.partial(_all_gone, stage), self._plan.teardown_grace_s)
         stubborn = [child for child in self._children if _group_alive(child)]
         for child in stubborn:
@@ -362,9 +377,13 @@ class Supervisor:
         exits = tuple(_reap(child, killed=child in stubborn) for child in self._children)
         # Whatever left its group (setsid, MPI daemons) is found by its tag.
         escaped = tuple(kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S))
-        # A child that could not be reaped counts even if its environment cannot be read.
+        # A child that could not be reaped counts even if its environment cannot be read. The sweep above
+        # read every process's environment; when it found nothing (and every child was reaped) nothing of
+        # the cell can be left to fork, so a second full scan would only cost time.
         unreaped = {exit_.pid for exit_ in exits if exit_.returncode is None}
-        survivors = tuple(sorted({proc.pid for proc in find_cell_processes(self._plan.cell_id)} | unreaped))
+        rescan = escaped or unreaped
+        left = {proc.pid for proc in find_cell_processes(self._plan.cell_id)} if rescan else set()
+        survivors = tuple(sorted(left | unreaped))
         busy = _busy_ports(self._plan.ports.values(), _PORT_RELEASE_S)
         for child in self._children:
             child.pump.join(timeout=_PUMP_JOIN_S)
@@ -411,6 +430,12 @@ class _Watchdog:
             os.write(self._write_fd, watchdog_done())
         with contextlib.suppress(OSError):
             os.close(self._write_fd)
+        # The watchdog is not part of the cell (no MATRIX_CELL_ID, its own session): the cell's teardown
+        # need not wait for an interpreter to exit. A daemon thread reaps it.
+        if self._popen.poll() is None:
+            threading.Thread(target=self._reap, name="watchdog-reap", daemon=True).start()
+
+    def _reap(self) -> None:
         try:
             self._popen.wait(timeout=_REAP_S)
         except subprocess.TimeoutExpired:
@@ -537,7 +562,30 @@ def _probe(client: httpx.Client, probe: HealthProbe, timeout: float) -> str | No
         return f"HTTP {response.status_code}"
     if probe.require_models and not _lists_models(response):
         return "HTTP 200 without models"
+    missing = _missing_endpoints(response, probe.require_endpoints)
+    if missing:
+        return f"HTTP 200 without endpoints {', '.join(missing)}"
     return None
+
+
+def _missing_endpoints(response: httpx.Response, wanted: tuple[str, ...]) -> list[str]:
+    if not wanted:
+        return []
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return list(wanted)
+    listed = body.get("endpoints") if isinstance(body, dict) else None
+    names = [str(e) for e in listed] if isinstance(listed, list) else []
+    # Each wanted suffix needs an endpoint of its own: (".generate", ".generate") means two workers.
+    missing = []
+    for suffix in wanted:
+        match = next((name for name in names if name.endswith(suffix)), None)
+        if match is None:
+            missing.append(suffix)
+        else:
+            names.remove(match)
+    return missing
 
 
 def _lists_models(response: httpx.Response) -> bool:
@@ -573,6 +621,29 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
     # already; a member that changed user cannot be signalled and will be reported by the sweep.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _wait_exits(children: list[_Child], timeout_s: float) -> None:
+    """Block until every child process has exited or `timeout_s` passes, woken by the exits themselves.
+
+    A pidfd becomes readable the moment its process exits, so a stage's teardown is noticed at once rather
+    than at the next tick of a back-off (which cost up to 50 ms per stage). Where pidfds are unavailable,
+    the caller's polling does the waiting.
+    """
+    fds: list[int] = []
+    try:
+        for child in children:
+            if child.popen.poll() is None:
+                with contextlib.suppress(OSError, AttributeError):
+                    fds.append(os.pidfd_open(child.popen.pid))
+        deadline = time.monotonic() + timeout_s
+        waiting = set(fds)
+        while waiting and (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select(list(waiting), [], [], remaining)
+            waiting -= set(readable)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _all_gone(children: list[_Child]) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeGuard
 
 from matrix.reference import tokens
@@ -269,6 +271,27 @@ def _first_start() -> bool:
         return False
 
 
+def _load_kernels(cfg: WorkerConfig, log: EventLog) -> None:
+    """Stand-in for an engine's compiled kernels: built once into the cache directory that XDG_CACHE_HOME
+    names (as engines do under ~/.cache), found there by later starts. No cache directory, no cache."""
+    cache_home = os.environ.get("XDG_CACHE_HOME")
+    if not cache_home:
+        return
+    path = Path(cache_home) / "matrix-reference" / f"kernels-{cfg.role}-{cfg.device}-{cfg.kv_cache_bytes}.bin"
+    blob = hashlib.sha256(f"{cfg.role}:{cfg.device}:{cfg.kv_cache_bytes}".encode()).digest()
+    try:
+        if path.read_bytes() == blob:
+            log(f"kernel cache hit: {path}")
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # concurrent cells: rename is atomic
+    partial.write_bytes(blob)
+    os.replace(partial, path)
+    log(f"kernel cache miss: built {path}")
+
+
 def run_worker(cfg: WorkerConfig) -> int:
     """Start the worker and serve until stopped; returns the exit code."""
     log = EventLog(cfg.role)
@@ -303,6 +326,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             log(f"received {stop.name} during slow start, exiting")
             return 0
 
+    _load_kernels(cfg, log)
     try:
         storage = make_storage(cfg.device, cfg.kv_cache_bytes)
     except DeviceUnavailableError as exc:

@@ -12,13 +12,17 @@ Two engines on one GPU are only reliable with absolute memory caps (KV bytes or 
   whatever it finds free, so it gets its GPU to itself (``Demand.exclusive``);
 * `SlotPool.startup_gate` serialises engine start-ups per GPU, so one start-up never measures free memory
   while another is still allocating. (The two instances of one pair sharing a GPU must likewise be
-  started one after the other; that is the launcher's job.)
+  started one after the other; that is the launcher's job.) Start-ups whose every instance has absolute
+  memory bounds (`Demand.concurrent_startup`: explicit KV bytes or tokens with a tiny utilisation
+  fraction, as the arm declares) measure nothing, so they share the gate and start together; a start-up
+  that sizes memory from what is free still waits for every other start-up on its GPUs, and they for it.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -60,6 +64,8 @@ class Demand:
     memory_bytes: int
     cpu_ok: bool
     exclusive: bool = False
+    # Its engines' memory is fixed in absolute terms, so its start-up may overlap others on the same GPU.
+    concurrent_startup: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Lease:
     memory_bytes: int
     exclusive: bool
     serial: int
+    concurrent_startup: bool = False
 
     @property
     def cpu(self) -> bool:
@@ -103,12 +110,14 @@ def kv_bytes(kv_bound: Mapping[str, int] | None) -> int | None:
     return max(candidates) if candidates else None
 
 
-def demand_for(cell: Cell, *, cpu_ok: bool) -> Demand:
+def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> Demand:
     """The demand of `cell`: per instance KV bound + weights, for both instances of the pair.
 
     A multi-GPU case spreads its pair over its GPUs (prefill and decode apart, or tensor-parallel
     shards), so each GPU is asked for an even share, rounded up. A GPU case without a KV bound is
     `exclusive`: its memory use is whatever the engine decides, so nothing else can be packed next to it.
+    `absolute_memory` is the arm's word that every instance's memory is bounded absolutely; then the
+    start-up may run concurrently with others, unless the case asks otherwise (`launch.exclusive_startup`).
     """
     case = cell.case
     gpus = case.gpus_needed
@@ -123,6 +132,7 @@ def demand_for(cell: Cell, *, cpu_ok: bool) -> Demand:
         memory_bytes=-(-total // gpus),  # integer ceiling: exact for any size
         cpu_ok=cpu_ok,
         exclusive=kv is None,
+        concurrent_startup=absolute_memory and kv is not None and not case.launch.get("exclusive_startup", False),
     )
 
 
@@ -130,30 +140,91 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f}"
 
 
-class _Gate(AbstractContextManager[None]):
-    """Holds several locks, taken in the given order and released in reverse; reusable, not reentrant.
+class _GpuStartups:
+    """Start-ups in progress on one GPU: any number of concurrent ones, or one exclusive one.
 
-    A class rather than a generator so that the same gate object can be entered again later (e.g. for a
-    restart of the pair) instead of failing as a spent generator would.
+    An exclusive start-up waits for the GPU to have none in progress; once one waits, new concurrent
+    start-ups wait behind it, so a stream of bounded cells cannot starve a cell that measures free memory.
     """
 
-    def __init__(self, locks: Sequence[threading.Lock]) -> None:
-        self._locks = tuple(locks)
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        self.peers_seen: dict[int, int] = {}  # gate id -> most other start-ups in progress beside it
+
+    def enter(self, gate_id: int, shared: bool) -> None:
+        with self._cond:
+            if shared:
+                self._cond.wait_for(lambda: not self._exclusive and not self._exclusive_waiting)
+                self._shared += 1
+                for other in self.peers_seen:  # everyone in progress now sees one more peer
+                    self.peers_seen[other] = max(self.peers_seen[other], self._shared - 1)
+                self.peers_seen[gate_id] = self._shared - 1
+            else:
+                self._exclusive_waiting += 1
+                try:
+                    self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+                finally:
+                    self._exclusive_waiting -= 1
+                self._exclusive = True
+                self.peers_seen[gate_id] = 0
+
+    def leave(self, gate_id: int, shared: bool) -> int:
+        """End a start-up; returns the most other start-ups it ever had beside it on this GPU."""
+        with self._cond:
+            if shared:
+                self._shared -= 1
+            else:
+                self._exclusive = False
+            self._cond.notify_all()
+            return self.peers_seen.pop(gate_id, 0)
+
+
+class StartupGate(AbstractContextManager[None]):
+    """One lease's start-up: its GPUs entered in index order, left in reverse; reusable, not reentrant.
+
+    A class rather than a generator so that the same gate object can be entered again later (e.g. for a
+    restart of the pair) instead of failing as a spent generator would. It records its last start-up
+    (`record`) so the executor can store the overlap with the outcome.
+    """
+
+    _ids = count(1)
+
+    def __init__(self, gpus: Sequence[_GpuStartups], *, shared: bool) -> None:
+        self._gpus = tuple(gpus)
+        self._shared = shared
+        self._id = next(self._ids)
+        self._window: tuple[float, float] | None = None
+        self._entered_at = 0.0
+        self._peers = 0
 
     def __enter__(self) -> None:
-        taken: list[threading.Lock] = []
+        taken: list[_GpuStartups] = []
         try:
-            for lock in self._locks:
-                lock.acquire()
-                taken.append(lock)
+            for gpu in self._gpus:
+                gpu.enter(self._id, self._shared)
+                taken.append(gpu)
         except BaseException:  # e.g. KeyboardInterrupt while waiting: give back what we hold
-            for lock in reversed(taken):
-                lock.release()
+            for gpu in reversed(taken):
+                gpu.leave(self._id, self._shared)
             raise
+        self._entered_at = time.time()
 
     def __exit__(self, *exc: object) -> None:
-        for lock in reversed(self._locks):
-            lock.release()
+        peers = [gpu.leave(self._id, self._shared) for gpu in reversed(self._gpus)]
+        self._window = (self._entered_at, time.time())
+        self._peers = max(peers, default=0)
+
+    def record(self) -> dict[str, object]:
+        """The last start-up through this gate: its mode, its wall-clock window, and the most other
+        start-ups that were in progress on its GPUs beside it (0 when it ran alone)."""
+        if self._window is None:
+            return {}
+        mode = "concurrent" if self._shared else "exclusive"
+        return {"startup_mode": mode, "startup_window": [round(t, 3) for t in self._window],
+                "startup_peers": self._peers}  # fmt: skip
 
 
 class SlotPool:
@@ -201,7 +272,7 @@ class SlotPool:
         self._active: dict[int, Lease] = {}
         self._serials = count(1)
         # Separate from `_lock`: a start-up holds its gate for minutes, bookkeeping must not wait on it.
-        self._startup_locks = {index: threading.Lock() for index in self._gpus}
+        self._startups = {index: _GpuStartups() for index in self._gpus}
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -277,7 +348,8 @@ class SlotPool:
                 self._cells[index] += 1
                 if demand.exclusive:
                     self._exclusive.add(index)
-            lease = Lease(demand.cell_key, chosen, demand.memory_bytes, demand.exclusive, next(self._serials))
+            serial, concurrent = next(self._serials), demand.concurrent_startup
+            lease = Lease(demand.cell_key, chosen, demand.memory_bytes, demand.exclusive, serial, concurrent)
             self._active[lease.serial] = lease
             return lease
 
@@ -344,14 +416,16 @@ class SlotPool:
         )
 
     def startup_gate(self, lease: Lease) -> AbstractContextManager[None]:
-        """Hold this while the lease's engines start up; one start-up per GPU at a time.
+        """Hold this while the lease's engines start up: one start-up per GPU at a time, except that
+        start-ups of leases with `concurrent_startup` run together (see the module docstring).
 
-        Locks are taken in index order so two multi-GPU start-ups cannot deadlock. A CPU lease gets a
+        GPUs are entered in index order so two multi-GPU start-ups cannot deadlock. A CPU lease gets a
         no-op gate.
         """
         if lease.cpu:
             return nullcontext()
-        return _Gate([self._startup_locks[index] for index in sorted(set(lease.gpu_indices))])
+        gpus = [self._startups[index] for index in sorted(set(lease.gpu_indices))]
+        return StartupGate(gpus, shared=lease.concurrent_startup)
 
 
 def _s(n: int) -> str:

@@ -230,3 +230,17 @@ def test_reference_plan(tmp_path: Path) -> None:
     assert prefill.env["MATRIX_REFERENCE_FAULTS"] == "same-worker-id"
     assert "--slow-start-s" in prefill.argv
     assert all(p.url.startswith("http://127.0.0.1:") for p in plan.ready_probes)
+
+
+@pytest.mark.parametrize(("aggregated", "wanted"), [(False, (".generate", ".generate")), (True, (".generate",))])
+def test_a_mocker_cell_is_ready_once_the_frontend_routes_to_every_worker(
+    tmp_path: Path, aggregated: bool, wanted: tuple[str, ...]
+) -> None:
+    launch = {"engine": "mocker", "aggregated": aggregated}
+    case = CaseInfo(name="m", backend="dynamo", arm="dynamo", model="m", markers=(), launch=launch)
+    arm = get_arm("dynamo")
+    ports = {request.name: 20000 + i for i, request in enumerate(arm.port_requests(case))}
+    runtime = RuntimeInfo(backend="dynamo", version="1.6.1", tag="v1.6.1")
+    plan = arm.plan(LaunchContext(cell_id="c", case=case, runtime=runtime, ports=ports, work_dir=tmp_path))
+    (health,) = [p for p in plan.ready_probes if p.require_endpoints]
+    assert health.url.endswith(f":{ports['frontend']}/health") and health.require_endpoints == wanted

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from matrix.db.migrate import (
     downgrade,
     ensure_schema,
     head_revision,
+    quick_head,
+    read_head,
     upgrade,
 )
 from matrix.errors import DatabaseError
@@ -74,6 +78,7 @@ def test_behind_schema_message_names_the_upgrade_command(db_url: str, monkeypatc
     current = current_revision(engine)
     # Pretend this matrix ships a newer migration than the database has.
     monkeypatch.setattr("matrix.db.migrate.head_revision", lambda _engine: "9999")
+    monkeypatch.setattr("matrix.db.migrate.quick_head", lambda: "9999")
     with pytest.raises(
         DatabaseError,
         match=rf"database schema is at {current}, this matrix needs 9999: run `matrix db upgrade`",
@@ -156,3 +161,46 @@ def test_unknown_revision_is_an_error(db_url: str) -> None:
     engine = create_db_engine(db_url)
     with pytest.raises(CommandError):
         upgrade(engine, "nope")
+
+
+# --- the schema check without Alembic ([M17] goal 1) -------------------------------------------------
+
+
+def test_the_quick_head_is_alembics_head(tmp_path: Path) -> None:
+    assert quick_head() == head_revision(create_db_engine(f"sqlite:///{tmp_path / 'x.db'}"))
+
+
+def _migration(directory: Path, revision: str, down: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / f"{revision}_m.py").write_text(
+        f'revision: str = "{revision}"\ndown_revision: str | None = {down}\n', encoding="utf-8"
+    )
+
+
+def test_the_quick_reading_gives_up_on_anything_but_one_plain_chain(tmp_path: Path) -> None:
+    chain = tmp_path / "chain"
+    _migration(chain, "a1", "None")
+    _migration(chain, "b2", '"a1"')
+    assert read_head(chain) == "b2"
+    branched = tmp_path / "branched"
+    for rev, down in (("a1", "None"), ("b2", '"a1"'), ("c3", '"a1"')):
+        _migration(branched, rev, down)
+    assert read_head(branched) is None  # two heads
+    merged = tmp_path / "merged"
+    for rev, down in (("a1", "None"), ("b2", '"a1"'), ("c3", '("a1", "b2")')):
+        _migration(merged, rev, down)
+    assert read_head(merged) is None  # a merge revision: Alembic's business
+
+
+@pytest.mark.all_databases
+def test_a_current_database_is_checked_without_importing_alembic(db_url: str) -> None:
+    ensure_schema(create_db_engine(db_url))  # created and upgraded: Alembic needed here
+    code = (
+        "import sys\n"
+        "from matrix.db.engine import create_db_engine\n"
+        "from matrix.db.migrate import ensure_schema\n"
+        f"ensure_schema(create_db_engine({db_url!r}))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

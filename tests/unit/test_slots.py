@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import replace
 
 import pytest
 
@@ -378,3 +381,107 @@ def test_startup_gate_is_reusable() -> None:
             pass
     with pool.startup_gate(lease):  # and the lock was given back
         pass
+
+
+# --- concurrent start-ups ([M17] goal 3) -------------------------------------------------------------
+
+
+def test_concurrent_startup_needs_the_arms_word_and_a_bound() -> None:
+    bounded = _cell(["gpu_1"], kv_bound={"bytes": GIB})
+    assert demand_for(bounded, cpu_ok=False, absolute_memory=True).concurrent_startup
+    assert not demand_for(bounded, cpu_ok=False).concurrent_startup  # the arm did not vouch for it
+    unbounded = _cell(["gpu_1"])
+    assert not demand_for(unbounded, cpu_ok=False, absolute_memory=True).concurrent_startup
+    forced = replace(bounded, case=replace(bounded.case, launch={"exclusive_startup": True}))
+    assert not demand_for(forced, cpu_ok=False, absolute_memory=True).concurrent_startup
+
+
+def _start_two(pool: SlotPool, first: Demand, second: Demand) -> tuple[list[str], list[dict[str, object]]]:
+    """Start-up of `first` holds its gate until `second` has tried to enter; returns the order of events."""
+    a, b = pool.try_acquire(first), pool.try_acquire(second)
+    assert a is not None and b is not None and a.gpu_indices == b.gpu_indices == (0,)
+    events: list[str] = []
+    guard = threading.Lock()
+    a_inside, b_tried = threading.Event(), threading.Event()
+    gates = [pool.startup_gate(a), pool.startup_gate(b)]
+
+    def run_a() -> None:
+        with gates[0]:
+            with guard:
+                events.append("a in")
+            a_inside.set()
+            b_tried.wait(5)
+            time.sleep(0.1)  # gives a blocked b the chance to (wrongly) get in
+            with guard:
+                events.append("a out")
+
+    def run_b() -> None:
+        assert a_inside.wait(5)
+        b_tried.set()
+        with gates[1], guard:
+            events.append("b in")
+        with guard:
+            events.append("b out")
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return events, [gate.record() for gate in gates]  # type: ignore[attr-defined]
+
+
+def test_bounded_startups_on_one_gpu_overlap_and_say_so() -> None:
+    pool = SlotPool(_gpus(70), pack=True, cpu_slots=0)
+    shared = [replace(_demand(k, gib=1), concurrent_startup=True) for k in "ab"]
+    events, records = _start_two(pool, *shared)
+    assert events.index("b in") < events.index("a out"), events  # b started while a was still starting
+    assert [r["startup_mode"] for r in records] == ["concurrent", "concurrent"]
+    assert [r["startup_peers"] for r in records] == [1, 1]
+    (_, a_ready), (b_entered, _) = (r["startup_window"] for r in records)  # type: ignore[misc]
+    assert b_entered < a_ready
+
+
+@pytest.mark.parametrize("which", ["first", "second", "both"])
+def test_a_startup_that_measures_free_memory_never_overlaps_another(which: str) -> None:
+    pool = SlotPool(_gpus(70), pack=True, cpu_slots=0)
+    first = replace(_demand("a", gib=1), concurrent_startup=which == "second")
+    second = replace(_demand("b", gib=1), concurrent_startup=which == "first")
+    events, records = _start_two(pool, first, second)
+    assert events == ["a in", "a out", "b in", "b out"], events  # queued
+    assert [r["startup_peers"] for r in records] == [0, 0]
+
+
+def test_a_waiting_exclusive_startup_is_not_starved_by_bounded_ones() -> None:
+    pool = SlotPool(_gpus(70), pack=True, cpu_slots=0)
+    leases = [pool.try_acquire(replace(_demand(k, gib=1), concurrent_startup=k != "x")) for k in "axb"]
+    assert all(lease is not None for lease in leases)
+    a, x, b = (pool.startup_gate(lease) for lease in leases if lease is not None)
+    order: list[str] = []
+    x_may_leave = threading.Event()
+
+    def start(gate: AbstractContextManager[None], name: str, hold: threading.Event | None = None) -> None:
+        with gate:
+            order.append(name)
+            if hold is not None:
+                hold.wait(5)
+
+    with a:
+        tx = threading.Thread(target=start, args=(x, "x", x_may_leave))
+        tx.start()
+        deadline = time.monotonic() + 5
+        while not pool._startups[0]._exclusive_waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        tb = threading.Thread(target=start, args=(b, "b"))
+        tb.start()
+        time.sleep(0.05)
+        assert order == []  # x waits for a; b, bounded like a, still waits behind x
+    deadline = time.monotonic() + 5
+    while not order and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert order == ["x"]  # b still waits: x measures free memory alone
+    x_may_leave.set()
+    tx.join(5)
+    tb.join(5)
+    assert order == ["x", "b"]

@@ -48,6 +48,9 @@ class LaunchContext:
     # A short per-cell temporary directory: engines put Unix sockets there, whose paths must stay under
     # 108 bytes, so it cannot live inside the (deep) log directory. Created and removed by the runner.
     tmp_dir: Path | None = None
+    # The runtime's persistent engine caches (`matrix.launch.caches`), also part of `env`: an arm keeps a cache
+    # inside the cell only when the runtime has none for that variable (`cell_scratch`).
+    caches: Mapping[str, str] = field(default_factory=dict)
     # The CPUs this runner may use, for arms that split them between the processes of a pair.
     cpu_ids: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(os.sched_getaffinity(0))))
 
@@ -61,6 +64,11 @@ class Arm(Protocol):
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         """Whether this case can run on a host without GPUs."""
+        ...
+
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        """Whether every instance's GPU memory is bounded absolutely (KV bytes or tokens with a tiny
+        utilisation fraction), not sized from what is free: then its start-up may overlap others."""
         ...
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
@@ -137,6 +145,25 @@ def oracle_spec(ctx: LaunchContext, port: int) -> OracleSpec | None:
         seed=int(options["seed"]),
         timeout_s=ctx.case.request_timeout_s,
     )
+
+
+# The most of a GPU's memory an engine's utilisation fraction may claim for its start-up to count as bounded
+# absolutely: vLLM checks `--gpu-memory-utilization` x total against free memory before its byte cap, and
+# SGLang's `--mem-fraction-static` is the share its weights and pool may take; tiny ones never decide.
+TINY_MEMORY_FRACTION = 0.1
+
+
+def tiny_fraction(value: object) -> bool:
+    try:
+        return 0 < float(str(value)) <= TINY_MEMORY_FRACTION
+    except ValueError:
+        return False
+
+
+def cell_scratch(ctx: LaunchContext, scratch: Mapping[str, str]) -> dict[str, str]:
+    """The cell-local directories of `scratch` (variable -> path) except those the runtime's persistent
+    caches provide: those stay in `ctx.env`, and are never removed with the cell."""
+    return {name: path for name, path in scratch.items() if name not in ctx.caches}
 
 
 def cell_tmp_dir(ctx: LaunchContext) -> Path:

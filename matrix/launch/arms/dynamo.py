@@ -16,9 +16,14 @@ from pathlib import Path
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url
+from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url, tiny_fraction
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
-from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.arms.vllm_sidecar import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    decode_metrics,
+    scratch_env,
+    vllm_sidecar_processes,
+)
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import KV_FLAGS, kv_arg
 from matrix.plan import CaseInfo
@@ -115,6 +120,18 @@ class DynamoArm:
         engine = _engine(case)
         return engine == "mocker" or (engine == "vllm" and bool(case.launch.get("cpu", False)))
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        # A launch script may start its engines any way it likes: only matrix's own plans are vouched for.
+        engine, launch = _engine(case), case.launch
+        if launch.get("script") or launch.get("workspace_script"):
+            return False
+        if engine == "vllm":
+            utilization = launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+            return "bytes" in case.kv_bound and tiny_fraction(utilization)
+        if engine == "sglang":
+            return sglang_server.absolute_memory(case)
+        return engine == "mocker"  # no GPU memory at all
+
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)
         ports = ctx.ports
@@ -154,8 +171,15 @@ class DynamoArm:
         metrics: tuple[MetricsCheck, ...] = ()
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
         script = _script_text(ctx)
+        ready = frontend_probes(frontend_port)
         if engine == "mocker":
             workers = tuple(self._mocker(ctx, role, env) for role in _worker_roles(ctx.case))
+            # The frontend lists the model and says healthy once *one* worker registered; a request then
+            # fails 503 "no backend worker available" until it has discovered the prefill worker too.
+            # Ready means its /health lists a generate endpoint per worker (counted, not named: the components'
+            # names, "prefill" and "backend" in 1.6.1, are Dynamo's to change).
+            wanted = tuple(".generate" for _ in _worker_roles(ctx.case))
+            ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
         elif script is None and engine == "vllm":
             workers = vllm_sidecar_processes(ctx, env)
             metrics = (decode_metrics(ctx),)
@@ -169,7 +193,7 @@ class DynamoArm:
         return LaunchPlan(
             cell_id=ctx.cell_id,
             processes=(*workers, frontend),
-            ready_probes=frontend_probes(frontend_port),
+            ready_probes=ready,
             request=chat_request(ctx, frontend_port),
             ports=dict(ports),
             startup_timeout_s=ctx.case.startup_timeout_s,

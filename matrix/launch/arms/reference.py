@@ -31,6 +31,10 @@ class ReferenceArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return str(case.launch.get("device", "cpu")) == "cpu"
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        # The workers allocate exactly their KV bytes; without a bound a case sizes nothing absolutely.
+        return "bytes" in case.kv_bound
+
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return tuple(PortRequest(name) for name in AGGREGATED_PORTS)
 

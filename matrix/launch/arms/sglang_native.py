@@ -24,6 +24,9 @@ class SglangNativeArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return False
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        return sglang_server.absolute_memory(case)
+
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = ctx.case.launch
         scratch = sglang_server.scratch_env(ctx)

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
+from matrix.plan import CaseInfo
 
 ROLES = ("prefill", "decode")
 DEFAULT_KV_TOKENS = 2048
@@ -29,6 +30,12 @@ DEFAULT_CONTEXT_LENGTH = 1024
 DEFAULT_MEM_FRACTION_STATIC = 0.05
 BOOTSTRAP_PORT = "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"
 KV_COUNTERS = ("sglang:kv_transfer_latency_ms_count",)
+
+
+def absolute_memory(case: CaseInfo) -> bool:
+    """An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static`."""
+    fraction = case.launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)
+    return "tokens" in case.kv_bound and tiny_fraction(fraction)
 
 
 def port_name(role: str, kind: str) -> str:
@@ -43,12 +50,16 @@ def port_requests(*, grpc: bool) -> tuple[PortRequest, ...]:
 
 
 def scratch_env(ctx: LaunchContext) -> dict[str, str]:
-    """Temporary files (SGLang's IPC sockets, Prometheus' multiprocess files) and caches stay in the cell."""
-    return {
-        "TMPDIR": str(cell_tmp_dir(ctx)),
-        "TRITON_CACHE_DIR": str(ctx.work_dir / "triton-cache"),
-        "XDG_CACHE_HOME": str(ctx.work_dir / "cache"),
-    }
+    """Temporary files (SGLang's IPC sockets, Prometheus' multiprocess files) and caches stay in the cell
+    (the caches unless the runtime has persistent ones)."""
+    return cell_scratch(
+        ctx,
+        {
+            "TMPDIR": str(cell_tmp_dir(ctx)),
+            "TRITON_CACHE_DIR": str(ctx.work_dir / "triton-cache"),
+            "XDG_CACHE_HOME": str(ctx.work_dir / "cache"),
+        },
+    )
 
 
 def server(

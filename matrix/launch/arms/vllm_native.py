@@ -15,6 +15,7 @@ import json
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LaunchContext,
+    cell_scratch,
     cell_tmp_dir,
     chat_request,
     equivalence_options,
@@ -23,6 +24,7 @@ from matrix.launch.arms.base import (
     loopback_url,
     oracle_spec,
     pd_proxy,
+    tiny_fraction,
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
@@ -59,12 +61,18 @@ class VllmNativeArm:
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return bool(case.launch.get("cpu", False))
 
+    def absolute_memory(self, case: CaseInfo) -> bool:
+        return "bytes" in case.kv_bound and tiny_fraction(case.launch.get("gpu_memory_utilization", 0.02))
+
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return (PortRequest("aggregated_http"),)
 
     def _scratch(self, ctx: LaunchContext) -> dict[str, str]:
-        # Temporary files and caches stay inside the cell's directory and go with it.
-        return {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+        # Temporary files stay inside the cell's directory and go with it; so does vLLM's cache, unless the
+        # runtime's persistent caches provide it.
+        return cell_scratch(
+            ctx, {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+        )
 
     def _base_env(self, ctx: LaunchContext) -> dict[str, str]:
         base_env = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from matrix.launch.arms.base import LaunchContext, cell_tmp_dir, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import sidecar_process
 from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
@@ -85,8 +85,9 @@ def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) ->
 
 
 def scratch_env(ctx: LaunchContext) -> dict[str, str]:
-    """Temporary files and caches of the engines stay inside the cell and go with it."""
-    return {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")}
+    """Temporary files and caches of the engines stay inside the cell and go with it (unless the runtime
+    has persistent caches)."""
+    return cell_scratch(ctx, {"TMPDIR": str(cell_tmp_dir(ctx)), "VLLM_CACHE_ROOT": str(ctx.work_dir / "vllm-cache")})
 
 
 # Either proves decode took the prompt's KV from prefill: NIXL's transfer timings, or the prompt tokens the
