@@ -249,6 +249,45 @@ def prune_cmd(view: CatalogView, dry_run: bool) -> None:
     )
 
 
+@click.command("caches")
+@click.option("--clear", "clear", multiple=True, metavar="KEY",
+              help="Remove this runtime's caches (a key from the list, or BACKEND-VERSION for all its recipes). "
+                   "Repeatable.")  # fmt: skip
+@click.option("--clear-all", is_flag=True, help="Remove every runtime's caches.")
+@json_option
+def caches_cmd(clear: tuple[str, ...], clear_all: bool, as_json: bool) -> None:
+    """List the runtimes' persistent engine caches (compiled kernels, torch/Triton/FlashInfer caches), or
+    remove some. Each runtime version and recipe has its own directory; a later cell of the same runtime
+    starts from it. MATRIX_ENGINE_CACHES=off runs cells without them."""
+    from matrix.launch.caches import caches_root, clear_caches, enabled, list_caches
+    from matrix.output import print_json, print_table
+
+    if clear and clear_all:
+        raise click.UsageError("give --clear KEY or --clear-all, not both")
+    if clear or clear_all:
+        known = {c.key for c in list_caches()}
+        unknown = [k for k in clear if not any(c == k or c.startswith(f"{k}-") for c in known)]
+        if unknown:
+            raise click.UsageError(
+                f"no cache directory for {', '.join(unknown)}; see `matrix runtime caches` for the keys"
+            )
+        removed = clear_caches(None if clear_all else list(clear))
+        click.echo(f"removed {len(removed)} cache director(ies), {_size(sum(c.bytes for c in removed))}")
+        return
+    caches = list_caches()
+    if as_json:
+        print_json({"enabled": enabled(), "root": str(caches_root()),
+                    "caches": [{"key": c.key, "bytes": c.bytes, "files": c.files, "path": str(c.path)}
+                               for c in caches]})  # fmt: skip
+        return
+    state = "on" if enabled() else "off (MATRIX_ENGINE_CACHES)"
+    if not caches:
+        click.echo(f"engine caches {state}: none yet in {caches_root()}")
+        return
+    print_table(("runtime cache", "size", "files"), [(c.key, _size(c.bytes), c.files) for c in caches],
+                title=f"engine caches {state}: {caches_root()}")  # fmt: skip
+
+
 @click.command("doctor")
 @json_option
 @_with_catalog
@@ -429,7 +468,7 @@ def wheelhouse_cmd(
 
 def register(cli: click.Group) -> None:
     """Add the `runtime` group and `doctor` to the `matrix` group."""
-    for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd):
+    for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd, caches_cmd):
         runtime.add_command(command)
     cli.add_command(runtime)
     cli.add_command(doctor_cmd)
