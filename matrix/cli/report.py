@@ -86,7 +86,7 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
 
 def significance_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--threshold` and `--alpha`: when a performance change counts as a regression (`compare`)."""
-    from matrix.report.perf import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+    from matrix.report.stats import DEFAULT_ALPHA, DEFAULT_THRESHOLD
 
     command = click.option(
         "--alpha", type=float, default=DEFAULT_ALPHA, show_default=True,

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
-from matrix.report.stats import MetricComparison, compare_samples
+from matrix.report.stats import DEFAULT_ALPHA, DEFAULT_THRESHOLD, MetricComparison, compare_samples
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -36,8 +36,6 @@ __all__ = [
     "load_samples",
 ]
 
-DEFAULT_THRESHOLD = 0.10
-DEFAULT_ALPHA = 0.01
 # Metric -> which way is better: "lower", "higher", or "" (reported, never a regression).
 METRICS: Mapping[str, str] = {
     "ready_s": "lower",

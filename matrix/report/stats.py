@@ -23,6 +23,11 @@ from typing import Any
 from matrix.errors import MatrixError
 from matrix.outcome import CELL_FAULT_STATUSES
 
+# When a performance change is a regression: significant at DEFAULT_ALPHA (Mann-Whitney) and worse than
+# DEFAULT_THRESHOLD (ratio of medians). Here, not in `perf`, so the CLI reads them without SQLAlchemy.
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_ALPHA = 0.01
+
 __all__ = [
     "Z95",
     "MetricComparison",
