@@ -60,11 +60,15 @@ def _timed(args: list[str], env: dict[str, str]) -> float:
     kept in CPU, which a loaded host inflates far less than the wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "matrix", *args], env=env, capture_output=True, text=True)
+    # Run from the data directory: `python -m` puts the working directory first on sys.path, so from the
+    # repository every variant would import this tree's matrix.
+    result = subprocess.run([sys.executable, "-m", "matrix", *args], env=env, capture_output=True, text=True,
+                            cwd=env["MATRIX_HOME"])  # fmt: skip
     elapsed = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
-        raise SystemExit(f"matrix {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}")
+        output = (result.stdout + result.stderr)[-2000:]
+        raise SystemExit(f"matrix {' '.join(args)} exited {result.returncode}: {output}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     CPU.setdefault((env["PYTHONPATH"], " ".join(args)), []).append(cpu)
     return elapsed
@@ -79,7 +83,7 @@ def _last_total_s(home: Path) -> float:
 def _top_imports(args: list[str], env: dict[str, str], count: int = 6) -> list[tuple[str, float]]:
     """The top-level imports (and matrix's own modules) that cost the most, cumulative ms."""
     err = subprocess.run([sys.executable, "-X", "importtime", "-m", "matrix", *args], env=env,
-                         capture_output=True, text=True).stderr  # fmt: skip
+                         capture_output=True, text=True, cwd=env["MATRIX_HOME"]).stderr  # fmt: skip
     found: dict[str, float] = {}
     for line in err.splitlines():
         if (m := IMPORT_LINE.match(line)) and (len(m.group(3)) == 1 or m.group(4).startswith("matrix")):
