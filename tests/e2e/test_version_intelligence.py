@@ -337,7 +337,7 @@ launch = {{ teardown_grace_s = 0.5 }}
     # A variant runs only when named: a plain plan of the backend shows the catalog's runtime alone.
     plan = matrix.subprocess("plan", "--backend", "eng", "--format", "json")
     assert plan.returncode == 0, plan.stderr
-    assert [c["runtime"] for c in json.loads(plan.stdout)["cells"]] == ["eng-2.0.0"], plan.stdout
+    assert [c["version"] for c in json.loads(plan.stdout)["cells"]] == ["2.0.0"], plan.stdout
 
 
 def test_a_version_that_gives_no_outcome_is_stepped_around_and_named(matrix: Matrix, tmp_path: Path) -> None:
