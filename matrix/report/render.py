@@ -129,6 +129,8 @@ def bisect_line(selection: Mapping[str, Any]) -> dict[str, Any] | None:
     steps = []
     for version in result["versions"]:
         verdict = str(verdicts.get(version, "not probed"))
+        if verdict == "not probed" and str(version) == str(info.get("good")):
+            verdict = "good (given)"  # GOOD is taken as given, never probed
         steps.append({
             "version": str(version), "verdict": verdict, "css": _VERDICT_CSS.get(verdict, "st-not-run"),
             "first": version == first, "unsure": version in unsure, "evidence": clean(str(evidence.get(version, ""))),
@@ -141,7 +143,9 @@ def bisect_line(selection: Mapping[str, Any]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-_VERDICT_CSS = {"good": "st-passed", "bad": "st-failed", "flaky": "st-flaky", "unknown": "st-skipped"}
+_VERDICT_CSS = {
+    "good": "st-passed", "good (given)": "st-passed", "bad": "st-failed", "flaky": "st-flaky", "unknown": "st-skipped",
+}  # fmt: skip
 
 
 def _campaign_context(campaign: CampaignView) -> dict[str, Any]:
