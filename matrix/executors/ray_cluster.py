@@ -3,8 +3,10 @@
 The driver (this process) keeps the scheduler, the claims and every database write; a task runs
 `remote.run_remote_cell` on whichever node Ray picks and returns the outcome with a capped copy of the
 logs. Cancelling sends the running tasks a KeyboardInterrupt (Ray's non-forced cancel), on which the
-cell tears its pair down; a task whose worker or node died comes back `interrupted` (retried under the
-retry policy) after a sweep of every node for processes still carrying its cell id.
+cell tears its pair down; a task still running FORCE_CANCEL_AFTER_S later (the interrupt can wait on a
+blocking call) is cancelled by force and every node swept, so a stopped run always ends. A task whose
+worker or node died comes back `interrupted` (retried under the retry policy) after a sweep of every node
+for processes still carrying its cell id.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
+# How long a cancelled task may take to tear its pair down before its worker is killed (the teardown of one
+# pair takes seconds; its grace periods are bounded by the case).
+FORCE_CANCEL_AFTER_S = 30.0
+
+
 def _sweep(uid: str) -> list[int]:
     return kill_cell_processes(uid)
 
@@ -79,6 +86,7 @@ class RayExecutor:
         self._running: dict[str, Any] = {}  # uid -> ObjectRef
         self._results: list[Future[CellOutcome]] = []
         self._cancelled = False
+        self._forced: set[str] = set()  # uids whose task was cancelled by force
         # Ray resolves futures on its own threads, which must not block (a sweep waits on other tasks):
         # outcomes are turned into rows' material on this pool instead.
         self._landing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ray-landing")
@@ -140,11 +148,24 @@ class RayExecutor:
     def cancel_all(self) -> None:
         with self._lock:
             self._cancelled = True
-            refs = list(self._running.values())
-        for ref in refs:
+            running = dict(self._running)
+        for ref in running.values():
             # A task that finished meanwhile cannot be cancelled, which is fine: its outcome is on the way.
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=False)
+        if running:
+            timer = threading.Timer(FORCE_CANCEL_AFTER_S, self._force_cancel, args=(list(running),))
+            timer.daemon = True
+            timer.start()
+
+    def _force_cancel(self, uids: list[str]) -> None:
+        """Kill the workers of cancelled tasks that are still running; their outcomes sweep the nodes."""
+        with self._lock:
+            left = {uid: self._running[uid] for uid in uids if uid in self._running}
+            self._forced.update(left)
+        for ref in left.values():
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
 
     @property
     def cancelled(self) -> bool:
@@ -172,6 +193,10 @@ class RayExecutor:
         try:
             remote = done.result()
         except exceptions.TaskCancelledError:
+            if submission.uid in self._forced:  # its worker was killed mid-teardown: what it left must go
+                swept = self._sweep_everywhere(submission.uid)
+                note = f"; killed {swept} leftover process(es)" if swept else ""
+                return CellOutcome("interrupted", "infra", f"cancelled by force after {FORCE_CANCEL_AFTER_S:g} s{note}")
             return CellOutcome("interrupted", "infra", "cancelled before it started on a Ray node")
         except exceptions.RayTaskError as exc:  # our code raised on the worker: a bug, keep its traceback
             return CellOutcome("error", "infra", f"internal error on a Ray worker: {exc}")
