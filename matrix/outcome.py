@@ -129,6 +129,21 @@ def after_teardown(outcome: CellOutcome, failures: Sequence[CheckFailure]) -> Ce
     return outcome
 
 
+def checked_again(outcome: CellOutcome, failures: Sequence[CheckFailure], note: str) -> CellOutcome:
+    """A passed outcome judged by a later check (the equivalence oracle, after the pair is gone): failed
+    like `checked` when that check failed, else still passed; `note` (what the check measured) is kept
+    in the message either way."""
+    if outcome.status != "passed":
+        return outcome
+    verdict = checked(failures)
+    if verdict.status != "passed":
+        return replace(
+            outcome, status=verdict.status, failure_kind=verdict.failure_kind, checks=verdict.checks,
+            message=f"{verdict.message}; {note}",
+        )  # fmt: skip
+    return replace(outcome, message=f"{outcome.message}; {note}" if outcome.message else note)
+
+
 def judge_control(outcome: CellOutcome, expected_failed_checks: Sequence[str]) -> CellOutcome:
     """A control case proves the checks bite: it passes when exactly the checks it names fail.
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from matrix.db.models import Backend, Case, CaseFix, CaseMarker, Runtime
 from matrix.errors import ConfigError
+from matrix.kv_bound import KvBound
 from matrix.markers import Expression, MarkerUse, check_known, matches, parse_marker_use
 from matrix.versions import (
     VersionWindow,
@@ -60,7 +61,7 @@ class CaseInfo:
     markers: tuple[MarkerUse, ...]
     marker_texts: tuple[str, ...] = ()
     payload: Mapping[str, Any] = field(default_factory=dict)
-    kv_bound: Mapping[str, int] = field(default_factory=dict)
+    kv_bound: KvBound = field(default_factory=KvBound)
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
     launch: Mapping[str, Any] = field(default_factory=dict)
@@ -191,7 +192,7 @@ def case_info(case: Case) -> CaseInfo:
         markers=tuple(parse_marker_use(cm.text) for cm in case.markers),
         marker_texts=tuple(cm.text for cm in case.markers),
         payload=dict(case.payload),
-        kv_bound=dict(case.kv_bound),
+        kv_bound=KvBound.parse(case.kv_bound),
         startup_timeout_s=case.startup_timeout_s,
         request_timeout_s=case.request_timeout_s,
         launch=dict(case.launch),

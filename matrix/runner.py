@@ -36,7 +36,16 @@ from matrix.launch.providers import (
 )  # fmt: skip
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.model_files import resolve_model_dir
-from matrix.outcome import CellOutcome, FailureKind, Status, after_teardown, checked, judge_control, judge_expectation
+from matrix.outcome import (
+    CellOutcome,
+    FailureKind,
+    Status,
+    after_teardown,
+    checked,
+    checked_again,
+    judge_control,
+    judge_expectation,
+)
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
@@ -357,11 +366,7 @@ def _equivalence(
     ]
     _write_equivalence(context.work_dir, spec, results, aggregated_s, agg.ready_s)
     failures = oracle.judge(results)
-    if failures:
-        message = f"failed checks: {oracle.CHECK_NAME}; {timing}"
-        return replace(merged, status="failed", failure_kind="validation", message=message, checks=tuple(failures))
-    note = f"{oracle.summary(results)}; {timing}"
-    return replace(merged, message=f"{merged.message}; {note}" if merged.message else note)
+    return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
 
 
 def _write_equivalence(

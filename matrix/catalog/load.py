@@ -245,7 +245,7 @@ def _case(e: _Entry) -> CaseSpec:
         markers=markers,
         description=e.get("description", str, ""),
         payload=dict(e.get("payload", dict, {})),
-        kv_bound=kv_bound.as_dict(),
+        kv_bound=kv_bound,
         startup_timeout_s=startup,
         request_timeout_s=request,
         launch=launch,

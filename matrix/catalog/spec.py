@@ -6,6 +6,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from matrix.kv_bound import KvBound
+
 MARKER_KINDS = ("lifecycle", "hardware", "framework", "kind", "other", "resource")
 CHANNELS = ("release", "rc", "dev", "nightly")
 PROVIDER_KINDS = ("builtin", "host", "venv", "container")
@@ -61,7 +63,7 @@ class CaseSpec:
     markers: list[str]
     description: str = ""
     payload: dict[str, Any] = field(default_factory=dict)
-    kv_bound: dict[str, Any] = field(default_factory=dict)
+    kv_bound: KvBound = field(default_factory=KvBound)
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
     launch: dict[str, Any] = field(default_factory=dict)

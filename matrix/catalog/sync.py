@@ -273,7 +273,7 @@ def _case_values(c: CaseSpec, backend: Backend) -> dict[str, Any]:
         "model": c.model,
         "description": c.description,
         "payload": c.payload,
-        "kv_bound": c.kv_bound,
+        "kv_bound": c.kv_bound.as_dict(),
         "startup_timeout_s": c.startup_timeout_s,
         "request_timeout_s": c.request_timeout_s,
         "launch": c.launch,

@@ -14,38 +14,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, overload
+from typing import Any, overload
 
 from matrix.errors import ConfigError
+from matrix.kv_bound import KvBound, KvUnit
 from matrix.markers import parse_marker_use
-
-KvUnit = Literal["bytes", "tokens"]
-KV_UNITS: tuple[str, ...] = get_args(KvUnit)
-
-
-@dataclass(frozen=True)
-class KvBound:
-    """An absolute bound on each instance's KV cache, in bytes and/or tokens (`kv_bound = { bytes = N }`)."""
-
-    bytes: int | None = None
-    tokens: int | None = None
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> KvBound:
-        """The bound a catalog entry writes; `ConfigError` naming the fix for anything else."""
-        unknown = sorted(set(raw) - set(KV_UNITS))
-        values = [raw[unit] for unit in KV_UNITS if unit in raw]
-        if unknown or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
-            raise ConfigError(f"kv_bound must be {{bytes = N}} and/or {{tokens = N}} with N > 0, got {dict(raw)!r}")
-        return cls(bytes=raw.get("bytes"), tokens=raw.get("tokens"))
-
-    def get(self, unit: str) -> int | None:
-        value: int | None = getattr(self, unit)
-        return value
-
-    def as_dict(self) -> dict[str, int]:
-        """The stored shape (`case.kv_bound`, JSON): only the units given."""
-        return {unit: value for unit in KV_UNITS if (value := self.get(unit)) is not None}
 
 
 @dataclass(frozen=True)
@@ -73,15 +46,16 @@ ARM_ENGINES = {"reference": "reference", "vllm_native": "vllm", "sglang_native":
 
 
 @overload
-def kv_arg(bound: Mapping[str, int], engine: str, default: int) -> tuple[str, int]: ...
+def kv_arg(bound: KvBound, engine: str, default: int) -> tuple[str, int]: ...
 @overload
-def kv_arg(bound: Mapping[str, int], engine: str, default: None = None) -> tuple[str, int] | None: ...
-def kv_arg(bound: Mapping[str, int], engine: str, default: int | None = None) -> tuple[str, int] | None:
+def kv_arg(bound: KvBound, engine: str, default: None = None) -> tuple[str, int] | None: ...
+def kv_arg(bound: KvBound, engine: str, default: int | None = None) -> tuple[str, int] | None:
     """(flag, value) that bounds `engine`'s KV cache from a case's `kv_bound` (else `default`); None when
     there is neither."""
     spec = KV_FLAGS[engine]
-    value = bound.get(spec.unit, default)
-    return None if value is None else (spec.flag, int(value))
+    value = bound.get(spec.unit)
+    value = default if value is None else value
+    return None if value is None else (spec.flag, value)
 
 
 # Markers that restate the bound for a reader of `matrix plan -m`: their value must be the bound's.

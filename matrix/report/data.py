@@ -33,7 +33,7 @@ from matrix.db.models import (
     Marker,
     Runtime,
 )
-from matrix.outcome import FINISHED_STATUSES
+from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
 from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
 from matrix.versions import parse_version
 
@@ -216,7 +216,8 @@ class AttemptDetail(NamedTuple):
         return self.status in FINISHED_STATUSES
 
 
-_JSON_FIELDS = ("checks", "ports", "exit_codes", "gpu", "peaks", "components", "kv_ledger")
+# The outcome columns stored as JSON (`STORED_COLUMNS` of type list or dict), read back as those types.
+_JSON_FIELDS = tuple(name for name, types in STORED_COLUMNS.items() if types[0] in (list, dict))
 _DATETIME_FIELDS = ("started_at", "finished_at")
 _DETAIL_FIELDS = AttemptDetail._fields
 _DETAIL_COLUMNS = tuple(
@@ -230,7 +231,7 @@ _DATETIME_INDEX = tuple(_DETAIL_FIELDS.index(name) for name in _DATETIME_FIELDS)
 def _detail(row: Sequence[Any]) -> AttemptDetail:
     values = list(row)
     for index, decoded in zip(_JSON_INDEX, _json_columns([values[i] for i in _JSON_INDEX]), strict=True):
-        values[index] = decoded if decoded is not None else ([] if index == _JSON_INDEX[0] else {})
+        values[index] = decoded if decoded is not None else STORED_COLUMNS[_DETAIL_FIELDS[index]][0]()
     for index in _DATETIME_INDEX:
         values[index] = _datetime(values[index])
     return AttemptDetail(*values)

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from matrix.outcome import STORED_COLUMNS
 from matrix.report.data import AttemptDetail, ResultCell, Results, latest, load_details
 from matrix.report.stats import pass_rate
 from matrix.report.text import clean
@@ -23,40 +24,28 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat(timespec="seconds") if value else None
 
 
+def _exported(name: str, value: Any) -> Any:
+    """A stored column as JSON: text that came from processes redacted, JSON columns as plain dicts."""
+    if name in ("message", "completion_excerpt"):
+        return clean(value)
+    if name == "checks":
+        return [{"name": clean(str(c.get("name", ""))), "message": clean(str(c.get("message", "")))} for c in value]
+    if STORED_COLUMNS[name] == (dict,):
+        return dict(value)
+    return value
+
+
 def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
+    """One attempt: its identity, when it ran, every stored column of its outcome (`STORED_COLUMNS`), its logs."""
     return {
         "id": a.uid,
         "campaign": a.campaign_id,
         "attempt": a.attempt,
-        "status": a.status,
-        "failure_kind": a.failure_kind,
-        "message": clean(a.message),
-        "checks": [{"name": clean(str(c.get("name", ""))), "message": clean(str(c.get("message", "")))}
-                   for c in a.checks],
-        "expected_failure": a.expected_failure,
-        "unexpected_pass": a.unexpected_pass,
-        "flaky": a.flaky,
         "started_at": _iso(a.started_at),
         "finished_at": _iso(a.finished_at),
-        "ready_s": a.ready_s,
-        "request_s": a.request_s,
-        "ttft_s": a.ttft_s,
-        "teardown_s": a.teardown_s,
-        "total_s": a.total_s,
-        "prefill_worker_id": a.prefill_worker_id,
-        "decode_worker_id": a.decode_worker_id,
-        "prompt_tokens": a.prompt_tokens,
-        "completion_tokens": a.completion_tokens,
-        "finish_reason": a.finish_reason,
-        "completion_excerpt": clean(a.completion_excerpt),
-        "ports": dict(a.ports),
-        "exit_codes": dict(a.exit_codes),
-        "components": dict(a.components),
-        "gpu": dict(a.gpu),
-        "peaks": dict(a.peaks),
-        "kv_ledger": dict(a.kv_ledger),
+        **{name: _exported(name, getattr(a, name)) for name in STORED_COLUMNS},
         "log_dir": a.log_dir,
-    }  # fmt: skip
+    }
 
 
 def _cell_dict(cell: ResultCell, attempts: list[AttemptDetail]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import count
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from matrix.hardware.gpus import GIB, Gpu
 
 if TYPE_CHECKING:  # only for annotations: keeps this module free of the database layer plan.py pulls in
+    from matrix.kv_bound import KvBound
     from matrix.plan import Cell
 
 # KV cache per token when a case bounds its cache in tokens rather than bytes. Sized for the ~0.6B
@@ -94,19 +95,17 @@ class Lease:
         return tuple(str(index) for index in self.gpu_indices)
 
 
-def kv_bytes(kv_bound: Mapping[str, int] | None) -> int | None:
+def kv_bytes(kv_bound: KvBound) -> int | None:
     """KV cache bytes for one instance from a case's `kv_bound`, or None when the case has no bound.
 
     With both bounds given, the larger wins: which one an engine honours depends on its backend, and
     over-reserving only costs parallelism whereas under-reserving costs an out-of-memory failure.
     """
-    if not kv_bound:
-        return None
     candidates = []
-    if "bytes" in kv_bound:
-        candidates.append(int(kv_bound["bytes"]))
-    if "tokens" in kv_bound:
-        candidates.append(int(kv_bound["tokens"]) * KV_BYTES_PER_TOKEN_ESTIMATE)
+    if kv_bound.bytes is not None:
+        candidates.append(kv_bound.bytes)
+    if kv_bound.tokens is not None:
+        candidates.append(kv_bound.tokens * KV_BYTES_PER_TOKEN_ESTIMATE)
     return max(candidates) if candidates else None
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from matrix.executors.local import LocalExecutor  # noqa: E402
 from matrix.hardware.gpus import GIB, Gpu  # noqa: E402
 from matrix.hardware.ports import PortAllocator  # noqa: E402
+from matrix.kv_bound import KvBound  # noqa: E402
 from matrix.launch.arms import get_arm  # noqa: E402
 from matrix.markers import parse_marker_use  # noqa: E402
 from matrix.outcome import CellOutcome  # noqa: E402
@@ -46,7 +47,7 @@ def _campaign(work: Path, cells: int, slow_start: float, exclusive: bool) -> tup
     futures = []
     for index in range(cells):
         case = CaseInfo(name=f"packed{index}", backend="reference", arm="reference", model="reference-model",
-                        markers=(parse_marker_use("gpu_1"),), kv_bound={"bytes": 1 << 20},
+                        markers=(parse_marker_use("gpu_1"),), kv_bound=KvBound(bytes=1 << 20),
                         startup_timeout_s=60 + cells * slow_start * 2, launch=launch)  # fmt: skip
         arm = get_arm("reference")
         demand = demand_for(Cell(case, REFERENCE), cpu_ok=False, absolute_memory=arm.absolute_memory(case))

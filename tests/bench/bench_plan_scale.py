@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from matrix.kv_bound import KvBound  # noqa: E402
 from tests.bench.results import append_section  # noqa: E402
 
 BACKEND = "vllm"
@@ -124,7 +125,7 @@ def synthetic_catalog(n_cases: int, n_runtimes: int, seed: int) -> Any:
         cases.append(
             CaseSpec(
                 name=f"case_{i:03d}", backend=BACKEND, arm="dynamo", model="Qwen/Qwen3-0.6B", markers=markers,
-                kv_bound={"bytes": kv}, startup_timeout_s=float(rng.choice([120, 300, 600])),
+                kv_bound=KvBound(bytes=kv), startup_timeout_s=float(rng.choice([120, 300, 600])),
                 launch={"engine": "vllm", "max_model_len": 2048}, version_constraint=constraint,
                 requires_fixes=fixes, weights_gib=rng.choice([1.5, 3.0, 7.5]),
             )
@@ -149,7 +150,8 @@ def infos(spec: Any) -> tuple[list[Any], list[Any]]:
         CaseInfo(
             name=c.name, backend=c.backend, arm=c.arm, model=c.model,
             markers=tuple(parse_marker_use(text) for text in c.markers), marker_texts=tuple(c.markers),
-            kv_bound=dict(c.kv_bound), startup_timeout_s=c.startup_timeout_s, request_timeout_s=c.request_timeout_s,
+            kv_bound=c.kv_bound, startup_timeout_s=c.startup_timeout_s,
+            request_timeout_s=c.request_timeout_s,
             launch=dict(c.launch), version_constraint=c.version_constraint,
             required_fixes=tuple(
                 RequiredFix(k, fixes[k].component, tuple(fixes[k].fixed_in)) for k in c.requires_fixes

@@ -15,6 +15,7 @@ import pytest
 from matrix.executors.local import LocalExecutor
 from matrix.hardware.gpus import GIB, Gpu
 from matrix.hardware.ports import PortAllocator
+from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.markers import parse_marker_use
 from matrix.outcome import CellOutcome
@@ -31,7 +32,7 @@ REFERENCE = RuntimeInfo(
 def _case(name: str, kv_bound: dict[str, int], **launch: object) -> CaseInfo:
     return CaseInfo(
         name=name, backend="reference", arm="reference", model="reference-model",
-        markers=(parse_marker_use("gpu_1"),), kv_bound=kv_bound, startup_timeout_s=60.0,
+        markers=(parse_marker_use("gpu_1"),), kv_bound=KvBound.parse(kv_bound), startup_timeout_s=60.0,
         launch={"faults": ["slow-start"], "slow_start_s": 1.5, **launch},
     )  # fmt: skip
 
@@ -78,7 +79,8 @@ def test_the_reference_arm_declares_both_kinds() -> None:
 def test_engine_arms_vouch_only_for_absolute_bounds(
     arm: str, kv_bound: dict[str, int], launch: dict[str, object], absolute: bool
 ) -> None:
-    case = CaseInfo(name="c", backend="x", arm=arm, model="m", markers=(), kv_bound=kv_bound, launch=launch)
+    bound = KvBound.parse(kv_bound)
+    case = CaseInfo(name="c", backend="x", arm=arm, model="m", markers=(), kv_bound=bound, launch=launch)
     assert get_arm(arm).absolute_memory(case) is absolute
 
 

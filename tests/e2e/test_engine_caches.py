@@ -13,6 +13,7 @@ import pytest
 
 from matrix.doctor import host_facts, host_lines
 from matrix.hardware.ports import PortAllocator
+from matrix.kv_bound import KvBound
 from matrix.launch import caches
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
@@ -38,7 +39,7 @@ def _plan_env(
     """Every process's environment merged, and the scratch dirs, of the plan the arm builds for a GPU cell."""
     case = CaseInfo(
         name="c", backend=runtime.backend, arm=arm, model="m", markers=(parse_marker_use("gpu_1"),),
-        kv_bound={"bytes": 1 << 30, "tokens": 2048}, launch=launch,
+        kv_bound=KvBound(bytes=1 << 30, tokens=2048), launch=launch,
     )  # fmt: skip
     ports = {request.name: 20000 + i for i, request in enumerate(get_arm(arm).port_requests(case))}
     env = caches.cache_env(runtime)
@@ -100,7 +101,7 @@ def test_caches_can_be_switched_off_and_containers_get_none(
 
 def _reference_cell(version: str) -> Cell:
     case = CaseInfo(name="ref", backend="reference", arm="reference", model="reference-model", markers=(),
-                    kv_bound={"bytes": 1 << 20}, startup_timeout_s=60.0)  # fmt: skip
+                    kv_bound=KvBound(bytes=1 << 20), startup_timeout_s=60.0)  # fmt: skip
     runtime = RuntimeInfo(backend="reference", version=version, tag=f"v{version}", provider={"kind": "builtin"})
     return Cell(case=case, runtime=runtime)
 

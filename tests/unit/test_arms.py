@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from matrix.errors import ConfigError
+from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm, known_arms
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import ENGINE_PORTS, SYSTEM_PORT_MAX
@@ -115,7 +116,7 @@ def test_gpu_engines_get_absolute_kv_bounds(
     script = tmp_path / "disagg.sh"
     script.write_text("#!/bin/bash\n")
     case = _case("dynamo", {"engine": engine, "script": "disagg.sh", **launch}, source_dir=str(tmp_path),
-                 kv_bound=bound)  # fmt: skip
+                 kv_bound=KvBound.parse(bound))  # fmt: skip
     (workers,) = [
         p for p in get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",))).processes if p.role == "workers"
     ]
@@ -149,7 +150,7 @@ SIDECAR_CASE = {"engine": "vllm", "max_model_len": 2048, "gpu_memory_utilization
 
 
 def test_vllm_sidecar_plan_runs_five_processes_on_one_gpu(tmp_path: Path) -> None:
-    case = _case("dynamo", SIDECAR_CASE, kv_bound={"bytes": 1119388000})
+    case = _case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000))
     plan = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("3",)))
     by_role = {p.role: p for p in plan.processes}
     assert list(by_role) == ["prefill", "decode", "prefill_sidecar", "decode_sidecar", "frontend"]
@@ -192,7 +193,7 @@ def test_vllm_sidecar_plan_runs_five_processes_on_one_gpu(tmp_path: Path) -> Non
 
 
 def test_vllm_sidecar_plan_on_cpu_keeps_kv_in_host_memory_and_splits_the_cores(tmp_path: Path) -> None:
-    case = _case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound={"bytes": 268435456})
+    case = _case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
     assert get_arm("dynamo").runs_on_cpu(case)
     assert not get_arm("dynamo").runs_on_cpu(_case("dynamo", {"engine": "vllm"}))
     ctx = replace(_ctx(case, tmp_path), cpu_ids=(0, 1))
@@ -211,7 +212,7 @@ def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path
     script = checkout / "lib" / "sidecar" / "vllm" / "launch" / "disagg.sh"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/bash\n")
-    case = _case("dynamo", SIDECAR_CASE, kv_bound={"bytes": 1119388000}, source_dir=str(tmp_path / "catalog"))
+    case = _case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000), source_dir=str(tmp_path / "catalog"))
     native = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",)))
     assert "workers" not in {p.role for p in native.processes}
     scripted = get_arm("dynamo").plan(replace(_ctx(case, tmp_path, gpu_ids=("0",)), workspace=checkout))
@@ -223,7 +224,7 @@ def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path
 
 
 def test_reference_plan(tmp_path: Path) -> None:
-    case = _case("reference", {"faults": ["same-worker-id"], "slow_start_s": 2}, kv_bound={"bytes": 4096})
+    case = _case("reference", {"faults": ["same-worker-id"], "slow_start_s": 2}, kv_bound=KvBound(bytes=4096))
     plan = get_arm("reference").plan(_ctx(case, tmp_path))
     prefill = plan.processes[0]
     assert prefill.argv[prefill.argv.index("--kv-cache-bytes") + 1] == "4096"

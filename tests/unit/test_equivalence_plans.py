@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from matrix.errors import ConfigError
+from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import EQUIVALENCE_DEFAULTS, AggregatedArm, LaunchContext, equivalence_options
 from matrix.launch.launch_plan import LaunchPlan
@@ -22,7 +23,7 @@ from tests.conftest import Matrix
 def _case(arm: str, launch: dict[str, Any]) -> CaseInfo:
     return CaseInfo(
         name="eq", backend="vllm", arm=arm, model="tiny", markers=(parse_marker_use("gpu_0"),), launch=launch,
-        kv_bound={"bytes": 268435456}, request_timeout_s=42,
+        kv_bound=KvBound(bytes=268435456), request_timeout_s=42,
     )  # fmt: skip
 
 

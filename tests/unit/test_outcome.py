@@ -18,6 +18,7 @@ from matrix.outcome import (
     CellOutcome,
     after_teardown,
     checked,
+    checked_again,
     interrupted,
     judge_control,
     judge_expectation,
@@ -29,7 +30,6 @@ from matrix.report.export_json import attempt_dict
 from matrix.results import describe_cell, record_outcome
 
 # `matrix show` predates the flaky column and does not print it (its output is unchanged by M13).
-SHOW_OMITS = {"flaky"}
 
 
 def test_every_outcome_field_is_stored_or_says_why_not() -> None:
@@ -75,7 +75,7 @@ def test_show_and_the_json_export_print_every_stored_column() -> None:
     record_outcome(row, CellOutcome("passed"))
     row.case = Case(name="case")
     row.runtime = Runtime(version="1.0", backend=Backend(name="reference"))
-    assert set(STORED_COLUMNS) - SHOW_OMITS <= set(describe_cell(row))
+    assert set(STORED_COLUMNS) <= set(describe_cell(row))
     assert set(STORED_COLUMNS) <= set(AttemptDetail._fields)
     values = {name: getattr(row, name, None) for name in AttemptDetail._fields}
     assert set(STORED_COLUMNS) <= set(attempt_dict(AttemptDetail(**values)))
@@ -101,6 +101,20 @@ def test_a_teardown_failure_fails_a_pass_and_is_added_to_a_failure() -> None:
     assert (kept.status, kept.failure_kind, kept.message) == ("failed", "request", "boom")
     assert [c.name for c in kept.checks] == ["request", "teardown_clean"]
     assert after_teardown(CellOutcome("passed"), []) == CellOutcome("passed")
+
+
+def test_a_later_check_fails_a_pass_and_keeps_what_it_measured() -> None:
+    pair = CellOutcome("passed", message="note", ready_s=2.0, ports={"prefill": 1})
+    diverged = [CheckFailure("equivalent_to_aggregated", "prompt 3 diverges")]
+    failed = checked_again(pair, diverged, "aggregated instance 4.0 s")
+    assert (failed.status, failed.failure_kind, failed.checks) == ("failed", "validation", tuple(diverged))
+    assert failed.message == "failed checks: equivalent_to_aggregated; aggregated instance 4.0 s"
+    assert (failed.ready_s, failed.ports) == (2.0, {"prefill": 1})
+    kept = checked_again(pair, [], "16/16 identical")
+    assert (kept.status, kept.message, kept.checks) == ("passed", "note; 16/16 identical", ())
+    assert checked_again(CellOutcome("passed"), [], "16/16").message == "16/16"
+    earlier = CellOutcome("failed", "request", "boom")
+    assert checked_again(earlier, diverged, "x") == earlier
 
 
 def test_a_control_passes_only_when_exactly_its_checks_fail() -> None:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from matrix.check.metrics import baseline, judge, parse_counters, settle, snapshot
+from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import ENGINE_PORTS
@@ -32,7 +33,7 @@ DATA = Path(__file__).parent.parent / "data" / "metrics"
 def _case(arm: str, launch: dict[str, object]) -> CaseInfo:
     return CaseInfo(
         name="c", backend="sglang", arm=arm, model="matrix-tiny-random", markers=(parse_marker_use("gpu_1"),),
-        launch=launch, kv_bound={"tokens": 2048},
+        launch=launch, kv_bound=KvBound(tokens=2048),
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from matrix.hardware.gpus import GIB, Gpu
+from matrix.kv_bound import KvBound
 from matrix.markers import parse_marker_use
 from matrix.plan import CaseInfo, Cell, RuntimeInfo
 from matrix.schedule import Demand, Lease, SlotPool, demand_for
@@ -27,14 +28,14 @@ def _demand(key: str = "c", *, gpus: int = 1, gib: float = 0, cpu_ok: bool = Fal
     return Demand(cell_key=key, gpus=gpus, memory_bytes=int(gib * GIB), cpu_ok=cpu_ok, exclusive=exclusive)
 
 
-def _cell(markers: list[str], *, kv_bound: dict[str, int] | None = None, weights_gib: float = 0.0) -> Cell:
+def _cell(markers: list[str], *, kv_bound: KvBound | None = None, weights_gib: float = 0.0) -> Cell:
     case = CaseInfo(
         name="case",
         backend="vllm",
         arm="dynamo",
         model="m",
         markers=tuple(parse_marker_use(m) for m in markers),
-        kv_bound=kv_bound or {},
+        kv_bound=kv_bound or KvBound(),
         weights_gib=weights_gib,
     )
     return Cell(case=case, runtime=RuntimeInfo(backend="vllm", version="0.30.0", tag="v0.30.0"))
@@ -44,21 +45,21 @@ def _cell(markers: list[str], *, kv_bound: dict[str, int] | None = None, weights
 
 
 def test_demand_counts_both_instances_of_the_pair() -> None:
-    demand = demand_for(_cell(["gpu_1"], kv_bound={"bytes": GIB}, weights_gib=1.5), cpu_ok=False)
+    demand = demand_for(_cell(["gpu_1"], kv_bound=KvBound(bytes=GIB), weights_gib=1.5), cpu_ok=False)
     assert demand == Demand("case@vllm-0.30.0", 1, 2 * (GIB + 3 * GIB // 2), False, exclusive=False)
 
 
 def test_demand_from_tokens_and_split_over_gpus() -> None:
-    demand = demand_for(_cell(["gpu_2"], kv_bound={"tokens": 2048}), cpu_ok=True)
+    demand = demand_for(_cell(["gpu_2"], kv_bound=KvBound(tokens=2048)), cpu_ok=True)
     assert demand.gpus == 2
     assert demand.cpu_ok
     assert demand.memory_bytes == 2048 * KV_BYTES_PER_TOKEN_ESTIMATE  # 2 instances over 2 GPUs
 
 
 def test_kv_bytes_takes_larger_bound() -> None:
-    assert kv_bytes({"bytes": 1, "tokens": 1}) == KV_BYTES_PER_TOKEN_ESTIMATE
-    assert kv_bytes({"bytes": 10 * GIB, "tokens": 1}) == 10 * GIB
-    assert kv_bytes({}) is None
+    assert kv_bytes(KvBound(bytes=1, tokens=1)) == KV_BYTES_PER_TOKEN_ESTIMATE
+    assert kv_bytes(KvBound(bytes=10 * GIB, tokens=1)) == 10 * GIB
+    assert kv_bytes(KvBound()) is None
 
 
 def test_demand_without_kv_bound_is_exclusive() -> None:
@@ -66,7 +67,7 @@ def test_demand_without_kv_bound_is_exclusive() -> None:
 
 
 def test_cpu_cell_demand() -> None:
-    demand = demand_for(_cell(["e2e"], kv_bound={"bytes": GIB}), cpu_ok=False)
+    demand = demand_for(_cell(["e2e"], kv_bound=KvBound(bytes=GIB)), cpu_ok=False)
     assert (demand.gpus, demand.memory_bytes, demand.exclusive) == (0, 0, False)
 
 
@@ -387,7 +388,7 @@ def test_startup_gate_is_reusable() -> None:
 
 
 def test_concurrent_startup_needs_the_arms_word_and_a_bound() -> None:
-    bounded = _cell(["gpu_1"], kv_bound={"bytes": GIB})
+    bounded = _cell(["gpu_1"], kv_bound=KvBound(bytes=GIB))
     assert demand_for(bounded, cpu_ok=False, absolute_memory=True).concurrent_startup
     assert not demand_for(bounded, cpu_ok=False).concurrent_startup  # the arm did not vouch for it
     unbounded = _cell(["gpu_1"])

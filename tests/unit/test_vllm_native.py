@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from matrix.check.metrics import judge, parse_counters
+from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.launch_plan import MetricsCheck
@@ -17,7 +18,7 @@ from matrix.plan import CaseInfo, RuntimeInfo
 def _plan(tmp_path: Path, launch: dict[str, object], gpu_ids: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     case = CaseInfo(
         name="v", backend="vllm", arm="vllm_native", model="tiny", markers=(parse_marker_use("gpu_1"),),
-        launch=launch, kv_bound={"bytes": 1073741824},
+        launch=launch, kv_bound=KvBound(bytes=1073741824),
     )  # fmt: skip
     arm = get_arm("vllm_native")
     ports = {r.name: 30000 + i for i, r in enumerate(arm.port_requests(case))}

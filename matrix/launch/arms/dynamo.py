@@ -127,7 +127,7 @@ class DynamoArm:
             return False
         if engine == "vllm":
             utilization = launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
-            return "bytes" in case.kv_bound and tiny_fraction(utilization)
+            return case.kv_bound.bytes is not None and tiny_fraction(utilization)
         if engine == "sglang":
             return sglang_server.absolute_memory(case)
         return engine == "mocker"  # no GPU memory at all

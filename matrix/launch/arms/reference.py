@@ -33,7 +33,7 @@ class ReferenceArm:
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         # The workers allocate exactly their KV bytes; without a bound a case sizes nothing absolutely.
-        return "bytes" in case.kv_bound
+        return case.kv_bound.bytes is not None
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return tuple(PortRequest(name) for name in AGGREGATED_PORTS)

@@ -35,7 +35,7 @@ KV_COUNTERS = ("sglang:kv_transfer_latency_ms_count",)
 def absolute_memory(case: CaseInfo) -> bool:
     """An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static`."""
     fraction = case.launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)
-    return "tokens" in case.kv_bound and tiny_fraction(fraction)
+    return case.kv_bound.tokens is not None and tiny_fraction(fraction)
 
 
 def port_name(role: str, kind: str) -> str:

@@ -62,7 +62,7 @@ class VllmNativeArm:
         return bool(case.launch.get("cpu", False))
 
     def absolute_memory(self, case: CaseInfo) -> bool:
-        return "bytes" in case.kv_bound and tiny_fraction(case.launch.get("gpu_memory_utilization", 0.02))
+        return case.kv_bound.bytes is not None and tiny_fraction(case.launch.get("gpu_memory_utilization", 0.02))
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return (PortRequest("aggregated_http"),)
