@@ -33,6 +33,7 @@ DATABASES = ("sqlite", "postgresql")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "all_databases: run the test on SQLite and on PostgreSQL")
+    config.addinivalue_line("markers", "fresh_database: the `matrix` fixture leaves the SQLite file uncreated")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -182,12 +183,36 @@ def stop_gracefully(proc: subprocess.Popen[str], grace: float = 60) -> None:
 
 @pytest.fixture
 def matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database: str, request: pytest.FixtureRequest) -> Matrix:
+    """The test's own data directory and database. On SQLite the database starts migrated to head (a copy of
+    a template migrated once per session) unless the test is marked `fresh_database`: running every
+    migration again for each test cost a quarter of the unit suite, and the path that creates and migrates
+    a new database has tests of its own (`tests/unit/test_db.py` and every `fresh_database` test)."""
     home = tmp_path / "home"
     home.mkdir()
     db_url = None if database == "sqlite" else str(request.getfixturevalue("db_url"))
     monkeypatch.setenv("MATRIX_HOME", str(home))
     monkeypatch.setenv("MATRIX_DB", db_url or str(home / "matrix.db"))
-    return Matrix(home=home, db_path=home / "matrix.db", db_url=db_url)
+    m = Matrix(home=home, db_path=home / "matrix.db", db_url=db_url)
+    if m.on_sqlite and not request.node.get_closest_marker("fresh_database"):
+        _copy_sqlite(request.getfixturevalue("migrated_sqlite_template"), m.db_path)
+    return m
+
+
+def _copy_sqlite(source_path: Path, target_path: Path) -> None:
+    # The backup API copies a consistent database (whatever its journal mode), not a file mid-write.
+    with sqlite3.connect(source_path) as source, sqlite3.connect(target_path) as target:
+        source.backup(target)
+    source.close()
+    target.close()
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite database migrated to head by the product's own first-use path, once per session."""
+    path = tmp_path_factory.mktemp("migrated") / "matrix.db"
+    result = CliRunner().invoke(cli, ["--db", str(path), "db", "upgrade"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -203,12 +228,7 @@ def seeded_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def seeded(matrix: Matrix, request: pytest.FixtureRequest) -> Matrix:
     if matrix.on_sqlite:
-        template = request.getfixturevalue("seeded_sqlite_template")
-        # The backup API copies a consistent database (whatever its journal mode), not a file mid-write.
-        with sqlite3.connect(template) as source, sqlite3.connect(matrix.db_path) as target:
-            source.backup(target)
-        source.close()
-        target.close()
+        _copy_sqlite(request.getfixturevalue("seeded_sqlite_template"), matrix.db_path)
         return matrix
     result = matrix("catalog", "sync")
     assert result.exit_code == 0, result.output

@@ -24,6 +24,7 @@ from matrix.db.migrate import (
     upgrade,
 )
 from matrix.errors import DatabaseError
+from tests.conftest import Matrix
 
 
 @pytest.mark.all_databases
@@ -32,6 +33,14 @@ def test_new_database_is_created_and_upgraded_on_first_use(db_url: str) -> None:
     assert current_revision(engine) is None
     ensure_schema(engine)
     assert current_revision(engine) == head_revision(engine)
+
+
+@pytest.mark.fresh_database
+def test_the_first_command_creates_the_sqlite_file_and_migrates_it(matrix: Matrix) -> None:
+    assert not matrix.db_path.exists()
+    assert matrix("catalog", "sync").exit_code == 0
+    assert matrix.sql("SELECT version_num FROM alembic_version") == [(quick_head(),)]
+    assert matrix.sql("SELECT count(*) FROM backend") != [(0,)]
 
 
 def test_sqlite_pragmas(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ class _Pair:
         self.wait_s = wait_s
         self.servers = {role: ThreadingHTTPServer(("127.0.0.1", 0), self._handler(role)) for role in ("p", "d")}
         for server in self.servers.values():
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def event(self, role: str, room: int) -> threading.Event:
         with self.lock:
@@ -268,7 +268,7 @@ def test_settle_keeps_the_scrape_it_judged(tmp_path: Path) -> None:
             self.wfile.write(data)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     try:
         record = tmp_path / "metrics-prefill.prom"
         check = MetricsCheck(f"http://127.0.0.1:{server.server_address[1]}/metrics", KV_COUNTERS, record=str(record))

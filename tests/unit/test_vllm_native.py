@@ -178,7 +178,7 @@ def test_counters_published_late_are_read_again_until_they_grow() -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     try:
         check = (MetricsCheck(f"http://127.0.0.1:{server.server_port}/metrics",
                               ("vllm:nixl_xfer_time_seconds_count",)),)  # fmt: skip

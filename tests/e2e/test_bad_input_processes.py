@@ -1,4 +1,5 @@
-"""Bad input that used to crash with a traceback: each is one line naming the fix, exit 2, database unchanged."""
+"""Bad input that used to crash with a traceback, through a real `matrix` process (stderr must be one line):
+each is one line naming the fix, exit 2, database unchanged."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.conftest import POSTGRES_ENV, Matrix
+
+pytestmark = pytest.mark.e2e
 
 
 @contextlib.contextmanager
