@@ -113,6 +113,8 @@ def test_decode_that_recomputes_is_caught_only_by_the_kv_transfer_check(campaign
 def test_the_sidecar_system_serves_through_two_vllm_rs_engines(campaign: VersionCampaign) -> None:
     vllm_campaign, version = campaign.m, campaign.version
     row = _row(vllm_campaign, "vllm_disaggregated_cpu")
+    # A cell that never ran (the environment did not build) says why, instead of a KeyError below.
+    assert row["status"] in ("passed", "failed"), row["message"]
     # vllm-rs is the executable taken out of the CUDA wheel, asked for its version before the cell ran.
     assert json.loads(str(row["components"]))["vllm-rs"] == version
     # Two distinct Dynamo worker ids, as unsigned 64-bit numbers (they often exceed 2**63).
