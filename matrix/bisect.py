@@ -348,7 +348,7 @@ def _fill_from_index(
     """Turn the index's releases between GOOD and BAD that the catalog lacks into runtimes (the backend's
     `runtime_template`, as `matrix discover` does), so the bisection walks every released version."""
     from matrix.db.models import Case
-    from matrix.discover import fill_between
+    from matrix.discover import SKIPPED, fill_between
 
     with transaction(factory) as session:
         if backend is None:
@@ -362,7 +362,7 @@ def _fill_from_index(
             raise ConfigError(f"--from-index: {exc}") from None
     releases = [f for f in found.found if f.action != "channel"]
     added = [f.version for f in releases if f.action == "added"]
-    left_out = [f"{f.version} ({f.action})" for f in found.found if f.action in ("yanked", "python")]
+    left_out = [f"{f.version} ({f.action})" for f in found.found if f.action in SKIPPED]
     echo(f"{found.package} on the index between {good} and {bad}: {len(releases)} release(s), "
          f"{len(added)} added as runtimes{': ' + ', '.join(added) if added else ''}")  # fmt: skip
     if left_out:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import configparser
 import os
+import platform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.tags import Tag, compatible_tags, cpython_tags, platform_tags
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -37,6 +40,16 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 CHANNELS = ("release", "rc", "dev")
 DISCOVERED = "discovered"
+# The actions of a version in range that was not added, each said with its reason.
+SKIPPED = ("yanked", "python", "platform")
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file of a version: an sdist (pip can build it anywhere) or a wheel with its tags."""
+
+    wheel_tags: frozenset[Tag] | None  # None: an sdist
+    requires_python: str | None
 
 
 @dataclass
@@ -46,8 +59,14 @@ class Found:
     version: str
     files: int = 0
     yanked: str | None = None  # the reason ("" when none was given) when every file is yanked
-    action: str = ""  # added | would add | yanked | older | channel | python | outside
+    action: str = ""  # added | would add | yanked | older | known | channel | python | platform
     requires_python: list[str] = field(default_factory=list)  # each file's Requires-Python, where given
+    wheels: list[str] = field(default_factory=list)  # the tags of each wheel (`cp312-cp312-manylinux_2_28_aarch64`)
+    sdist: bool = False
+    entries: list[IndexFile] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in vars(self).items() if key != "entries"}
 
 
 @dataclass
@@ -58,12 +77,15 @@ class Discovery:
     newest_known: str | None
     found: list[Found] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)  # file entries no version could be read from
+    target: Target | None = None  # the interpreter and platform the versions were checked against
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "backend": self.backend, "package": self.package, "index_url": self.index_url,
             "newest_known": self.newest_known, "malformed": self.malformed,
-            "versions": [vars(f) for f in self.found if f.action in ("added", "would add", "yanked", "python")],
+            "target": {"python": self.target.python, "platform": self.target.platform or None}
+            if self.target is not None else None,
+            "versions": [f.as_dict() for f in self.found if f.action in ("added", "would add", *SKIPPED)],
         }  # fmt: skip
 
 
@@ -121,46 +143,98 @@ def fetch_project(index_url: str, package: str, timeout_s: float = 30.0) -> dict
     return data
 
 
-def _file_version(filename: str) -> Version | None:
+def _read_file(filename: str) -> tuple[Version, frozenset[Tag] | None] | None:
+    """(version, wheel tags) of a file name, the tags None for an sdist; None when it names no version."""
     try:
         if filename.endswith(".whl"):
-            return parse_wheel_filename(filename)[1]
-        return parse_sdist_filename(filename)[1]
+            _name, version, _build, tags = parse_wheel_filename(filename)
+            return version, tags
+        return parse_sdist_filename(filename)[1], None
     except (InvalidWheelFilename, InvalidSdistFilename):
         return None
 
 
 def versions_on_index(data: dict[str, Any]) -> tuple[dict[Version, Found], list[str]]:
-    """Every version with its file count and yank state, and the file entries that are malformed."""
-    by_version: dict[Version, list[Any]] = {}
-    requires_python: dict[Version, list[str]] = {}
+    """Every version with its files and yank state, and the file entries that are malformed."""
+    yanks: dict[Version, list[Any]] = {}
+    found: dict[Version, Found] = {}
     malformed: list[str] = []
     for entry in data["files"]:
         filename = entry.get("filename") if isinstance(entry, dict) else None
-        version = _file_version(filename) if isinstance(filename, str) else None
-        if version is None:
+        read = _read_file(filename) if isinstance(filename, str) else None
+        if read is None:
             malformed.append(str(filename if isinstance(filename, str) else entry)[:200])
             continue
-        by_version.setdefault(version, []).append(entry.get("yanked", False))
+        version, tags = read
+        item = found.setdefault(version, Found(str(version)))
+        yanks.setdefault(version, []).append(entry.get("yanked", False))
         requires = entry.get("requires-python")
-        if isinstance(requires, str) and requires.strip():
-            requires_python.setdefault(version, []).append(requires.strip())
-    found = {}
-    for version, yanks in by_version.items():
+        requires = requires.strip() if isinstance(requires, str) and requires.strip() else None
+        if requires is not None:
+            item.requires_python.append(requires)
+        if tags is None:
+            item.sdist = True
+        else:
+            item.wheels.append("-".join(str(filename).removesuffix(".whl").split("-")[-3:]))  # python-abi-platform
+        item.entries.append(IndexFile(tags, requires))
+    for version, item in found.items():
         # PEP 592: a version is yanked when all its files are; the value is False, True or the reason.
-        yanked = None
-        if all(y not in (False, None) for y in yanks):
-            yanked = next((y for y in yanks if isinstance(y, str) and y), "")
-        found[version] = Found(str(version), files=len(yanks), yanked=yanked,
-                               requires_python=requires_python.get(version, []))  # fmt: skip
+        item.files = len(yanks[version])
+        if all(y not in (False, None) for y in yanks[version]):
+            item.yanked = next((y for y in yanks[version] if isinstance(y, str) and y), "")
     return found, malformed
 
 
-def _python_fits(item: Found, python: str | None) -> bool:
-    """Whether some file of the version accepts the template's interpreter (PEP 691 `requires-python`).
+@dataclass(frozen=True)
+class Target:
+    """The interpreter a runtime of the template gets, and the wheels pip could install into it here."""
 
-    A file without the field, or with one `packaging` cannot read, is taken to fit: pip decides then."""
-    if not python:
+    python: str | None  # for Requires-Python: "3.11" (any 3.11.x) or "3.11.7"; None: unknown, pip decides
+    tags: frozenset[Tag] | None  # the wheel tags pip accepts there; None: not checked (nothing is built here)
+    platform: str = ""  # this host's most specific platform tag, for the message
+
+    def describe(self) -> str:
+        return f"Python {self.python} on {self.platform}"
+
+
+def runtime_target(template: dict[str, Any]) -> Target:
+    """What a runtime made from `template` installs into. Only a `venv` provider builds an environment
+    here, with the recipe's `python` (default: matrix's own interpreter), so only then are wheel tags
+    known: CPython of that major.minor on this host's platforms, exactly the tags pip there accepts."""
+    provider = template.get("provider", {})
+    python = str(provider.get("python") or "") or None
+    if provider.get("kind", "host") != "venv":
+        return Target(python, None)
+    from matrix.launch.providers.venv import ProvisionError, python_version_of
+
+    if python is not None and _is_version(python):
+        line = ".".join(python.split(".")[:2])  # "3.11" or "3.11.7": the line is what wheels are made for
+    else:
+        try:
+            line = python_version_of(python or "")  # a path or command is asked for its version
+        except ProvisionError:
+            return Target(python, None)  # an interpreter not on this host: the build will say so
+        python = platform.python_version() if python is None else line
+    major, minor = (int(x) for x in line.split(".")[:2])
+    platforms = list(platform_tags())
+    tags = frozenset([*cpython_tags((major, minor), platforms=platforms),
+                      *compatible_tags((major, minor), f"cp{major}{minor}", platforms)])  # fmt: skip
+    named = [p for p in platforms if not p.startswith("linux_")]  # manylinux_2_39_x86_64 says more
+    return Target(python, tags, (named or platforms or ["this platform"])[0])
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def _python_fits(requires: str | None, python: str | None) -> bool:
+    """Whether a file's PEP 691 `requires-python` accepts the interpreter. No field, no interpreter known,
+    or a field `packaging` cannot read: taken to fit (pip decides then)."""
+    if not python or requires is None:
         return True
     try:
         # "3.11" is any 3.11.x: the first and a late patch release stand for the line.
@@ -168,15 +242,21 @@ def _python_fits(item: Found, python: str | None) -> bool:
         interpreters = [Version(python + ".0"), Version(python + ".99")] if line else [Version(python)]
     except InvalidVersion:
         return True
-    if len(item.requires_python) < item.files:
+    try:
+        return any(SpecifierSet(requires).contains(v, prereleases=True) for v in interpreters)
+    except InvalidSpecifier:
         return True
-    for text in item.requires_python:
-        try:
-            if any(SpecifierSet(text).contains(v, prereleases=True) for v in interpreters):
-                return True
-        except InvalidSpecifier:
-            return True
-    return False
+
+
+def installable(item: Found, target: Target) -> str | None:
+    """None when pip could install some file of the version into the target, else why not ("python": every
+    file's Requires-Python refuses the interpreter; "platform": no sdist and no wheel for it here)."""
+    fitting = [f for f in item.entries if _python_fits(f.requires_python, target.python)]
+    if not fitting:
+        return "python"
+    if target.tags is None or any(f.wheel_tags is None or f.wheel_tags & target.tags for f in fitting):
+        return None
+    return "platform"
 
 
 def _in_channel(version: Version, channel: str) -> bool:
@@ -208,38 +288,18 @@ def _backend_and_template(
     return backend, template, package
 
 
-def _template_python(template: dict[str, Any]) -> str | None:
-    python = template.get("provider", {}).get("python")
-    return str(python) if python else None
-
-
 def discover(
     session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool
 ) -> Discovery:
     backend, template, package = _backend_and_template(session, backend_name, package, channel)
-    index = index_url or default_index_url()
-    known_versions = [parse_version(r.version) for r in backend.runtimes]
+    known = {parse_version(r.version) for r in backend.runtimes}
     live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
     newest = max(live) if live else None
-    result = Discovery(backend_name, package, index, str(newest) if newest else None)
-    found, result.malformed = versions_on_index(fetch_project(index, package))
-    for version in sorted(found):
-        item = found[version]
-        result.found.append(item)
-        if version in known_versions or (newest is not None and version <= newest):
-            item.action = "older"
-        elif not _in_channel(version, channel):
-            item.action = "channel"
-        elif item.yanked is not None:
-            item.action = "yanked"
-        elif not _python_fits(item, _template_python(template)):
-            item.action = "python"
-        elif dry_run:
-            item.action = "would add"
-        else:
-            _add_runtime(session, backend, version, template, index)
-            item.action = "added"
-    return result
+
+    def place(version: Version) -> str | None:
+        return "older" if version in known or (newest is not None and version <= newest) else None
+
+    return _offer(session, backend, template, package, index_url, channel, place, dry_run=dry_run)
 
 
 def fill_between(
@@ -247,28 +307,46 @@ def fill_between(
 ) -> Discovery:
     """Add the index's versions from `low` to `high` (both included) that the catalog lacks, through the
     backend's template: what `matrix bisect --from-index` walks. Older versions than the catalog's are
-    welcome here (a bisect reaches back); yanked ones, other channels and ones whose files all refuse the
-    template's Python are left out and reported, as `discover` does."""
+    welcome here (a bisect reaches back); yanked ones, other channels and ones pip could not install into
+    the template's interpreter here are left out and reported, as `discover` does."""
     backend, template, package = _backend_and_template(session, backend_name, None, channel)
-    index = index_url or default_index_url()
     lo, hi = sorted((parse_version(low), parse_version(high)))
     known = {parse_version(r.version) for r in backend.runtimes}
+
+    def place(version: Version) -> str | None:
+        return "outside" if not lo <= version <= hi else "known" if version in known else None
+
+    return _offer(session, backend, template, package, index_url, channel, place, dry_run=False)
+
+
+def _offer(
+    session: Session, backend: Backend, template: dict[str, Any], package: str, index_url: str | None, channel: str,
+    place: Callable[[Version], str | None], *, dry_run: bool,
+) -> Discovery:  # fmt: skip
+    """The one walk over the index's versions, oldest first: `place` answers "outside" (not listed), an
+    action that settles the version ("older", "known"), or None for a candidate, which is then checked
+    (channel, yanked, Requires-Python, wheel tags) and added unless `dry_run`."""
+    index = index_url or default_index_url()
     live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
-    result = Discovery(backend_name, package, index, str(max(live)) if live else None)
+    result = Discovery(backend.name, package, index, str(max(live)) if live else None)
+    result.target = runtime_target(template)
     found, result.malformed = versions_on_index(fetch_project(index, package))
     for version in sorted(found):
         item = found[version]
-        if not lo <= version <= hi:
+        settled = place(version)
+        if settled == "outside":
             continue
         result.found.append(item)
-        if version in known:
-            item.action = "known"
+        if settled is not None:
+            item.action = settled
         elif not _in_channel(version, channel):
             item.action = "channel"
         elif item.yanked is not None:
             item.action = "yanked"
-        elif not _python_fits(item, _template_python(template)):
-            item.action = "python"
+        elif (why := installable(item, result.target)) is not None:
+            item.action = why
+        elif dry_run:
+            item.action = "would add"
         else:
             _add_runtime(session, backend, version, template, index)
             item.action = "added"

@@ -21,8 +21,11 @@ def project_page(name: str, files: list[dict[str, Any]]) -> dict[str, Any]:
     return {"meta": {"api-version": "1.1"}, "name": name, "files": files}
 
 
-def wheel(name: str, version: str, yanked: bool | str = False, requires_python: str | None = None) -> dict[str, Any]:
-    filename = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+def wheel(
+    name: str, version: str, yanked: bool | str = False, requires_python: str | None = None, tags: str = "py3-none-any"
+) -> dict[str, Any]:
+    """A wheel entry; `tags` is the file name's python-abi-platform part (`cp312-cp312-manylinux_2_28_aarch64`)."""
+    filename = f"{name.replace('-', '_')}-{version}-{tags}.whl"
     entry: dict[str, Any] = {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64},
                              "yanked": yanked}  # fmt: skip
     if requires_python is not None:

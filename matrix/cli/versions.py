@@ -64,6 +64,10 @@ def discover_cmd(
             refused = ", ".join(sorted(set(item.requires_python)))
             why = f"skipped: Requires-Python {refused} excludes the template's interpreter"
             rows.append((item.version, item.files, why))
+        elif item.action == "platform" and result.target is not None:
+            kinds = ", ".join(sorted(set(item.wheels)))
+            why = f"skipped: no sdist and no wheel pip could install into {result.target.describe()} (wheels: {kinds})"
+            rows.append((item.version, item.files, why))
         elif item.action in ("added", "would add"):
             rows.append((item.version, item.files, item.action))
     if rows:
@@ -98,7 +102,8 @@ def discover_cmd(
 @click.option("--from-index", is_flag=True,
               help="First add the index's releases between GOOD and BAD that the catalog lacks, as runtimes "
                    "from the backend's runtime_template (as `matrix discover` does).")
-@click.option("--index-url", metavar="URL", help="With --from-index: a PEP 691 simple index (default as for discover).")
+@click.option("--index-url", metavar="URL",
+              help="With --from-index or --component: a PEP 691 simple index (default as for discover).")
 @click.option("--logs-dir", type=click.Path(path_type=Path), help="Where cell logs go (default: data dir/runs).")
 @json_option
 @click.pass_obj

@@ -229,3 +229,76 @@ def test_versions_whose_files_all_refuse_the_templates_python_are_skipped_and_sa
     assert result.exit_code == 0, result.output
     assert "Requires-Python >=3.12 excludes the template's interpreter" in result.output
     assert sorted(runtimes(matrix, "pyref")) == ["1.0.0", "1.1.0", "1.3.0", "1.4.0", "1.5.0"]
+
+
+def _host_platform() -> str:
+    """A platform tag of this host that pip accepts (the most specific manylinux one where there is one)."""
+    from packaging.tags import platform_tags
+
+    tags = list(platform_tags())
+    return next((t for t in tags if t.startswith("manylinux_")), tags[0])
+
+
+def platform_index(root: Path) -> None:
+    """py-ref releases whose files pip could or could not install into a Python 3.11 venv on this host."""
+    host = _host_platform()
+    write_project(root, "py-ref", [
+        wheel("py-ref", "1.1.0", tags="cp312-cp312-manylinux_2_28_aarch64"),  # another Python and machine only
+        wheel("py-ref", "1.2.0", tags="cp311-cp311-macosx_11_0_arm64"),  # other systems only
+        wheel("py-ref", "1.2.0", tags="cp311-cp311-win_amd64"),
+        wheel("py-ref", "1.3.0", tags=f"cp312-cp312-{host}"),  # this platform, another Python
+        wheel("py-ref", "1.4.0", tags=f"cp311-cp311-{host}"),  # exactly this host
+        wheel("py-ref", "1.5.0", tags="cp311-cp311-macosx_11_0_arm64"), sdist("py-ref", "1.5.0"),  # pip builds it
+        wheel("py-ref", "1.6.0", tags=f"cp38-abi3-{host}"),  # the stable ABI: any CPython from 3.8
+        wheel("py-ref", "1.7.0", tags="py2.py3-none-any"),
+        # A wheel for this host that refuses 3.11, and a foreign one that accepts it: nothing installable.
+        wheel("py-ref", "1.8.0", tags=f"cp311-cp311-{host}", requires_python=">=3.12"),
+        wheel("py-ref", "1.8.0", tags="cp311-cp311-win_amd64"),
+    ])  # fmt: skip
+
+
+def test_versions_without_a_wheel_for_this_host_or_an_sdist_are_skipped_and_said(
+    matrix: Matrix, tmp_path: Path
+) -> None:
+    """A release whose only wheels are for another platform or Python is not a runtime pip could build here:
+    listed with its wheels, not added. The venv's interpreter is the template's `python` (3.11)."""
+    (tmp_path / "pyref.toml").write_text(PYTHON_CATALOG)
+    assert matrix("catalog", "sync", str(tmp_path / "pyref.toml"), str(DATA / "markers.toml")).exit_code == 0
+    platform_index(tmp_path / "index")
+    with serve_index(tmp_path / "index") as url:
+        listed = matrix("discover", "pyref", "--index-url", url, "--dry-run", "--json")
+        result = matrix("discover", "pyref", "--index-url", url)
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.output)
+    assert {v["version"]: v["action"] for v in data["versions"]} == {
+        "1.1.0": "platform", "1.2.0": "platform", "1.3.0": "platform", "1.4.0": "would add",
+        "1.5.0": "would add", "1.6.0": "would add", "1.7.0": "would add", "1.8.0": "platform",
+    }  # fmt: skip
+    assert data["target"] == {"python": "3.11", "platform": _host_platform()}
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert f"skipped: no sdist and no wheel pip could install into Python 3.11 on {_host_platform()}" in out
+    assert "(wheels: cp312-cp312-manylinux_2_28_aarch64)" in out
+    assert "(wheels: cp311-cp311-macosx_11_0_arm64, cp311-cp311-win_amd64)" in out
+    assert sorted(runtimes(matrix, "pyref")) == ["1.0.0", "1.4.0", "1.5.0", "1.6.0", "1.7.0"]
+
+
+def test_bisect_from_index_leaves_out_versions_pip_could_not_install_here(matrix: Matrix, tmp_path: Path) -> None:
+    """`bisect --from-index` walks the same versions with the same checks (`fill_between`)."""
+    from matrix.db.engine import create_db_engine, session_factory, transaction
+    from matrix.discover import fill_between
+
+    (tmp_path / "pyref.toml").write_text(PYTHON_CATALOG)
+    assert matrix("catalog", "sync", str(tmp_path / "pyref.toml"), str(DATA / "markers.toml")).exit_code == 0
+    platform_index(tmp_path / "index")
+    engine = create_db_engine(matrix.url)
+    try:
+        with serve_index(tmp_path / "index") as url, transaction(session_factory(engine)) as session:
+            found = fill_between(session, "pyref", "1.2.0", "1.8.0", index_url=url)
+    finally:
+        engine.dispose()
+    assert {f.version: f.action for f in found.found} == {
+        "1.2.0": "platform", "1.3.0": "platform", "1.4.0": "added", "1.5.0": "added", "1.6.0": "added",
+        "1.7.0": "added", "1.8.0": "platform",
+    }  # fmt: skip
+    assert sorted(runtimes(matrix, "pyref")) == ["1.0.0", "1.4.0", "1.5.0", "1.6.0", "1.7.0"]
