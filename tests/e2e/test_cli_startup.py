@@ -15,11 +15,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from matrix.campaign import expected_durations
 from matrix.cli.app import App, pause_gc, resume_gc
 from matrix.db.engine import create_db_engine
 from matrix.db.models import Case, Runtime
 from matrix.plan import case_info, load_catalog_view, runtime_info
 from tests.conftest import Matrix
+from tests.unit.campaign_rows import add_campaign
 
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", re.MULTILINE)
 
@@ -120,3 +122,20 @@ def test_gc_is_paused_for_the_start_up_until_the_database_is_open(seeded: Matrix
     finally:
         gc.unfreeze()
         (gc.enable if enabled else gc.disable)()
+
+
+def test_a_run_reads_the_history_of_its_own_cases_only(seeded: Matrix) -> None:
+    """The expected durations a run schedules by come from its cases' attempts, not from every case's."""
+    add_campaign(seeded, [("reference_disaggregated", 1, "passed"), ("reference_equivalence", 1, "passed")])
+    seeded.sql("UPDATE cell_run SET total_s = id * 10")
+    ids = dict(seeded.sql('SELECT name, id FROM "case" WHERE name IN (?, ?)', "reference_disaggregated",
+                          "reference_equivalence"))  # fmt: skip
+    engine = create_db_engine(seeded.url)
+    try:
+        with Session(engine) as session:
+            everything = expected_durations(session)
+            own = expected_durations(session, {ids["reference_disaggregated"]})
+    finally:
+        engine.dispose()
+    assert set(everything) == set(ids.values())
+    assert own == {ids["reference_disaggregated"]: everything[ids["reference_disaggregated"]]}
