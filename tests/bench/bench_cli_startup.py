@@ -43,9 +43,11 @@ COMMANDS = {
 GC_OFF, GC_FREEZE = "import gc; gc.disable(); ", "; gc.freeze()"
 FLOOR = {
     "python -c pass": ["-c", "pass"],
-    "import sqlalchemy": ["-c", "import sqlalchemy"],
-    "import sqlalchemy, GC as matrix": ["-c", GC_OFF + "import sqlalchemy" + GC_FREEZE],
-    "import sqlalchemy.orm, matrix.db.models, GC as matrix": ["-c", GC_OFF + "import matrix.db.models" + GC_FREEZE],
+    "python: import sqlalchemy": ["-c", "import sqlalchemy"],
+    "python: import sqlalchemy, GC as matrix": ["-c", GC_OFF + "import sqlalchemy" + GC_FREEZE],
+    "python: import sqlalchemy.orm, matrix.db.models, GC as matrix": [
+        "-c", GC_OFF + "import matrix.db.models" + GC_FREEZE
+    ],
 }
 IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|(\s+)(\S+)$")
 
@@ -159,7 +161,7 @@ def main() -> None:
     lines += ["\nThe floor, in the same rounds (this interpreter, same environment):\n",
               "| process | wall, ms | CPU, ms |", "|---|---|---|"]  # fmt: skip
     for label, command in FLOOR.items():
-        lines.append(f"| python: {label} | {ms(floor[label])} | {ms(CPU[(str(REPO), ' '.join(command))][1:])} |")
+        lines.append(f"| {label} | {ms(floor[label])} | {ms(CPU[(str(REPO), ' '.join(command))][1:])} |")
     lines.append("\n`python -X importtime` on this tree, largest cumulative imports (top level, and matrix's own):\n")
     env = _env(REPO, homes["this tree"])
     for label, command in COMMANDS.items():
