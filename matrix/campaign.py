@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -187,14 +187,19 @@ class _Heartbeat(threading.Thread):
         self.join(timeout=HEARTBEAT_S)
 
 
-def expected_durations(session: Session) -> dict[int, float]:
-    """Median total time of each case over earlier finished attempts."""
+def expected_durations(session: Session, case_ids: Collection[int] | None = None) -> dict[int, float]:
+    """Median total time of each case (of `case_ids`, default all) over earlier finished attempts.
+
+    A run asks for its own cases only: the history of every other case is no business of a one-cell run,
+    and it grows with every campaign.
+    """
     samples: dict[int, list[float]] = {}
-    rows = session.execute(
-        select(CellRun.case_id, CellRun.total_s).where(
-            CellRun.total_s.is_not(None), CellRun.status.in_(("passed", "failed", "timeout"))
-        )
+    query = select(CellRun.case_id, CellRun.total_s).where(
+        CellRun.total_s.is_not(None), CellRun.status.in_(("passed", "failed", "timeout"))
     )
+    if case_ids is not None:
+        query = query.where(CellRun.case_id.in_(sorted(case_ids)))
+    rows = session.execute(query)
     for case_id, total in rows:
         if total is not None:
             samples.setdefault(case_id, []).append(float(total))
@@ -395,7 +400,7 @@ def _run(
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()
             return EXIT_OK
-        durations = expected_durations(session)
+        durations = expected_durations(session, {cell.case.id for cell, _attempt, _failed in selected if cell.case.id})
     if options.on_campaign is not None:
         options.on_campaign(campaign_id)
     cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)

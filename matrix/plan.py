@@ -16,9 +16,9 @@ from typing import Any
 
 from packaging.version import Version
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
-from matrix.db.models import Backend, Case, CaseFix, CaseMarker, Runtime
+from matrix.db.models import Backend, Case, CaseFix, CaseMarker, Fix, Marker, Runtime, RuntimeComponent
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound
 from matrix.markers import Expression, MarkerUse, check_known, matches, parse_marker_use
@@ -183,14 +183,20 @@ class Plan:
 
 
 def case_info(case: Case) -> CaseInfo:
+    required = [RequiredFix(cf.fix.key, cf.fix.component, tuple(cf.fix.fixed_in), cf.fix.link) for cf in case.fixes]
+    return _case_info(case, case.backend.name, [cm.text for cm in case.markers], required)
+
+
+def _case_info(case: Any, backend: str, markers: Sequence[str], fixes: Sequence[RequiredFix]) -> CaseInfo:
+    """A `CaseInfo` from a case's columns (an ORM `Case` or a row of its table) and its related rows."""
     return CaseInfo(
         id=case.id,
         name=case.name,
-        backend=case.backend.name,
+        backend=backend,
         arm=case.arm,
         model=case.model,
-        markers=tuple(parse_marker_use(cm.text) for cm in case.markers),
-        marker_texts=tuple(cm.text for cm in case.markers),
+        markers=tuple(parse_marker_use(text) for text in markers),
+        marker_texts=tuple(markers),
         payload=dict(case.payload),
         kv_bound=KvBound.parse(case.kv_bound),
         startup_timeout_s=case.startup_timeout_s,
@@ -198,24 +204,26 @@ def case_info(case: Case) -> CaseInfo:
         launch=dict(case.launch),
         source_dir=case.source_dir,
         version_constraint=case.version_constraint,
-        required_fixes=tuple(
-            RequiredFix(cf.fix.key, cf.fix.component, tuple(cf.fix.fixed_in), cf.fix.link)
-            for cf in case.fixes
-        ),
+        required_fixes=tuple(fixes),
         weights_gib=case.weights_gib,
         enabled=case.enabled,
     )
 
 
 def runtime_info(runtime: Runtime) -> RuntimeInfo:
+    return _runtime_info(runtime, runtime.backend.name, {c.name: c.version for c in runtime.components})
+
+
+def _runtime_info(runtime: Any, backend: str, components: Mapping[str, str]) -> RuntimeInfo:
+    """A `RuntimeInfo` from a runtime's columns (an ORM `Runtime` or a row of its table) and its components."""
     return RuntimeInfo(
         id=runtime.id,
-        backend=runtime.backend.name,
+        backend=backend,
         version=runtime.version,
         tag=runtime.tag,
         channel=runtime.channel,
         provider=dict(runtime.provider),
-        components={c.name: c.version for c in runtime.components},
+        components=dict(components),
         enabled=runtime.enabled,
         derived=runtime.source == "derived",
     )
@@ -236,27 +244,60 @@ def missing_fixes(case: CaseInfo, runtime: RuntimeInfo) -> list[tuple[str, str]]
 
 
 def load_catalog_view(session: Session) -> tuple[list[CaseInfo], list[RuntimeInfo], set[str], set[str]]:
-    """Active cases and runtimes, plus the names of known markers and backends."""
-    from matrix.db.models import Marker  # local: keeps the import list above about planning
+    """Active cases and runtimes, plus the names of known markers and backends.
 
-    cases = session.scalars(
-        select(Case)
-        .where(Case.retired.is_(False))
-        .options(
-            selectinload(Case.backend),
-            selectinload(Case.markers).selectinload(CaseMarker.marker),
-            selectinload(Case.fixes).selectinload(CaseFix.fix),
-        )
-        .order_by(Case.name)
-    ).all()
-    runtimes = session.scalars(
-        select(Runtime)
-        .where(Runtime.retired.is_(False))
-        .options(selectinload(Runtime.backend), selectinload(Runtime.components))
-    ).all()
-    markers = set(session.scalars(select(Marker.name).where(Marker.retired.is_(False))))
-    backends = set(session.scalars(select(Backend.name).where(Backend.retired.is_(False))))
-    return [case_info(c) for c in cases], [runtime_info(r) for r in runtimes], markers, backends
+    Read with SQLAlchemy Core from the models' tables: planning wants plain rows, and the ORM's first
+    query in a process configures every mapper of the schema and builds its loaders, about a third of
+    `matrix plan`'s own work. Related rows come in one query per table (no query per case).
+    """
+    backend_t, case_t, case_marker_t = Backend.__table__, Case.__table__, CaseMarker.__table__
+    case_fix_t, fix_t, marker_t = CaseFix.__table__, Fix.__table__, Marker.__table__
+    runtime_t, component_t = Runtime.__table__, RuntimeComponent.__table__
+    backend_names = {id_: name for id_, name in session.execute(select(backend_t.c.id, backend_t.c.name))}
+
+    active_cases = case_t.c.retired.is_(False)
+    markers: dict[int, list[str]] = {}
+    marker_rows = session.execute(
+        select(case_marker_t.c.case_id, case_marker_t.c.text)
+        .join(case_t, case_t.c.id == case_marker_t.c.case_id)
+        .where(active_cases)
+        .order_by(case_marker_t.c.id)  # the order `Case.markers` has
+    )
+    for case_id, text in marker_rows:
+        markers.setdefault(case_id, []).append(text)
+    fixes: dict[int, list[RequiredFix]] = {}
+    fix_rows = session.execute(
+        select(case_fix_t.c.case_id, fix_t.c.key, fix_t.c.component, fix_t.c.fixed_in, fix_t.c.link)
+        .join(fix_t, fix_t.c.id == case_fix_t.c.fix_id)
+        .join(case_t, case_t.c.id == case_fix_t.c.case_id)
+        .where(active_cases)
+        .order_by(case_fix_t.c.id)
+    )
+    for case_id, key, component, fixed_in, link in fix_rows:
+        fixes.setdefault(case_id, []).append(RequiredFix(key, component, tuple(fixed_in), link))
+    cases = [
+        _case_info(row, backend_names[row.backend_id], markers.get(row.id, []), fixes.get(row.id, []))
+        for row in session.execute(select(case_t).where(active_cases).order_by(case_t.c.name))
+    ]
+
+    active_runtimes = runtime_t.c.retired.is_(False)
+    components: dict[int, dict[str, str]] = {}
+    component_rows = session.execute(
+        select(component_t.c.runtime_id, component_t.c.name, component_t.c.version)
+        .join(runtime_t, runtime_t.c.id == component_t.c.runtime_id)
+        .where(active_runtimes)
+        .order_by(component_t.c.name)  # the order `Runtime.components` has
+    )
+    for runtime_id, name, version in component_rows:
+        components.setdefault(runtime_id, {})[name] = version
+    runtimes = [
+        _runtime_info(row, backend_names[row.backend_id], components.get(row.id, {}))
+        for row in session.execute(select(runtime_t).where(active_runtimes).order_by(runtime_t.c.id))
+    ]
+
+    known_markers = set(session.scalars(select(marker_t.c.name).where(marker_t.c.retired.is_(False))))
+    known_backends = set(session.scalars(select(backend_t.c.name).where(backend_t.c.retired.is_(False))))
+    return cases, runtimes, known_markers, known_backends
 
 
 def _check_names(kind: str, wanted: Sequence[str], known: set[str]) -> None:

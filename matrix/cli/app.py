@@ -8,6 +8,7 @@ none of them (`matrix.cli` assembles the group). Thin: parse options, call one f
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,25 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_gc_paused = False
+
+
+def pause_gc() -> None:
+    """Pause the cyclic GC for the start-up (see `matrix.cli.main`); `resume_gc` ends the pause."""
+    global _gc_paused
+    if gc.isenabled():
+        gc.disable()
+        _gc_paused = True
+
+
+def resume_gc() -> None:
+    """End a pause of `pause_gc`: what the start-up made is frozen (never walked again), then the GC runs."""
+    global _gc_paused
+    if _gc_paused:
+        _gc_paused = False
+        gc.freeze()
+        gc.enable()
+
 
 @dataclass
 class App:
@@ -40,6 +60,7 @@ class App:
 
         if self._engine is None:
             self._engine = create_db_engine(resolve_url(self.db_url))
+            resume_gc()  # the heavy imports are done: from here a long command makes garbage as it runs
         if check_schema:
             ensure_schema(self._engine)
         return self._engine
@@ -48,6 +69,13 @@ class App:
         from matrix.db.engine import session_factory
 
         return session_factory(self.engine())
+
+    def close(self) -> None:
+        """Close the database's connections now (SQLite checkpoints its WAL then), not whenever the GC
+        gets to the engine, which at exit it no longer does (`matrix.cli.main`)."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
 
 
 class MatrixGroup(click.Group):
@@ -106,6 +134,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
       matrix show CELL                    one outcome with its logs
     """
     ctx.obj = App(db_url)
+    ctx.call_on_close(ctx.obj.close)
 
 
 # --- selection options shared by plan, run, report and export ---------------------------------------------------------

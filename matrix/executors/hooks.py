@@ -30,6 +30,8 @@ class LocalHooks:
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:
+        if not any(runtime.provider.get("kind") == "venv" for runtime in runtimes):
+            return {}  # nothing to build; the venv machinery is not even imported
         from matrix.launch.providers import ensure_provisioned
 
         return ensure_provisioned(runtimes, say, source, stop=stop)

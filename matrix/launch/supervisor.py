@@ -49,6 +49,7 @@ from matrix.check.http import loopback_client
 from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.procenv import candidates
 
 CELL_ENV = "MATRIX_CELL_ID"
 LOG_TAIL_LINES = 40
@@ -455,10 +456,9 @@ def find_cell_processes(cell_id: str) -> list[psutil.Process]:
     Processes of other users cannot be inspected and are skipped; the runner never starts such.
     """
     found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
+    for pid in candidates(CELL_ENV, cell_id):
         try:
+            proc = psutil.Process(pid)
             if proc.environ().get(CELL_ENV) == cell_id and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -140,4 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        # Its pool and sockets are closed by now: what is left goes to the OS without the GC walking it
+        # while the interpreter shuts down, which was half of the time between SIGTERM and the exit.
+        gc.freeze()
+    sys.exit(code)

@@ -69,16 +69,49 @@ def _setup(home: Path, engine: str, dynamo_python: str | None) -> Any:
     return cell
 
 
+_exit_waits: list[float] | None = None
+
+
+def _timed_exits() -> list[float]:
+    """Seconds the supervisor waits in `_wait_exits` (SIGTERM sent, until every process's exit is noticed),
+    one entry per stage: the engines' own shutdown inside matrix's teardown. The rest of the teardown is
+    matrix's (group checks, sweep by cell id, port checks, log pumps, the watchdog). Installed once per
+    process; an older tree without `_wait_exits` is not split."""
+    global _exit_waits
+    if _exit_waits is None:
+        from matrix.launch import supervisor
+
+        _exit_waits = []
+        wait_exits = getattr(supervisor, "_wait_exits", None)
+        if wait_exits is not None:
+            spent = _exit_waits
+
+            def timed(*args: Any, **kwargs: Any) -> None:
+                started = time.monotonic()
+                try:
+                    wait_exits(*args, **kwargs)
+                finally:
+                    spent.append(time.monotonic() - started)
+
+            supervisor._wait_exits = timed  # type: ignore[attr-defined]
+    return _exit_waits
+
+
 def _run_matrix(cell: Any, home: Path, index: int) -> dict[str, float]:
     from matrix.hardware.ports import PortAllocator
     from matrix.paths import port_registry_path
     from matrix.runner import run_cell
 
+    waits = _timed_exits()
+    waits.clear()
     outcome = run_cell(cell, f"m{os.getpid()}x{index}", home / f"cell{index}", PortAllocator(port_registry_path()))
     if outcome.status != "passed":
         raise SystemExit(f"matrix cell {outcome.status}: {outcome.message}")
-    return {"total": outcome.total_s, "ready": outcome.ready_s, "request": outcome.request_s,
-            "teardown": outcome.teardown_s}  # fmt: skip
+    row = {"total": outcome.total_s, "ready": outcome.ready_s, "request": outcome.request_s,
+           "teardown": outcome.teardown_s}  # fmt: skip
+    if waits:
+        row["exits"] = sum(waits)
+    return row
 
 
 def _probe_ok(client: Any, probe: Any) -> bool:
@@ -214,13 +247,24 @@ def main() -> None:
         f"`python tests/bench/bench_cell_overhead.py --engine {args.engine} --rounds {args.rounds} --cells "
         f"{args.cells}{' --baseline ' + args.baseline if args.baseline else ''}`: {n} cells per variant, medians, "
         "variants interleaved round by round in separate processes (a warm-up cell each, not counted).\n",
-        "| variant | total ms | ready ms | request ms | teardown ms | total / driver |",
-        "|---|---|---|---|---|---|",
+        "| variant | total ms | ready ms | request ms | teardown ms | of it: exits after SIGTERM ms | "
+        "of it: the rest ms | total / driver |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in variants:
+        exits: float | None
+        rest: float | None
+        if name == "driver":  # its teardown is SIGTERM and waiting for the exits, nothing else
+            exits, rest = med(name, "teardown"), 0.0
+        elif all("exits" in r for r in rows[name]):
+            exits = med(name, "exits")
+            rest = statistics.median(r["teardown"] - r["exits"] for r in rows[name]) * 1000
+        else:  # a tree from before the split
+            exits = rest = None
         lines.append(
             f"| {name} | {med(name, 'total'):.0f} | {med(name, 'ready'):.0f} | {med(name, 'request'):.0f} | "
-            f"{med(name, 'teardown'):.0f} | {med(name, 'total') / driver_total:.2f} |"
+            f"{med(name, 'teardown'):.0f} | {'-' if exits is None else f'{exits:.0f}'} | "
+            f"{'-' if rest is None else f'{rest:.0f}'} | {med(name, 'total') / driver_total:.2f} |"
         )
     load = os.getloadavg()[0]
     lines.append(f"\nLoad average over the last minute at the end: {load:.1f}.\n")

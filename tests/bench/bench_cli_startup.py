@@ -9,6 +9,10 @@ Variants run round-robin so they share the host's load: this tree, and with `--b
 commands on that git revision (extracted with `git archive`). `python -X importtime` of each command on
 this tree gives the modules that cost the most (cumulative), for the write-up.
 
+The floor, in the same rounds: the interpreter alone; importing SQLAlchemy, plainly and with the GC handled
+as `matrix` handles it; and importing the ORM with matrix's models (what any command reading the database
+through the models pays before its first query), each a fresh process like the commands.
+
 Run: python tests/bench/bench_cli_startup.py [--rounds 7] [--baseline REF] [--no-write]
 """
 
@@ -34,6 +38,17 @@ COMMANDS = {
     "matrix plan --case reference_disaggregated": ["plan", "--case", "reference_disaggregated"],
     "one-cell matrix run": ["run", "--backend", "reference", "--case", "reference_disaggregated", "--no-report", "-q"],
 }
+# `GC` is what `matrix.cli.main` does around a command: the cyclic GC off while importing, the heap frozen
+# before the interpreter exits.
+GC_OFF, GC_FREEZE = "import gc; gc.disable(); ", "; gc.freeze()"
+FLOOR = {
+    "python -c pass": ["-c", "pass"],
+    "python: import sqlalchemy": ["-c", "import sqlalchemy"],
+    "python: import sqlalchemy, GC as matrix": ["-c", GC_OFF + "import sqlalchemy" + GC_FREEZE],
+    "python: import sqlalchemy.orm, matrix.db.models, GC as matrix": [
+        "-c", GC_OFF + "import matrix.db.models" + GC_FREEZE
+    ],
+}
 IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|(\s+)(\S+)$")
 
 
@@ -55,15 +70,15 @@ def _env(tree: Path, home: Path) -> dict[str, str]:
 CPU: dict[tuple[str, str], list[float]] = {}
 
 
-def _timed(args: list[str], env: dict[str, str]) -> float:
-    """Wall seconds of one `matrix ARGS` process; its CPU seconds (user + system, children included) are
-    kept in CPU, which a loaded host inflates far less than the wall time."""
+def _timed(args: list[str], env: dict[str, str], *, python: bool = False) -> float:
+    """Wall seconds of one `matrix ARGS` process (`python ARGS` with `python`); its CPU seconds (user +
+    system, children included) are kept in CPU, which a loaded host inflates far less than the wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     # Run from the data directory: `python -m` puts the working directory first on sys.path, so from the
     # repository every variant would import this tree's matrix.
-    result = subprocess.run([sys.executable, "-m", "matrix", *args], env=env, capture_output=True, text=True,
-                            cwd=env["MATRIX_HOME"])  # fmt: skip
+    argv = [sys.executable, *args] if python else [sys.executable, "-m", "matrix", *args]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=env["MATRIX_HOME"])
     elapsed = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
@@ -106,7 +121,11 @@ def main() -> None:
         _timed(["catalog", "sync"], _env(tree, homes[name]))
         for command in COMMANDS.values():  # a warm-up: bytecode written, caches filled; not counted
             _timed(command, _env(tree, homes[name]))
+    floor_env = _env(REPO, homes["this tree"])
+    for command in FLOOR.values():
+        _timed(command, floor_env, python=True)
     walls: dict[tuple[str, str], list[float]] = {}
+    floor: dict[str, list[float]] = {label: [] for label in FLOOR}
     added: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
         order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
@@ -117,6 +136,8 @@ def main() -> None:
                 walls.setdefault((name, label), []).append(wall)
                 if command[0] == "run":
                     added[name].append(wall - _last_total_s(homes[name]))
+        for label, command in FLOOR.items():
+            floor[label].append(_timed(command, floor_env, python=True))
 
     def ms(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:.0f}"
@@ -137,6 +158,10 @@ def main() -> None:
         lines.append(f"| {label} (CPU, children included) | " + " | ".join(cpu) + " |")
     added_ms = " | ".join(ms(added[name]) for name in names)
     lines.append(f"| one-cell matrix run: wall - the cell's `total_s` | {added_ms} |")
+    lines += ["\nThe floor, in the same rounds (this interpreter, same environment):\n",
+              "| process | wall, ms | CPU, ms |", "|---|---|---|"]  # fmt: skip
+    for label, command in FLOOR.items():
+        lines.append(f"| {label} | {ms(floor[label])} | {ms(CPU[(str(REPO), ' '.join(command))][1:])} |")
     lines.append("\n`python -X importtime` on this tree, largest cumulative imports (top level, and matrix's own):\n")
     env = _env(REPO, homes["this tree"])
     for label, command in COMMANDS.items():

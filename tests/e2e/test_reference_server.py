@@ -289,13 +289,12 @@ def test_kv_pool_reuses_freed_runs_and_keeps_data_intact() -> None:
 
 
 def test_kv_pool_of_realistic_size_is_cheap() -> None:
-    # The size the upstream vLLM cases use; bookkeeping must not be per block.
-    started = time.monotonic()
+    # The size the upstream vLLM cases use (17 M blocks of 64 bytes); bookkeeping must not be per block.
     pool = KVPool(CpuStorage(1_119_388_000), 1_119_388_000, 64)
     pool.put("x", [b"k" * 64] * 2048)
     assert pool.free_bytes == (1_119_388_000 // 64 - 2048) * 64
+    assert len(pool._free_runs) == 1  # the free space is one run, not millions of entries
     pool.close()
-    assert time.monotonic() - started < 1.0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,10 +302,7 @@ def test_kv_pool_of_realistic_size_is_cheap() -> None:
 
 
 def test_healthy_request(launcher: Launcher) -> None:
-    started = time.monotonic()
-    pair = launcher.pair()
-    startup_s = time.monotonic() - started
-    assert startup_s < START_TIMEOUT_S
+    pair = launcher.pair()  # healthy within START_TIMEOUT_S, or it raises
 
     resp = pair.chat(max_tokens=12)
     assert resp.status_code == 200, resp.text
@@ -516,10 +512,12 @@ def test_fault_hang_at_start(launcher: Launcher) -> None:
 
 
 def test_fault_slow_start(launcher: Launcher) -> None:
-    started = time.monotonic()
     pair = launcher.pair(faults=["slow-start"], worker_extra=["--slow-start-s", "0.4"])
-    assert time.monotonic() - started >= 0.4
-    assert "fault slow-start" in pair.prefill.log() and "fault slow-start" in pair.decode.log()
+    for worker in (pair.prefill, pair.decode):
+        lines = worker.log().splitlines()
+        waited = next(i for i, line in enumerate(lines) if "waiting 0.4s before listening (fault slow-start)" in line)
+        served = next(i for i, line in enumerate(lines) if " http " in line)  # its first request (a health probe)
+        assert waited < served  # nothing was served before the slow start ended
     assert pair.chat().status_code == 200
 
 

@@ -1,4 +1,9 @@
-"""[M11] item 14: a runner killed with SIGKILL leaves nothing running: its cells' watchdogs kill the pairs."""
+"""[M11] item 14: a runner killed with SIGKILL leaves nothing running: its cells' watchdogs kill the pairs.
+
+The hanging pair never ends on its own (its start-up timeout is a minute away and its runner is dead), so
+the wait below is only a limit: without a watchdog it runs out. How soon the pair goes is printed, not
+asserted (a loaded host is no measure of the watchdog).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ import pytest
 from tests.conftest import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# A limit for the wait, far below the pair's own start-up timeout (60 s), never a measure.
+GONE_WITHIN_S = 30.0
 
 HANGING = """
 [[case]]
@@ -40,7 +48,7 @@ def cell_processes(home: Path) -> list[psutil.Process]:
     return found
 
 
-def test_a_sigkilled_runner_leaves_no_process_after_two_seconds(matrix: Matrix) -> None:
+def test_a_sigkilled_runner_leaves_no_process_behind(matrix: Matrix) -> None:
     extra = matrix.home / "hanging.toml"
     extra.write_text(HANGING)
     assert matrix("catalog", "sync", *map(str, sorted(DATA.glob("*.toml"))), str(extra)).exit_code == 0
@@ -56,10 +64,11 @@ def test_a_sigkilled_runner_leaves_no_process_after_two_seconds(matrix: Matrix) 
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
         killed_at = time.monotonic()
-        while cell_processes(matrix.home) and time.monotonic() - killed_at < 2.0:
+        while cell_processes(matrix.home) and time.monotonic() - killed_at < GONE_WITHIN_S:
             time.sleep(0.05)
         survivors = cell_processes(matrix.home)
-        assert survivors == [], f"{len(survivors)} of {len(pair)} processes survived the runner by 2 s"
+        assert survivors == [], f"{len(survivors)} of {len(pair)} processes survived the runner"
+        print(f"the pair was gone {time.monotonic() - killed_at:.2f} s after the runner's SIGKILL")
         psutil.wait_procs(watchdogs, timeout=2)  # the watchdog's job is done: it exits too
         assert not any(w.is_running() and w.status() != "zombie" for w in watchdogs)
     finally:

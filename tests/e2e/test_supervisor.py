@@ -81,13 +81,14 @@ def test_readiness_is_noticed_after_the_engine_is_ready(tmp_path: Path, ports: l
         sup.start()
         result = sup.wait_ready()
         noticed = time.time()
+        # Never ready before the engine said so: it writes the file before it serves its first request.
+        engine_ready = ready_file.exists()
     latency = noticed - float(ready_file.read_text())
     # Printed, not asserted: how fast is a benchmark's question (tests/bench/bench_cell_overhead.py); on a
     # loaded CI host any bound here would fail for reasons that are not the supervisor's.
     print(f"ready_s={result.ready_s:.3f} detection latency={latency * 1000:.1f} ms")
     assert result.ok and result.kind is None, result.message
-    assert result.ready_s >= 0.3  # never ready before the engine said so
-    assert latency >= 0
+    assert engine_ready
     report = sup.teardown()
     print(f"teardown {report.duration_s * 1000:.1f} ms")
     assert report.clean and not report.needed_sigkill and not report.escaped_pids
@@ -105,7 +106,6 @@ def test_process_exiting_before_ready_is_a_startup_failure(tmp_path: Path, ports
     assert result.kind == "startup"
     assert result.message == "prefill exited with code 1 before it was ready"
     assert result.log_tail.splitlines()[-1].endswith("CUDA out of memory")
-    assert result.ready_s < 5.0
     assert sup.teardown().clean
 
 
@@ -132,15 +132,13 @@ def test_never_healthy_times_out_within_the_budget(tmp_path: Path, ports: list[i
         startup_timeout_s=0.5,
     )
     with Supervisor(plan, tmp_path / "logs") as sup:
-        started = time.monotonic()
         sup.start()
         result = sup.wait_ready()
-        waited = time.monotonic() - started
     assert result.kind == "timeout" and not result.ok
+    assert result.message.startswith("not ready after 0.5 s: ")  # the plan's budget, not another
     assert f"http://127.0.0.1:{ports[0]}/v1/models" in result.message
     assert "without models" in result.message
     assert "listening on" in result.log_tail
-    assert 0.5 <= waited < 1.5
 
 
 def test_process_that_never_listens_times_out_with_its_log(tmp_path: Path, ports: list[int]) -> None:
@@ -177,7 +175,8 @@ def test_process_ignoring_sigterm_is_killed(tmp_path: Path, ports: list[int]) ->
     }
     assert report.clean
     assert find_cell_processes(plan.cell_id) == []
-    assert 0.3 <= report.duration_s < 2.0
+    # SIGTERM first: the engine lived to log that it ignored it, and only then was it killed.
+    assert "ignoring SIGTERM" in sup.log_paths()["decode"].read_text()
 
 
 def test_setsid_grandchild_is_found_by_the_sweep(tmp_path: Path, ports: list[int]) -> None:

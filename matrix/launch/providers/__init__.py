@@ -10,16 +10,32 @@
 `prepare` answers `Environment`, `Unavailable` (the cell is skipped with the reason) or `Mismatch` (the
 runtime is here but not what the catalog says: the cell fails with kind ``config``). `Mismatch` and
 `NotProvisioned` (a venv runtime not built yet) are subclasses of `Unavailable`: test `Mismatch` first.
+
+The `host` and `venv` providers (and the recipe parser with `packaging`'s requirement grammar behind them)
+are imported when a runtime of theirs is prepared or built, not by every `matrix run`: a run of builtin
+runtimes never needs them.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, NotProvisioned, Unavailable
 from matrix.launch.providers.container import remove_cell_containers, wrap_plan
-from matrix.launch.providers.host import prepare_host
-from matrix.launch.providers.recipe import check_provider
-from matrix.launch.providers.venv import ProvisionError, ensure_provisioned, prepare_venv, provision
 from matrix.plan import RuntimeInfo
+
+if TYPE_CHECKING:
+    from matrix.launch.providers.recipe import check_provider
+    from matrix.launch.providers.venv import ProvisionError, ensure_provisioned, provision
+
+# Names this package offers from modules it imports on first use (PEP 562).
+_LAZY = {
+    "check_provider": "recipe",
+    "ProvisionError": "venv",
+    "ensure_provisioned": "venv",
+    "provision": "venv",
+}
 
 __all__ = [
     "ContainerSpec",
@@ -48,11 +64,22 @@ def prepare(runtime: RuntimeInfo) -> Environment | Unavailable:
         env = {str(k): str(v) for k, v in runtime.provider.get("env", {}).items()}
         return Environment(env=env, components={"matrix-reference": __version__})
     if kind == "host":
+        from matrix.launch.providers.host import prepare_host
+
         return prepare_host(runtime)
     if kind == "venv":
+        from matrix.launch.providers.venv import prepare_venv
+
         return prepare_venv(runtime)
     if kind == "container":
         from matrix.launch.providers.container import prepare_container
 
         return prepare_container(runtime)
     return Mismatch(f"runtime {runtime.label}: unknown provider kind {kind!r}")
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -23,6 +23,8 @@ from typing import IO
 
 import psutil
 
+from matrix.launch.procenv import candidates
+
 OWNER_ENV = "MATRIX_PROVISION_OWNER"
 # How often a running build command checks for a stop request.
 _POLL_S = 0.2
@@ -89,10 +91,9 @@ def run_command(
 def kill_tagged(wanted: Callable[[str], bool], timeout_s: float = 5.0) -> list[int]:
     """SIGKILL every live process whose `MATRIX_PROVISION_OWNER` tag satisfies `wanted`; their pids."""
     killed: list[psutil.Process] = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
+    for pid in candidates(OWNER_ENV):
         try:
+            proc = psutil.Process(pid)
             tag = proc.environ().get(OWNER_ENV)
             if tag is None or proc.status() == psutil.STATUS_ZOMBIE or not wanted(tag):
                 continue

@@ -23,7 +23,6 @@ from pathlib import Path
 from matrix.errors import ConfigError
 from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, Unavailable
-from matrix.launch.providers.recipe import CONTAINER_ENGINES, parse_container
 from matrix.plan import CaseInfo, RuntimeInfo
 
 INFO_TIMEOUT_S = 5.0
@@ -41,6 +40,8 @@ _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 def default_engine() -> str | None:
     """The first container engine on PATH (docker, then podman)."""
+    from matrix.launch.providers.recipe import CONTAINER_ENGINES  # see `matrix.launch.providers`
+
     return next((engine for engine in CONTAINER_ENGINES if shutil.which(engine)), None)
 
 
@@ -86,6 +87,8 @@ def _ask_engine(engine: str) -> str | None:
 def prepare_container(runtime: RuntimeInfo) -> Environment | Unavailable:
     """The image's environment when its engine runs here. Components are not looked up: that needs a
     container of the image, so none are reported as found."""
+    from matrix.launch.providers.recipe import parse_container  # see `matrix.launch.providers`
+
     try:
         config = parse_container(runtime.provider, runtime.label)
     except ConfigError as exc:
