@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -201,15 +199,3 @@ def test_the_quick_reading_gives_up_on_anything_but_one_plain_chain(tmp_path: Pa
     assert read_head(merged) is None  # a merge revision: Alembic's business
 
 
-@pytest.mark.all_databases
-def test_a_current_database_is_checked_without_importing_alembic(db_url: str) -> None:
-    ensure_schema(create_db_engine(db_url))  # created and upgraded: Alembic needed here
-    code = (
-        "import sys\n"
-        "from matrix.db.engine import create_db_engine\n"
-        "from matrix.db.migrate import ensure_schema\n"
-        f"ensure_schema(create_db_engine({db_url!r}))\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"

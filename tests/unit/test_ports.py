@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,24 +45,6 @@ def free_block(size: int) -> int:
     raise RuntimeError("no free block of ports for the test")
 
 
-@pytest.fixture
-def holder(registry: Path) -> Iterator[tuple[subprocess.Popen[str], range]]:
-    """Another runner process holding every port of a small block."""
-    low = free_block(4)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(registry), str(low), "4", str(low + 3)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    held = sorted(map(int, proc.stdout.readline().split()))
-    assert held == list(range(low, low + 4))
-    yield proc, range(low, low + 4)
-    proc.kill()
-    proc.wait()
-
-
 def test_ports_in_one_allocation_are_distinct_and_bindable(registry: Path) -> None:
     ports = PortAllocator(registry).allocate("cell", [PortRequest(f"p{i}") for i in range(50)])
     assert len(set(ports.values())) == 50
@@ -97,27 +75,6 @@ def test_two_allocators_on_one_registry_never_share_a_port(registry: Path) -> No
     assert len(taken) == len(set(taken)) == 80
 
 
-def test_another_process_holding_ports_is_respected(
-    registry: Path, holder: tuple[subprocess.Popen[str], range]
-) -> None:
-    _, block = holder
-    allocator = PortAllocator(registry, min_port=block.start)
-    with pytest.raises(MatrixError, match="no free port for 'x'"):
-        allocator.allocate("cell", [PortRequest("x", max_port=block.stop - 1)])
-    # Outside the held block the same allocator works, and never hands out a held port.
-    ports = PortAllocator(registry).allocate("cell", [PortRequest(f"p{i}") for i in range(30)])
-    assert not set(ports.values()) & set(block)
-
-
-def test_ports_of_a_dead_process_are_reclaimed(registry: Path, holder: tuple[subprocess.Popen[str], range]) -> None:
-    proc, block = holder
-    proc.kill()
-    proc.wait()
-    allocator = PortAllocator(registry, min_port=block.start)
-    ports = allocator.allocate("cell", [PortRequest(f"p{i}", max_port=block.stop - 1) for i in range(4)])
-    assert sorted(ports.values()) == list(block)
-
-
 def test_expired_entries_are_reclaimed(registry: Path) -> None:
     low = free_block(2)
     short = PortAllocator(registry, ttl_s=0.05, min_port=low)
@@ -127,26 +84,6 @@ def test_expired_entries_are_reclaimed(registry: Path) -> None:
         other.allocate("new", [PortRequest("a", low + 1)])
     time.sleep(0.1)
     assert other.allocate("new", [PortRequest("a", low + 1)])["a"] in (low, low + 1)
-
-
-def test_stale_entries_are_dropped_from_the_file(registry: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    live = PortAllocator(registry)
-    host = live._host  # the allocator's own notion of "this host"
-    registry.write_text(
-        json.dumps(
-            {
-                "30001": {"owner": "dead", "pid": dead.pid, "host": host, "expires": time.time() + 60},
-                "30002": {"owner": "expired", "pid": os.getpid(), "host": host, "expires": time.time() - 1},
-                "30003": {"owner": "elsewhere", "pid": 1, "host": "other-host", "expires": time.time() + 60},
-                "30004": {"owner": "garbage"},
-            }
-        )
-    )
-    live.allocate("cell", [PortRequest("a")])
-    owners = {entry["owner"] for entry in json.loads(registry.read_text()).values()}
-    assert owners == {"elsewhere", "cell"}
 
 
 def test_release_frees_the_ports(registry: Path) -> None:

@@ -84,17 +84,6 @@ def test_a_duplicate_case_names_both_files(matrix: Matrix, tmp_path: Path) -> No
     assert str(DATA / "cases.toml") in result.output
 
 
-def test_a_file_that_is_not_sqlite_is_called_that(tmp_path: Path) -> None:
-    bogus = tmp_path / "notes.db"
-    bogus.write_text("these are my notes, not a database\n" * 100)
-    m = Matrix(home=tmp_path, db_path=bogus)
-    result = m.subprocess("runtimes", "list")
-    assert result.returncode == 2
-    assert f"{bogus} is not a SQLite database" in result.stderr
-    assert "server" not in result.stderr
-    assert bogus.read_text().startswith("these are my notes")
-
-
 def test_show_json_keeps_sub_second_timestamps_with_their_zone(seeded: Matrix) -> None:
     campaign = add_campaign(seeded, [("reference_disaggregated", 1, "passed")], status="finished")
     seeded.sql("UPDATE cell_run SET started_at = ?", "2026-01-02 03:04:05.123456")
