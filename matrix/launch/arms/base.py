@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP, OracleSpec
 from matrix.errors import ConfigError
@@ -190,6 +190,25 @@ def chat_request(ctx: LaunchContext, frontend_port: int) -> RequestSpec:
         prompt=str(payload.get("prompt", DEFAULT_PROMPT)),
         max_tokens=int(payload.get("max_tokens", 64)),
         timeout_s=ctx.case.request_timeout_s,
+    )
+
+
+def served_plan(
+    ctx: LaunchContext, port: int, processes: tuple[ProcessSpec, ...], *, grace_s: float, **extra: Any
+) -> LaunchPlan:
+    """A plan whose OpenAI endpoint is on `port` (a frontend, a proxy or one aggregated engine): ready when it
+    answers, the chat request sent there, `launch.teardown_grace_s` (else the arm's `grace_s`) to stop in.
+    `extra`: the plan's other fields (metrics checks, scratch directories, the oracle)."""
+    return LaunchPlan(
+        cell_id=ctx.cell_id,
+        processes=processes,
+        ready_probes=frontend_probes(port),
+        request=chat_request(ctx, port),
+        ports=dict(ctx.ports),
+        startup_timeout_s=ctx.case.startup_timeout_s,
+        teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", grace_s)),
+        gpu_ids=ctx.gpu_ids,
+        **extra,
     )
 
 

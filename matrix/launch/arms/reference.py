@@ -6,11 +6,10 @@ from matrix.check.specs import MetricsCheck
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LaunchContext,
-    chat_request,
-    frontend_probes,
     gpu_env,
     loopback_url,
     oracle_spec,
+    served_plan,
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.launch.options import kv_arg
@@ -81,20 +80,15 @@ class ReferenceArm:
             env=env,
             health=(HealthProbe(loopback_url(port, "/live")),),
         )
-        return LaunchPlan(
-            cell_id=ctx.cell_id,
-            processes=(self._worker(ctx, "aggregated", env), frontend),
-            ready_probes=frontend_probes(port),
-            request=chat_request(ctx, port),
-            ports=dict(ctx.ports),
-            startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 3.0)),
-            gpu_ids=ctx.gpu_ids,
+        return served_plan(
+            ctx,
+            port,
+            (self._worker(ctx, "aggregated", env), frontend),
+            grace_s=3.0,
             oracle=oracle_spec(ctx, port),
         )
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
-        launch = ctx.case.launch
         env = self._env(ctx)
         base = (ctx.python, "-m", "matrix.reference")
         workers = [self._worker(ctx, role, env) for role in ("prefill", "decode")]
@@ -116,15 +110,11 @@ class ReferenceArm:
             env=env,
             health=(HealthProbe(loopback_url(frontend_port, "/live")),),
         )
-        return LaunchPlan(
-            cell_id=ctx.cell_id,
-            processes=(*workers, frontend),
-            ready_probes=frontend_probes(frontend_port),
-            request=chat_request(ctx, frontend_port),
-            ports=dict(ctx.ports),
-            startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(launch.get("teardown_grace_s", 3.0)),
-            gpu_ids=ctx.gpu_ids,
+        return served_plan(
+            ctx,
+            frontend_port,
+            (*workers, frontend),
+            grace_s=3.0,
             metrics_checks=(decode_metrics(ctx),),
             oracle=oracle_spec(ctx, frontend_port),
         )

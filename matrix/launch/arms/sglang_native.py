@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, pd_proxy
+from matrix.launch.arms.base import LaunchContext, gpu_env, pd_proxy, served_plan
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.plan import CaseInfo
 
@@ -41,15 +41,11 @@ class SglangNativeArm:
         proxy_port = ctx.ports["proxy"]
         bootstrap = str(ctx.ports[sglang_server.BOOTSTRAP_PORT])
         proxy = pd_proxy(ctx, http["prefill"], http["decode"], "--protocol", "sglang", "--bootstrap-port", bootstrap)
-        return LaunchPlan(
-            cell_id=ctx.cell_id,
-            processes=(*servers, proxy),
-            ready_probes=frontend_probes(proxy_port),
-            request=chat_request(ctx, proxy_port),
-            ports=dict(ctx.ports),
-            startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(launch.get("teardown_grace_s", 15.0)),
-            gpu_ids=ctx.gpu_ids,
+        return served_plan(
+            ctx,
+            proxy_port,
+            (*servers, proxy),
+            grace_s=15.0,
             metrics_checks=(sglang_server.kv_metrics(ctx),),
             scratch_dirs=tuple(scratch.values()),
         )

@@ -17,13 +17,12 @@ from matrix.launch.arms.base import (
     LaunchContext,
     cell_scratch,
     cell_tmp_dir,
-    chat_request,
     equivalence_options,
-    frontend_probes,
     gpu_env,
     loopback_url,
     oracle_spec,
     pd_proxy,
+    served_plan,
     tiny_fraction,
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
@@ -118,15 +117,11 @@ class VllmNativeArm:
         env.update({str(k): str(v) for k, v in ctx.case.launch.get("role_env", {}).get("decode", {}).items()})
         argv = (*self._engine_argv(ctx, port), *self._extra_args(ctx))
         health = (HealthProbe(loopback_url(port, "/health")),)
-        return LaunchPlan(
-            cell_id=ctx.cell_id,
-            processes=(ProcessSpec(role="aggregated", argv=argv, env=env, health=health),),
-            ready_probes=frontend_probes(port),
-            request=chat_request(ctx, port),
-            ports=dict(ctx.ports),
-            startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 15.0)),
-            gpu_ids=ctx.gpu_ids,
+        return served_plan(
+            ctx,
+            port,
+            (ProcessSpec(role="aggregated", argv=argv, env=env, health=health),),
+            grace_s=15.0,
             scratch_dirs=tuple(self._scratch(ctx).values()),
             oracle=oracle_spec(ctx, port),
         )
@@ -157,15 +152,11 @@ class VllmNativeArm:
         proxy_port = ctx.ports["proxy"]
         proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"])
         counters = tuple(str(c) for c in launch.get("kv_counters", DEFAULT_KV_COUNTERS))
-        return LaunchPlan(
-            cell_id=ctx.cell_id,
-            processes=(*instances, proxy),
-            ready_probes=frontend_probes(proxy_port),
-            request=chat_request(ctx, proxy_port),
-            ports=dict(ctx.ports),
-            startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(launch.get("teardown_grace_s", 15.0)),
-            gpu_ids=ctx.gpu_ids,
+        return served_plan(
+            ctx,
+            proxy_port,
+            (*instances, proxy),
+            grace_s=15.0,
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
             scratch_dirs=tuple(scratch.values()),
             oracle=oracle_spec(ctx, proxy_port),
