@@ -41,7 +41,8 @@ def discover_cmd(
     app: App, backend: str, package: str | None, dry_run: bool, channel: str, index_url: str | None, as_json: bool
 ) -> None:
     """Add the versions on the package index newer than the catalog's as runtimes (from the backend's
-    runtime_template). Yanked versions are skipped and listed. `matrix run --new` then runs them."""
+    runtime_template). Versions that are yanked, refuse the template's Python, or have no file pip
+    could install on this host are skipped and listed with why. `matrix run --new` then runs them."""
     from matrix.db.engine import transaction
     from matrix.discover import discover
     from matrix.output import print_json, print_table
