@@ -25,6 +25,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
+from matrix.catalog.queries import plan_from_db
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
@@ -37,7 +39,7 @@ from matrix.interrupts import StopSignal
 from matrix.outcome import FAILED_STATUSES
 from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
-from matrix.plan import CaseInfo, Cell, RuntimeInfo, Selection, plan_from_db
+from matrix.plan import Selection
 from matrix.progress import Event, make_reporter
 from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor

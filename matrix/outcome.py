@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure
 
 # Every status a `cell_run` row can have. An outcome never is `pending`/`running` (those are rows not yet
 # finished); `not-run` is what fail-fast writes for attempts it never started.

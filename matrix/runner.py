@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from matrix.cells import Cell
 from matrix.check import ledger, metrics, oracle
 from matrix.check.client import send_chat
-from matrix.check.specs import OracleSpec
-from matrix.check.validate import CheckFailure, validate_chat_response
+from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.check.validate import validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
@@ -46,7 +47,6 @@ from matrix.outcome import (
     judge_control,
     judge_expectation,
 )
-from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
 

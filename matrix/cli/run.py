@@ -35,8 +35,8 @@ def plan_cmd(
     Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
     `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
     """
+    from matrix.catalog.queries import plan_from_db
     from matrix.output import print_json, print_table
-    from matrix.plan import plan_from_db
 
     if as_json and output_format not in (None, "json"):
         raise click.UsageError("--json is --format json; give one of them")

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from matrix import __version__
+from matrix.cells import Cell
 from matrix.executors.local import wait_for_baseline
 from matrix.hardware.gpus import Gpu, inventory, memory_used
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.supervisor import kill_cell_processes
 from matrix.outcome import CellOutcome
 from matrix.paths import port_registry_path
-from matrix.plan import Cell
 from matrix.runner import LiveCells, Resources, run_cell
 
 # What of a remote cell's logs travels back: the tail of each file, and at most this much in all.

@@ -26,9 +26,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from matrix import __version__
+from matrix.cells import cell_id
 from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
-from matrix.fanout.shards import cell_id, check_campaign_key
+from matrix.fanout.shards import check_campaign_key
 from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
 from matrix.report.text import clean, clean_data
 

@@ -23,6 +23,8 @@ from packaging.version import Version
 from sqlalchemy import Select, String, select, type_coerce
 from sqlalchemy.orm import Session, selectinload
 
+from matrix.catalog.queries import case_info, runtime_info
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.db.models import (
     Backend,
     Campaign,
@@ -34,7 +36,7 @@ from matrix.db.models import (
     Runtime,
 )
 from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
-from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
+from matrix.plan import Selection, make_plan, missing_fixes
 from matrix.versions import parse_version
 
 __all__ = [

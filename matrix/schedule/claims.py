@@ -25,10 +25,10 @@ from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.cells import Cell
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
 from matrix.owners import owner_gone
-from matrix.plan import Cell
 
 # Latest-attempt statuses that leave a campaign unfinished (resumable).
 UNFINISHED_STATUSES = frozenset({"pending", "running", "interrupted"})

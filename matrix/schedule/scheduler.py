@@ -15,11 +15,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.cells import Cell
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
 from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, CellOutcome, interrupted, retryable, with_flaky
-from matrix.plan import Cell
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
 from matrix.schedule.claims import claim_attempt

@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.campaign import expected_durations
+from matrix.catalog.queries import case_info, load_catalog_view, runtime_info
 from matrix.cli.app import App, pause_gc, resume_gc
 from matrix.db.engine import create_db_engine
 from matrix.db.models import Case, Runtime
-from matrix.plan import case_info, load_catalog_view, runtime_info
 from tests.conftest import Matrix
 from tests.unit.campaign_rows import add_campaign
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure
 from matrix.db.models import Backend, Case, CellRun, Runtime
 from matrix.fanout.shard_results import OUTCOME_FIELDS
 from matrix.outcome import (
