@@ -6,14 +6,18 @@ Adding an outcome field: a field of `CellOutcome`, its column in `db/models.py` 
 entry in `STORED_COLUMNS`; the database writer and the shard files follow from those.
 
 The rules that decide an outcome's status live here too (the functions at the end): the runner and the
-scheduler call them, nobody else sets a status from evidence.
+scheduler call them, nobody else sets a status from evidence. Every outcome is made here, by a named
+constructor (`passed`, `failure`, `error`, `timed_out`, `skipped`, `interruption`, `not_run`, `as_error`),
+and a reader compares a status with the names below (`PASSED`...), never with its spelling:
+`tests/unit/test_outcome_vocabulary.py` fails on a `CellOutcome(...)`, a status or failure-kind keyword, or
+a status compared or assigned as a literal anywhere else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from matrix.check.specs import CheckFailure
 
@@ -22,6 +26,14 @@ from matrix.check.specs import CheckFailure
 Status = Literal["pending", "running", "passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"]
 FailureKind = Literal["config", "startup", "health", "request", "validation", "teardown", "infra"]
 STATUSES: tuple[str, ...] = get_args(Status)
+# The statuses by name, for readers that compare a row's status (`row.status == PASSED`).
+PASSED: Final = "passed"
+FAILED: Final = "failed"
+ERROR: Final = "error"
+TIMEOUT: Final = "timeout"
+SKIPPED: Final = "skipped"
+INTERRUPTED: Final = "interrupted"
+NOT_RUN: Final = "not-run"
 FAILURE_KINDS: tuple[str, ...] = get_args(FailureKind)
 
 # A row with one of these is done: it has its outcome.
@@ -102,6 +114,55 @@ STORED_COLUMNS: dict[str, tuple[type, ...]] = {
 }
 # Fields of `CellOutcome` that are not in STORED_COLUMNS, and why.
 NOT_STORED = {"queued_s": "only total_s is stored, without it", "log_dir": "stored, but a host path: it never travels"}
+
+
+# --- the constructors: every outcome is made by one of these ----------------------------------------------
+
+
+def passed(**measured: Any) -> CellOutcome:
+    return CellOutcome(PASSED, **measured)
+
+
+def failure(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    """The cell failed (`failed`): the deployment or its answer, in the stage `kind` names."""
+    return CellOutcome(FAILED, kind, message, **measured)
+
+
+def error(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    """The cell could not be run as configured (`config`) or the runner broke (`infra`)."""
+    return CellOutcome(ERROR, kind, message, **measured)
+
+
+def timed_out(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    return CellOutcome(TIMEOUT, kind, message, **measured)
+
+
+def skipped(message: str) -> CellOutcome:
+    """Not runnable here (no GPU, no engine, not provisioned): says nothing about the runtime."""
+    return CellOutcome(SKIPPED, message=message)
+
+
+def interruption(message: str) -> CellOutcome:
+    """Cut short by the runner's side (cancel, lost node): the runner's doing, kind `infra`."""
+    return CellOutcome(INTERRUPTED, "infra", message)
+
+
+def not_run(message: str) -> CellOutcome:
+    """An attempt fail-fast never started."""
+    return CellOutcome(NOT_RUN, message=message)
+
+
+def as_error(outcome: CellOutcome, kind: FailureKind, message: str) -> CellOutcome:
+    """`outcome` (its measurements kept) turned into an error of `kind`, e.g. a passed pair whose aggregated
+    baseline could not be launched."""
+    return replace(outcome, status=ERROR, failure_kind=kind, message=message)
+
+
+def not_ready(ready_kind: str | None, message: str) -> CellOutcome:
+    """A deployment that never got ready: a timeout of its health wait, a failed start-up, or a failed health
+    probe. No ready time: a timeout would otherwise read as a 120 s start-up."""
+    kind: FailureKind = "startup" if ready_kind == "startup" else "health"
+    return (timed_out if ready_kind == "timeout" else failure)(kind, message)
 
 
 # --- the decision rules: every place that turns evidence into a status calls one of these ----------------

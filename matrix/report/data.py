@@ -35,7 +35,7 @@ from matrix.db.models import (
     Marker,
     Runtime,
 )
-from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
+from matrix.outcome import FINISHED_STATUSES, SKIPPED, STORED_COLUMNS
 from matrix.plan import Selection, make_plan, missing_fixes
 from matrix.versions import parse_version
 
@@ -437,12 +437,12 @@ def load_skip_reasons(session: Session, results: Results) -> dict[int, str]:
 
     Summaries carry no messages (they would weigh on a 100,000-attempt report); skips are few and each one
     must say why wherever it is shown."""
-    wanted = {a.id for cell in results.cells.values() for a in cell.attempts if a.status == "skipped"}
+    wanted = {a.id for cell in results.cells.values() for a in cell.attempts if a.status == SKIPPED}
     if not wanted:
         return {}
     found = {}
     for attempt_id, message in session.execute(
-        select(CellRun.id, CellRun.message).where(CellRun.status == "skipped")
+        select(CellRun.id, CellRun.message).where(CellRun.status == SKIPPED)
     ):
         if attempt_id in wanted:
             found[attempt_id] = (str(message or "").strip().splitlines() or [""])[0]

@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session, selectinload
 from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED
 from matrix.plan import missing_fixes
 from matrix.report.data import (
     UNINFORMATIVE_STATUSES,
@@ -188,7 +188,7 @@ class GateResult:
 
     @property
     def passed(self) -> int:
-        return sum(1 for c in self.cells if c.status == "passed")
+        return sum(1 for c in self.cells if c.status == PASSED)
 
     @property
     def caveat(self) -> str:
@@ -380,7 +380,7 @@ def _judge(
     found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
     for w in expired:
         found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
-    if now is None or (now.status != "passed" and now.status not in FAILED_STATUSES):
+    if now is None or (now.status != PASSED and now.status not in FAILED_STATUSES):
         if now is None:
             what = "never run"
         elif now.status in UNINFORMATIVE_STATUSES:
@@ -389,7 +389,7 @@ def _judge(
             what = f"latest attempt is {now.status} (campaign {now.campaign_id})"
         found.append(Reason("not-run", name, f"not run on {runtime.label}: {what}", True))
         return found
-    if now.status == "passed":
+    if now.status == PASSED:
         if now.flaky:
             rule = "blocks under flaky_blocks" if policy.flaky_blocks else "reported, not blocking"
             found.append(
@@ -400,7 +400,7 @@ def _judge(
                                 "fix's fixed_in versions in the catalog", False))  # fmt: skip
         return found
     failure = _failure_text(now)
-    regression = previous is not None and before is not None and before.status == "passed"
+    regression = previous is not None and before is not None and before.status == PASSED
     if waiver is None:
         found.append(Reason("failed", name, f"{failure} on {runtime.label} (campaign {now.campaign_id})", True))
     else:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED
 from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, latest, load_details
 from matrix.report.fmt import fmt_time
 from matrix.report.text import clean, log_tails, printable, shorten
@@ -98,7 +98,7 @@ def _testcase(suite: ET.Element, cell: ResultCell, attempts: Sequence[AttemptDet
             message=shorten(clean(_failure_summary(last)), MESSAGE_ATTR_LIMIT),
         )  # fmt: skip
         failure.text = _failure_text(last, cell)
-    elif last.status != "passed":
+    elif last.status != PASSED:
         outcome = "skipped"
         reason = clean(last.message) or last.status
         ET.SubElement(case, "skipped", type=clean(last.status), message=shorten(reason, MESSAGE_ATTR_LIMIT))
