@@ -15,9 +15,9 @@ a status compared or assigned as a literal anywhere else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, Protocol, TypeVar, get_args
 
 from matrix.check.specs import CheckFailure
 
@@ -252,3 +252,66 @@ def retryable(outcome: CellOutcome) -> bool:
 def with_flaky(outcome: CellOutcome, failed_before: bool) -> CellOutcome:
     """`flaky`: passed after a failed attempt of the same cell."""
     return replace(outcome, flaky=outcome.status == "passed" and failed_before)
+
+
+# --- which attempt is "the latest": two rules, named here -------------------------------------------------
+# `highest_attempts`: the attempt with the highest number, whatever its status; what a campaign resumes,
+# reruns and counts (`--resume`, `--rerun-failed`, `matrix campaigns`). `standing_attempt`: the newest
+# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip
+# never hides a pass or a failure).
+
+
+class Attempt(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+A = TypeVar("A", bound=Attempt)
+K = TypeVar("K", bound=Hashable)
+
+
+def highest_attempts(rows: Iterable[tuple[K, int, str]]) -> dict[K, tuple[int, str]]:
+    """(cell, attempt number, status) rows -> per cell, its highest attempt's (number, status)."""
+    state: dict[K, tuple[int, str]] = {}
+    for key, attempt, status in rows:
+        if key not in state or attempt >= state[key][0]:
+            state[key] = (attempt, status)
+    return state
+
+
+# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
+# never started. A later one never hides an earlier pass or failure.
+UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN})
+
+
+def standing_attempt(attempts: Sequence[A]) -> A | None:
+    """The attempt that stands for a cell in a report, a gate or a comparison (its attempts oldest first):
+    the newest informative finished one (a pass or a failure), else
+    the newest finished one (a skip), else the newest (still running).
+
+    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
+    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
+    """
+    fallback: A | None = None
+    for index in range(len(attempts) - 1, -1, -1):
+        attempt: A = attempts[index]
+        if attempt.status in FINISHED_STATUSES:
+            if attempt.status not in UNINFORMATIVE_STATUSES:
+                return attempt
+            fallback = fallback or attempt
+    if fallback is not None:
+        return fallback
+    return attempts[len(attempts) - 1] if attempts else None  # still running (or pending)
+
+
+def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
+    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
+    if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
+        return None
+    for index in range(len(attempts) - 1, -1, -1):
+        attempt: A = attempts[index]
+        if attempt is chosen:
+            return None
+        if attempt.status in UNINFORMATIVE_STATUSES:
+            return attempt
+    return None

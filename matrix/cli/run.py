@@ -228,8 +228,8 @@ def gpus_cmd(as_json: bool) -> None:
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
     """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
-    from matrix.report.text import clean_data
-    from matrix.results import describe_cell, find_cell
+    from matrix.results_read import describe_cell, find_cell
+    from matrix.text import clean_data
 
     row = find_cell(session, cell)
     # Redacted and printable like every other exit: the row may predate redaction, or come from a shard.

@@ -31,7 +31,7 @@ from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout.shards import check_campaign_key
 from matrix.outcome import FINISHED_STATUSES, PASSED, SKIPPED, STORED_COLUMNS
-from matrix.report.text import clean, clean_data
+from matrix.text import clean, clean_data
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1

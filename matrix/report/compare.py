@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED
+from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES
 from matrix.report.data import (
-    UNINFORMATIVE_STATUSES,
     AttemptRow,
     CaseView,
     RuntimeView,

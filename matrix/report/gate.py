@@ -48,22 +48,19 @@ from sqlalchemy.orm import Session, selectinload
 from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
-from matrix.outcome import FAILED_STATUSES, PASSED
+from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
 from matrix.plan import missing_fixes
 from matrix.report.data import (
-    UNINFORMATIVE_STATUSES,
     AttemptRow,
     CaseView,
     RuntimeView,
     iter_attempt_rows,
-    later_skip,
-    latest,
     load_cases,
     load_runtimes,
 )
 from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
 from matrix.report.stats import PassRate, pass_rate
-from matrix.report.text import clean, printable
+from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
 __all__ = [
@@ -337,8 +334,8 @@ def evaluate_gate(
     cells: list[GateCell] = []
     for case in required:
         attempts = history.get((case.id, runtime.id), [])
-        now = latest(attempts)
-        before = latest(history.get((case.id, previous.id), [])) if previous else None
+        now = standing_attempt(attempts)
+        before = standing_attempt(history.get((case.id, previous.id), [])) if previous else None
         applicable = [w for w in waivers.get(case.id, []) if w.admits(runtime.version)]
         valid = next((w for w in applicable if not w.expired(today)), None)
         expired = tuple(w for w in applicable if w.expired(today))

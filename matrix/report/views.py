@@ -13,13 +13,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED
+from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, standing_attempt
 from matrix.report import links
-from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
+from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
 from matrix.report.stats import pass_rate
-from matrix.report.text import clean, printable, shorten
 from matrix.report.trend import Trend, trend
+from matrix.text import clean, printable, shorten
 
 __all__ = [
     "STATUS_LABELS",
@@ -359,7 +359,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
     """The cells of one runtime page, built one at a time as the template streams them."""
     for cell in cells:
         attempts = details.get(cell.case.id, [])
-        last = latest(attempts)
+        last = standing_attempt(attempts)
         status = last.status if last else "none"
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),

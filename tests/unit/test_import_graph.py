@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -139,33 +140,45 @@ def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) 
 
 
 # What each stage may not import (docs/architecture.md, "Stages"): unit -> units it must never import.
-FORBIDDEN: dict[str, set[str]] = {
-    # The catalog's readers hand the planner its view (`queries.plan_from_db`), so the catalog imports plan.
-    "catalog": {"schedule", "executors", "runner", "check", "outcome", "results", "fanout", "report",
-                "campaign"},
-    "plan": {"catalog", "db", "launch", "schedule", "executors", "runner", "check", "results", "outcome", "report",
-             "campaign"},
-    "schedule": {"executors", "runner", "launch", "check", "campaign"},
-    "executors": {"db", "results", "fanout", "report", "campaign"},
-    "runner": {"db", "schedule", "executors", "results", "fanout", "report", "campaign"},
-    "telemetry": {"db", "results", "report", "campaign"},
-    "launch": {"runner", "schedule", "executors", "results", "outcome", "report", "db", "campaign"},
-    "check": {"launch", "runner", "schedule", "executors", "db", "results", "outcome", "report", "plan",
-              "campaign", "catalog"},
-    "outcome": {"runner", "launch", "executors", "schedule", "db", "results", "report"},
-    "results": {"runner", "launch", "executors", "schedule", "campaign"},
-    "fanout": {"runner", "launch", "executors", "campaign"},
-    "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
-    "campaign": set(),
-}  # fmt: skip
-# Rules for direct imports only: the campaign picks the executor, so it reaches everything an executor runs,
-# but it names the launch machinery only through its hooks (`HostHooks`, `matrix.executors.hooks`).
-FORBIDDEN_DIRECT: dict[str, set[str]] = {"campaign": {"launch", "runner"}}
-# Modules every stage may reach: pure data importing nothing, which a rule's unit publishes for others to carry
-# (check's specs go into launch plans, its `CheckFailure` into outcomes).
-SHARED: frozenset[str] = frozenset({"matrix.check", "matrix.check.specs"})  # the package's __init__ is a docstring
+DOC = ROOT.parent / "docs" / "architecture.md"
 
 
+def _names(cell: str) -> set[str]:
+    return set(re.findall(r"`([\w.]+)`", cell))
+
+
+@functools.cache
+def doc_rules() -> tuple[dict[str, set[str]], dict[str, set[str]], frozenset[str], frozenset[str], dict[str, str]]:
+    """(may not reach, may not import directly, leaves, shared modules, unit -> its modules) from the
+    "Import rules" section of docs/architecture.md: the doc is the rule, so the two cannot drift apart."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Import rules (checked)") :]
+    section = section[: section.index("\n## ", 1)]
+    forbidden, modules = {}, {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 4:
+            (unit,) = _names(cells[0])
+            forbidden[unit], modules[unit] = _names(cells[3]), cells[2].strip("`")
+    direct = re.search(r"\*\*Direct only\*\*: `(\w+)` may not import (.+?) itself", section, re.S)
+    leaves = re.search(r"\*\*Leaves\*\*: (.+?)\.", section, re.S)
+    shared = re.search(r"\*\*Shared\*\*: (.+?)\. ", section, re.S)
+    assert forbidden and direct and leaves and shared, "docs/architecture.md lost its import rules"
+    return (
+        forbidden,
+        {direct.group(1): _names(direct.group(2))},
+        frozenset(_names(leaves.group(1))),
+        frozenset(_names(shared.group(1))),
+        modules,
+    )
+
+
+# What each stage may not reach (docs/architecture.md, "Import rules"): unit -> units it must never import,
+# directly or through another module.
+FORBIDDEN, FORBIDDEN_DIRECT, LEAVES, SHARED, MODULES = doc_rules()
+
+
+@functools.cache  # parsed once per session: several tests walk the same package
 def module_graph(root: Path) -> dict[str, set[str]]:
     """module -> the modules importing it runs: each named module (`from a.b import c` is `a.b.c` when `c`
     is a module), and the `__init__` of every package above it."""
@@ -267,9 +280,6 @@ def test_the_closure_finds_a_forbidden_unit_two_modules_away(tmp_path: Path) -> 
     assert reach_violations(graph, {"b": {"a"}}) == []
 
 
-# Leaves: modules every stage may import, which import nothing of matrix but other leaves. `cells` is one, so
-# naming a cell never pulls in the database, the planner or launch.
-LEAVES: frozenset[str] = frozenset({"cells", "errors", "kv_bound", "markers", "versions"})
 
 
 def test_leaves_and_shared_modules_import_only_leaves() -> None:
@@ -278,3 +288,16 @@ def test_leaves_and_shared_modules_import_only_leaves() -> None:
     reached = {m: graph[m] - allowed for m in sorted(allowed - {"matrix"})}
     reached |= {m: graph[m] - {"matrix", "matrix.check"} for m in SHARED}
     assert not {m: t for m, t in reached.items() if t}, f"a leaf or shared module imports more: {reached}"
+
+
+def test_the_doc_lists_every_rule_unit_with_its_modules_and_the_walk_sees_them() -> None:
+    graph = module_graph(ROOT)
+    units = {unit_of(m) for m in graph}
+    assert set(FORBIDDEN) <= units and set(FORBIDDEN_DIRECT) <= set(FORBIDDEN) and units >= LEAVES
+    for banned in FORBIDDEN.values():
+        assert banned <= units, f"docs/architecture.md forbids units that do not exist: {sorted(banned - units)}"
+    for unit, where in MODULES.items():
+        path = ROOT.parent / where
+        assert path.exists() and (path.is_dir() == (where.endswith("/"))), f"{unit}: {where} is not its module"
+        assert path.stem == unit, f"the row of {unit} names {where}"
+    assert set(graph) >= SHARED

@@ -27,7 +27,8 @@ from matrix.outcome import (
 )
 from matrix.report.data import AttemptDetail
 from matrix.report.export_json import attempt_dict
-from matrix.results import describe_cell, record_outcome
+from matrix.results import record_outcome
+from matrix.results_read import describe_cell
 
 # `matrix show` predates the flaky column and does not print it (its output is unchanged by M13).
 
