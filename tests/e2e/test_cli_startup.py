@@ -46,7 +46,8 @@ def test_plan_reads_the_catalog_without_configuring_the_orm(seeded: Matrix) -> N
     code = (
         "from matrix.db.engine import create_db_engine, session_factory\n"
         "from matrix.db.models import Case\n"
-        "from matrix.plan import Selection, plan_from_db\n"
+        "from matrix.catalog.queries import plan_from_db\n"
+        "from matrix.plan import Selection\n"
         f"factory = session_factory(create_db_engine({seeded.url!r}))\n"
         "with factory() as session:\n"
         "    plan = plan_from_db(session, Selection(cases=('reference_disaggregated',)))\n"
