@@ -1,5 +1,5 @@
 """Typed case options: the KV bound (`KvBound`), which launch keys each arm reads, and the one table from a
-bound to the engine flag that carries it.
+bound to the engine flag that carries it (the engine table, `matrix.launch.engines`).
 
 `matrix catalog sync` checks every case against these (`check_case_options`) before the database is touched,
 so a misspelled launch key, a bound in a unit the case's engine does not read, or a marker that restates the
@@ -14,34 +14,17 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, overload
 
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound, KvUnit
+from matrix.launch.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.markers import parse_marker_use
 
-
-@dataclass(frozen=True)
-class KvFlag:
-    """How one engine takes its KV bound: the unit it counts in and the flag (or variable) that carries it."""
-
-    unit: KvUnit
-    flag: str
-
-
-# The one table from a bound to engine flags. Every arm that passes a bound looks its engine up here.
-KV_FLAGS: dict[str, KvFlag] = {
-    "reference": KvFlag("bytes", "--kv-cache-bytes"),
-    "vllm": KvFlag("bytes", "--kv-cache-memory-bytes"),
-    "sglang": KvFlag("tokens", "--max-total-tokens"),
-    # TensorRT-LLM reads it from its engine config (kv_cache_config.max_tokens), which the launch script
-    # writes from this variable.
-    "trtllm": KvFlag("tokens", "TRTLLM_KV_MAX_TOKENS"),
-}
-# Dynamo's mocker has no real cache: a bound in either unit only sizes the scheduler's memory estimate.
-UNBOUNDED_ENGINES = frozenset({"mocker"})
+# The one table from a bound to engine flags (`matrix.launch.engines`). Every arm that passes a bound looks
+# its engine up there.
+KV_FLAGS: Mapping[str, Engine] = ENGINES
 DYNAMO_ENGINES = ("mocker", "vllm", "sglang", "trtllm")
 # The engine of an arm that has one engine; a dynamo case names its engine in `launch.engine`.
 ARM_ENGINES = {"reference": "reference", "vllm_native": "vllm", "sglang_native": "sglang"}
@@ -54,10 +37,7 @@ def kv_arg(bound: KvBound, engine: str, default: None = None) -> tuple[str, int]
 def kv_arg(bound: KvBound, engine: str, default: int | None = None) -> tuple[str, int] | None:
     """(flag, value) that bounds `engine`'s KV cache from a case's `kv_bound` (else `default`); None when
     there is neither."""
-    spec = KV_FLAGS[engine]
-    value = bound.get(spec.unit)
-    value = default if value is None else value
-    return None if value is None else (spec.flag, value)
+    return ENGINES[engine].kv_arg(bound, default)
 
 
 # Markers that restate the bound for a reader of `matrix plan -m`: their value must be the bound's.

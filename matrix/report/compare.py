@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -154,18 +154,17 @@ def _timing_ratio(a: Outcome | None, b: Outcome | None, timing: str) -> float | 
 
 
 def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Outcome]:
-    """The newest finished attempt per case among the side's runtimes (else the newest of any status)."""
+    """Per case, the attempt that stands for it among the side's runtimes (`standing_attempt`)."""
     runtimes = {r.id: r for r in side.runtimes}
+    by_case: dict[int, list[AttemptRow]] = {}
+    for attempt in attempts:  # oldest first
+        if attempt.runtime_id in runtimes:
+            by_case.setdefault(attempt.case_id, []).append(attempt)
     chosen: dict[int, Outcome] = {}
-    for attempt in attempts:  # oldest first, so later rows replace earlier ones
-        runtime = runtimes.get(attempt.runtime_id)
-        if runtime is None:
-            continue
-        current = chosen.get(attempt.case_id)
-        if current is not None and attempt.status in UNINFORMATIVE_STATUSES and current.attempt.finished:
-            continue  # a skip never replaces a result
-        if attempt.finished or current is None or not current.attempt.finished:
-            chosen[attempt.case_id] = Outcome(runtime, attempt)
+    for case_id, rows in by_case.items():
+        standing = standing_attempt(rows)
+        if standing is not None:
+            chosen[case_id] = Outcome(runtimes[standing.runtime_id], standing)
     return chosen
 
 

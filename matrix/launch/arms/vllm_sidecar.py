@@ -11,17 +11,16 @@ The decode engine's `/metrics` proves the KV really moved.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import sidecar_process
-from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
+from matrix.launch.arms.vllm_native import DEFAULT_KV_COUNTERS, omp_binding, vllm_engine_flags
+from matrix.launch.engines import ENGINES
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
-from matrix.launch.options import kv_arg
 
 ROLES = ("prefill", "decode")
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.01
+ENGINE = ENGINES["dynamo-vllm"]
 
 
 def engine_port(role: str, kind: str) -> str:
@@ -31,11 +30,7 @@ def engine_port(role: str, kind: str) -> str:
 
 
 def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding: Mapping[str, str]) -> ProcessSpec:
-    launch, on_gpu = ctx.case.launch, bool(ctx.gpu_ids)
-    connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    if not on_gpu:
-        connector["kv_buffer_device"] = "cpu"
-    kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
+    launch = ctx.case.launch
     http = ctx.ports[engine_port(role, "HTTP")]
     argv = [
         "vllm-rs", "serve", str(ctx.model_dir or ctx.case.model),
@@ -50,12 +45,8 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
         "--reasoning-parser", str(launch.get("reasoning_parser", "none")),
         "--tool-call-parser", str(launch.get("tool_call_parser", "none")),
         "--",
-        "--enforce-eager",
-        "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
-        kv_flag, str(kv_bytes),
+        *vllm_engine_flags(ctx, ENGINE, "kv_both"),
     ]  # fmt: skip
-    if on_gpu:
-        argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))]
     argv += [str(a) for a in launch.get("extra_args", [])]
     env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(role, "NIXL_SIDE_CHANNEL")])}
     if role in binding:
