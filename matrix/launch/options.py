@@ -6,8 +6,8 @@ so a misspelled launch key, a bound in a unit the case's engine does not read, o
 bound with another value is refused with the fix, instead of being ignored at run time. The arms read the
 same tables (`kv_arg`), so what is checked is what is launched.
 
-Pure data and checks: this module imports nothing of the launch machinery (of check only its pure-data
-`specs`), so the catalog may import it.
+Pure data and checks: this module imports nothing of the launch machinery (of launch only the pure-data
+engine table, of check only its pure-data `specs`), so the catalog may import it.
 """
 
 from __future__ import annotations
