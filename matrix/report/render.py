@@ -24,6 +24,7 @@ from matrix.report.compare import Comparison, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, evaluate_gate
+from matrix.report.perf import load_samples
 from matrix.report.redact import redact_pair
 from matrix.report.text import clean, log_tails, printable
 from matrix.report.views import (
@@ -95,8 +96,9 @@ def _scope_text(results: Results) -> str:
     return "Selection " + (", ".join(parts) if parts else "(everything)")
 
 
-def default_comparisons(results: Results) -> list[Comparison]:
-    """Per backend, the newest runtime with results against the one before it (PEP 440 order)."""
+def default_comparisons(results: Results, session: Session | None = None) -> list[Comparison]:
+    """Per backend, the newest runtime with results against the one before it (PEP 440 order); with a
+    `session`, its metrics too (a `slower` verdict needs them)."""
     found = []
     cases = {c.id: c for c in results.cases}
     for backend in results.backends():
@@ -105,7 +107,8 @@ def default_comparisons(results: Results) -> list[Comparison]:
             continue
         older, newer = with_results[-2], with_results[-1]
         attempts = sorted((a for a in results.attempts() if a.runtime_id in (older.id, newer.id)), key=lambda a: a.id)
-        found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts))
+        samples = load_samples(session, [older.id, newer.id]) if session is not None else None
+        found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts, samples))
     return found
 
 
@@ -180,7 +183,7 @@ def write_report(session: Session, out_dir: Path, selection: Selection | None = 
 
 def _write_pages(session: Session, env: Environment, out_dir: Path, results: Results) -> Path:
     selection = results.selection
-    comparisons = default_comparisons(results)
+    comparisons = default_comparisons(results, session)
     reasons = load_skip_reasons(session, results)
     summaries = campaign_summaries(results, reasons)
     gates = _write_gates(session, env, out_dir, results)
