@@ -236,8 +236,10 @@ def gate_cmd(
     passed on the previous release (the greatest final version below VERSION; pre-releases and dev
     builds are skipped) and fails now is a regression, which blocks even when waived under the
     policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
-    not run (or only skipped) with nothing else wrong give INCOMPLETE. Exit code: 0 GO, 1 NO-GO,
-    3 INCOMPLETE, 2 bad input.
+    not run (or only skipped) with nothing else wrong give INCOMPLETE. A policy that selects no case
+    for the runtime gives N/A; a NO-GO from missing fixes alone, before any cell failed, is shown as
+    predicted. The page and the text list the policy's rules. Exit code: 0 GO, 1 NO-GO, 3 INCOMPLETE,
+    4 N/A, 2 bad input.
     """
     from matrix.report.gate import evaluate_gate, gate_text
 

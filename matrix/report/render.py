@@ -59,8 +59,23 @@ def environment() -> Environment:
     env.globals["status_label"] = status_label
     env.globals["log_tails"] = log_tails
     env.globals["cell_href"] = _cell_href
+    env.globals["gate_css"] = gate_css
     env.globals["matrix_version"] = __version__
     return env
+
+
+def gate_css(result: GateResult) -> str:
+    """The class of a verdict on the gate page: a predicted NO-GO and N/A look unlike a measured one."""
+    if result.predicted:
+        return "predicted"
+    return {"GO": "go", "INCOMPLETE": "incomplete", "N/A": "na"}.get(result.verdict, "nogo")
+
+
+def _badge_css(result: GateResult) -> str:
+    """The class of a verdict badge on the index."""
+    if result.predicted:
+        return "verdict-predicted"
+    return "verdict-" + ("na" if result.verdict == "N/A" else links.slug(result.verdict.lower()))
 
 
 def _printable(value: Any) -> Any:
@@ -266,8 +281,9 @@ def _write_gates(
                 if blocking
                 else "no blocking reason"
             )
-            found.append(GateBadge(policy, result.verdict, "verdict-" + links.slug(result.verdict.lower()), href,
-                                   clean(title)))  # fmt: skip
+            if result.explanation:
+                title = f"{result.explanation}. {title}"
+            found.append(GateBadge(policy, result.verdict_text, _badge_css(result), href, clean(title)))
         badges[runtime.id] = tuple(found)
     return badges
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from matrix.outcome import FAILED_STATUSES
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
-from matrix.report.fmt import flatten, fmt_seconds, fmt_time
+from matrix.report.fmt import flatten, fmt_pairs, fmt_peaks, fmt_seconds, fmt_time
 from matrix.report.stats import pass_rate
 from matrix.report.text import clean, printable, shorten
 from matrix.report.trend import Trend, trend
@@ -282,8 +282,9 @@ def _facts(d: AttemptDetail) -> str:
         ("ports", _pairs(d.ports)),
         ("exit codes", _pairs(d.exit_codes)),
         ("components", _pairs(d.components)),
-        ("GPU", _pairs(d.gpu)),
-        ("peaks", _nested(d.peaks)),
+        # Words and units, never recorded keys (`cpu_s.decode`): "CPU time: decode 0.080 s".
+        ("GPU", fmt_pairs(d.gpu) if d.gpu else ""),
+        ("peaks", fmt_peaks(d.peaks) if d.peaks else ""),
     ]  # fmt: skip
     # Structured values the runner recorded: made printable, not redacted (that is for free text).
     return printable("\n".join(f"{label:<11} {text}" for label, text in lines if text))
