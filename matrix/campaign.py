@@ -361,6 +361,21 @@ def _check_executor_options(options: RunOptions) -> None:
         raise ConfigError("--gpus is for the local executor: under Ray, Ray assigns each cell its GPUs")
 
 
+# The most never-started cells a stopped run names; the rest are counted.
+NOT_STARTED_SHOWN = 20
+
+
+def _stopped_lines(campaign_id: int, not_started: Sequence[str]) -> list[str]:
+    """What a stopped run leaves to do: the cells that never started, and the command that runs them."""
+    lines = []
+    if not_started:
+        names = ", ".join(not_started[:NOT_STARTED_SHOWN])
+        more = f" and {len(not_started) - NOT_STARTED_SHOWN} more" if len(not_started) > NOT_STARTED_SHOWN else ""
+        lines.append(f"not started ({len(not_started)}): {names}{more}")
+    lines.append(f"to finish it (interrupted and never-started cells): matrix run --resume {campaign_id}")
+    return lines
+
+
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
     if options.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1")
@@ -462,6 +477,9 @@ def _run(
         Event("campaign-end", status=state, detail=f"campaign {campaign_id} {what} "
               f"{time.monotonic() - started:.1f}s: {summary}", data={"campaign": campaign_id, "counts": tally.counts})
     )  # fmt: skip
+    if stop.requested:
+        for line in _stopped_lines(campaign_id, tally.not_started):
+            reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     reporter.close()
     if stop.requested:
         return EXIT_INTERRUPTED
