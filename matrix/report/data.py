@@ -32,8 +32,10 @@ from matrix.db.models import (
     CellRun,
     Marker,
     Runtime,
+    utcnow,
 )
 from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
+from matrix.owners import orphaned_running, shown_campaign_status
 from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
 from matrix.versions import parse_version
 
@@ -406,11 +408,13 @@ def load_cases(session: Session) -> list[CaseView]:
 
 
 def load_campaigns(session: Session) -> list[CampaignView]:
+    """Every campaign, a `running` one whose runners are all gone shown `interrupted` (`matrix.owners`)."""
     rows = session.scalars(select(Campaign).order_by(Campaign.id)).all()
+    now = utcnow()
     return [
         CampaignView(
-            c.id, c.status, c.started_at, c.finished_at, dict(c.selection), c.host, c.executor, c.git_sha,
-            c.matrix_version,
+            c.id, shown_campaign_status(session, c, now), c.started_at, c.finished_at, dict(c.selection), c.host,
+            c.executor, c.git_sha, c.matrix_version,
         )
         for c in rows
     ]  # fmt: skip
@@ -421,9 +425,14 @@ def iter_attempt_rows(session: Session, stmt_filter: Iterable[Any] = ()) -> Iter
     stmt: Select[Any] = select(*_SUMMARY_COLUMNS).order_by(CellRun.id)
     for condition in stmt_filter:
         stmt = stmt.where(condition)
+    # A running row whose runner was killed is interrupted for every reader, though only the next
+    # `matrix run` writes that down (its processes are gone: the watchdog killed them).
+    orphans = orphaned_running(session, utcnow())
     for row in session.execute(stmt):
         (rid, campaign, case, runtime, attempt, status, kind, flaky, expected, unexpected, ready, request, total,
          checks) = row  # fmt: skip
+        if status == "running" and rid in orphans:
+            status, kind = "interrupted", "infra"
         yield AttemptRow(
             rid, campaign, case, runtime, attempt, status, kind, bool(flaky), expected or "", bool(unexpected),
             ready, request, total, _checks(checks),
@@ -447,6 +456,9 @@ def load_skip_reasons(session: Session, results: Results) -> dict[int, str]:
     return found
 
 
+ORPHAN_MESSAGE = "its runner is gone (killed or crashed): interrupted; the next matrix run records it so\n"
+
+
 def load_details(
     session: Session, runtime_id: int, *, case_ids: Iterable[int] | None = None, campaign_id: int | None = None
 ) -> dict[int, list[AttemptDetail]]:
@@ -460,9 +472,13 @@ def load_details(
         stmt = stmt.where(CellRun.campaign_id == campaign_id)
     wanted = set(case_ids) if case_ids is not None else None
     grouped: dict[int, list[AttemptDetail]] = defaultdict(list)
+    orphans = orphaned_running(session, utcnow())
     for row in session.execute(stmt):
         if wanted is None or row.case_id in wanted:
             detail = _detail(row)
+            if detail.id in orphans:
+                detail = detail._replace(status="interrupted", failure_kind="infra",
+                                         message=f"{ORPHAN_MESSAGE}{detail.message}")  # fmt: skip
             grouped[detail.case_id].append(detail)
     return grouped
 
