@@ -45,6 +45,8 @@ from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
 
 HEARTBEAT_S = 5.0
+# How `HostHooks.provision` starts the error of a runtime this host cannot build (no such Python).
+HOST_CANNOT_BUILD = "this host cannot build it: "
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3
 
@@ -110,7 +112,8 @@ class HostHooks(Protocol):
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:
-        """Build the venv runtimes' environments; runtime label -> error for those that failed."""
+        """Build the venv runtimes' environments; runtime label -> error for those that failed, starting
+        with `HOST_CANNOT_BUILD` when this host lacks what the recipe needs (its cells are skipped)."""
         ...
 
     def sweep_orphan_builds(self) -> list[int]: ...
@@ -333,7 +336,19 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
         [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
     )
     for label, error in failures.items():
-        say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
+        say(f"{label}: not provisioned, its cells will {_consequence(error)}: {_first_error(error)}")
+
+
+def _consequence(error: str) -> str:
+    """A recipe that fails to build fails its cells; a host that cannot build it (no such Python) skips them."""
+    return "be skipped" if error.startswith(HOST_CANNOT_BUILD) else "fail (kind provision)"
+
+
+def _first_error(error: str) -> str:
+    """The build's own error line when the message carries one, else the message's first line."""
+    lines = error.splitlines()
+    found = next((line.removeprefix("build error: ") for line in lines if line.startswith("build error: ")), "")
+    return found or (lines[0] if lines else "")
 
 
 def _check_repeat(options: RunOptions) -> None:

@@ -29,6 +29,7 @@ from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.providers import (
     Environment,
     Mismatch,
+    ProvisionFailed,
     Unavailable,
     prepare,
     remove_cell_containers,
@@ -45,6 +46,7 @@ from matrix.outcome import (
     checked_again,
     judge_control,
     judge_expectation,
+    provision_failed,
 )
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
@@ -164,6 +166,8 @@ def _run(
     environment = prepare(cell.runtime)
     if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
         return CellOutcome("failed", "config", environment.reason)
+    if isinstance(environment, ProvisionFailed):  # a recipe that does not build fails the release's cells
+        return provision_failed(environment.reason)
     if isinstance(environment, Unavailable):
         return CellOutcome("skipped", message=environment.reason)
     # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable

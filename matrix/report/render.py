@@ -214,6 +214,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
             "provider": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(runtime.provider)],
             "totals": status_counts(cells),
             "cells": cell_views(cells, details),
+            "gates": gates.get(runtime.id, ()),
         })  # fmt: skip
     for campaign in campaigns:
         summary = summaries.get(campaign.id) or CampaignSummary()
