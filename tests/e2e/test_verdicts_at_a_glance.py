@@ -61,6 +61,8 @@ def slowed(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     assert synced.returncode == 0, synced.stdout + synced.stderr
     run = m.subprocess("run", "--backend", "synth", "--repeat", str(REPEATS), "--no-report", "-q", "-j", "1",
                        timeout=600)  # fmt: skip
+    if run.returncode == 1:  # a start-up lost to a loaded host: run the failed cells again, as a user would
+        run = m.subprocess("run", "--rerun-failed", "1", "--no-report", "-q", "-j", "1", timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     return m
 
