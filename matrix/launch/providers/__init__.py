@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers.base import (
     ContainerSpec,
     Environment,
@@ -32,7 +33,6 @@ from matrix.launch.providers.base import (
     Unavailable,
 )
 from matrix.launch.providers.container import remove_cell_containers, wrap_plan
-from matrix.plan import RuntimeInfo
 
 if TYPE_CHECKING:
     from matrix.launch.providers.recipe import check_provider
