@@ -9,6 +9,12 @@
     matrix runtime wheelhouse $(grep -v '^#' tests/gpu/wheelhouse-vllm.args) --out WH
         what the GPU scripts' docs say to run with the file.
 
+    python tests/gpu/wheelhouse_args.py build -- ARGS...
+        exactly `matrix runtime wheelhouse ARGS...` (the same command, in this process), after resolving the
+        selected runtimes' steps with pip in parallel, one thread per runtime (pip's resolution is CPU-bound
+        and a loaded 2-core host runs one runtime's steps for minutes); the command then reads every
+        resolution from that memo, so its lock and downloads are the ones it would have made alone.
+
 The rules (the same for every family):
   --exclude NAME  the host has NAME at exactly the locked version; or NAME is one of the CUDA user-space
                   libraries (nvidia-*, cuda-*) the host has in the same major version as the lock (the
@@ -105,7 +111,8 @@ def derive(family: str, image_path: Path) -> int:
     lines = [
         f"# matrix runtime wheelhouse arguments for the {family} GPU runtimes, derived by",
         f"# `python tests/gpu/wheelhouse_args.py derive --family {family}` from {image_path.name}",
-        f"# ({len(locked)} locked distributions; {len(exclude)} excluded, {len(omitted)} omitted).",
+        f"# ({len(locked)} locked distributions; {len(exclude)} excluded, {len(omitted)} omitted: "
+        f"tests/gpu/{omit_path.name} says why).",
         *(f"--runtime\n{backend}={v}" for v in versions),
         f"--python\n{PYTHON}\n--platform\n{PLATFORM}",
         *(f"--exclude\n{name}" for name in exclude),
@@ -123,7 +130,59 @@ def derive(family: str, image_path: Path) -> int:
     return 0
 
 
+def build(argv: list[str]) -> int:
+    import threading
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    import click
+
+    from matrix.cli import cli
+    from matrix.cli.app import App
+    from matrix.cli.runtime import _catalog
+    from matrix.launch.providers import wheelresolve
+
+    real = wheelresolve.pip_report
+    memo: dict[str, Future[list[wheelresolve.Resolved]]] = {}
+    lock = threading.Lock()
+    # A loaded host needs more than the default resolution timeout for vLLM's first step.
+    wheelresolve.RESOLVE_TIMEOUT_S = 3600.0
+
+    def remembered(args, target, constraints={}, *, what=""):  # type: ignore[no-untyped-def]
+        key = repr((list(args), target, sorted(dict(constraints).items())))
+        with lock:
+            mine = key not in memo
+            if mine:
+                memo[key] = Future()
+            future = memo[key]
+        if mine:  # the first asker resolves; the same question from another runtime waits for its answer
+            try:
+                future.set_result(real(args, target, constraints, what=what))
+            except BaseException as exc:
+                future.set_exception(exc)
+        return future.result()
+
+    wheelresolve.pip_report = remembered  # type: ignore[assignment]
+    wanted = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--runtime"]
+    python = argv[argv.index("--python") + 1]
+    platforms = tuple(argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--platform")
+    target = WheelTarget.of(python, platforms)
+    _cases, runtimes, _markers, _backends = _catalog(App(None))
+    chosen = [r for r in runtimes if f"{r.backend}={r.version}" in wanted]
+    print(f"resolving {len(chosen)} runtime(s) in parallel: {', '.join(r.label for r in chosen)}", file=sys.stderr)
+    with ThreadPoolExecutor(len(chosen) or 1) as pool:
+        list(pool.map(lambda r: plan_runtime(r, target, (), lambda line: print(line, file=sys.stderr)), chosen))
+    try:
+        cli.main(["runtime", "wheelhouse", *argv], prog_name="matrix", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["build"]:
+        rest = sys.argv[2:]
+        return build(rest[1:] if rest[:1] == ["--"] else rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("derive")
