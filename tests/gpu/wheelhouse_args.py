@@ -37,9 +37,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers.wheelresolve import plan_runtime
 from matrix.launch.providers.wheeltarget import WheelTarget
-from matrix.plan import RuntimeInfo
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
