@@ -37,6 +37,21 @@ from matrix.report.text import clean, printable, read_tail
         ("HF_TOKEN_2=abc", "HF_TOKEN_2=***"),
         ("AWS_CREDENTIALS: abc", "AWS_CREDENTIALS: ***"),
         ("HF_TOKEN=\x1b[0mhf_abcdefghijkl", "HF_TOKEN=***"),
+        # [M21] item 8: shapes that were missed.
+        ("stripe sk_live_abcdefghijklmnop1234 x", "stripe sk_live_*** x"),
+        ("rk_test_abcdefghijklmnop", "rk_test_***"),
+        ("gitlab glpat-abcdefghijklmnopqrst.", "gitlab glpat-***."),
+        ("//registry/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789", "//registry/:_authToken=***"),
+        ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "npm_***"),
+        ("slack xapp-1-A0123-4567-abcdef", "slack xapp-***"),
+        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk_lmn ok", "jwt eyJ*** ok"),
+        ("password hunter2", "password ***"),
+        ("Enter passphrase 'x9y8z7'", "Enter passphrase '***'"),
+        ("mysql -u root -p hunter2 db", "mysql -u root -p *** db"),
+        ("sshpass -p 'hunter2' ssh", "sshpass -p '***' ssh"),
+        ("postgresql://me:pa/ss@db:5432/x", "postgresql://me:***@db:5432/x"),
+        ("postgresql://me:p@ss@db/x", "postgresql://me:***@db/x"),
+        ("redis://:s3cr@t/x@localhost:6379/0", "redis://:***@localhost:6379/0"),
     ],
 )
 def test_redact_hides_secret_values(text: str, expected: str) -> None:
@@ -64,6 +79,10 @@ def test_redact_pair_judges_the_name_too(name: str, value: str, shown: str) -> N
         "completion_tokens=64 prompt_tokens=91", "fix key: vllm#54814", "https://example.org/a:b@c", "ports: {'a': 1}",
         "max_num_batched_tokens=2048", "tokenizer='Qwen/Qwen3-0.6B'", "task-abcdefghijklmnop", "Basic setup done",
         "disk-usage-abcdefghijk",
+        # [M21] item 8: ordinary text is not garbled.
+        "error: unknown-key.toml: [[cases]] entry 2: unknown key 'x'", "the password is wrong",
+        "docker run -p 8080:80 -p 127.0.0.1:8000:8000/tcp", "use -p to set it", "ls -p -x",
+        "https://host:8080/path?x=a@b c", "see api-key.md: [setup]", "skeleton_framework npm_i",
     ],
 )
 def test_redact_leaves_ordinary_text_alone(text: str) -> None:
