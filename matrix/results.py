@@ -13,7 +13,7 @@ from matrix.db.models import Campaign, Case, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.outcome import STORED_COLUMNS, CellOutcome
 from matrix.owners import owner_alive, owner_gone
-from matrix.report.text import clean_data, store_text
+from matrix.report.text import clean_data, completion_excerpt, store_text
 
 
 def _u64(value: int | None) -> str | None:
@@ -30,7 +30,7 @@ _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
     "prefill_worker_id": _u64,
     "decode_worker_id": _u64,
     "finish_reason": lambda value: store_text(value)[:32] if value is not None else None,
-    "completion_excerpt": store_text,
+    "completion_excerpt": completion_excerpt,  # redacted, then cut
     "components": lambda value: clean_data(dict(value)),  # versions a host's tools printed
 }
 

@@ -49,6 +49,9 @@ from matrix.outcome import (
 from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
+# How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
+COMPLETION_WINDOW = 16_384
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -288,7 +291,9 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
         "prompt_tokens": validation.prompt_tokens,
         "completion_tokens": validation.completion_tokens,
         "finish_reason": validation.finish_reason,
-        "completion_excerpt": validation.content_excerpt or "",
+        # The start of the answer, far longer than the excerpt the record keeps: the record redacts it and
+        # only then cuts it, so a secret this cut halves is dropped by the second cut whatever it looks like.
+        "completion_excerpt": (validation.content or "")[:COMPLETION_WINDOW],
         "kv_ledger": kv_ledger,
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares

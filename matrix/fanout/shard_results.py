@@ -30,7 +30,7 @@ from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout.shards import cell_id, check_campaign_key
 from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
-from matrix.report.text import clean, clean_data
+from matrix.report.text import clean, clean_data, completion_excerpt
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
@@ -79,12 +79,14 @@ _CAMPAIGN_FIELDS: dict[str, tuple[type, ...]] = {
 
 
 # Outcome fields that hold text a process produced: cleaned (redacted, printable) on the way out and in.
-_TEXT_FIELDS = ("message", "completion_excerpt", "expected_failure", "owner_host")
+_TEXT_FIELDS = ("message", "expected_failure", "owner_host")
 
 
 def clean_outcome_text(outcome: Mapping[str, Any]) -> dict[str, Any]:
     """The free-text fields of an outcome (message, checks, completion...) redacted and printable."""
     cleaned: dict[str, Any] = {name: clean(outcome[name]) for name in _TEXT_FIELDS if isinstance(outcome[name], str)}
+    if isinstance(outcome["completion_excerpt"], str):
+        cleaned["completion_excerpt"] = completion_excerpt(outcome["completion_excerpt"])  # redacted, then cut
     cleaned["checks"] = clean_data(outcome["checks"])
     for name in ("finish_reason", "failure_kind"):
         if isinstance(outcome[name], str):

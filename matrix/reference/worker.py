@@ -252,9 +252,9 @@ def _spawn_escaped_child(log: EventLog) -> None:
 
 def _write_hostile() -> None:
     """Fault hostile-output: the raw lines, straight to stdout (the supervisor's pipe), NUL and all."""
-    from matrix.reference.hostile import LOG_LINES
+    from matrix.reference.hostile import LOG_LINES, echoed_values
 
-    for line in LOG_LINES:
+    for line in [*LOG_LINES, *echoed_values(os.environ)]:
         sys.stdout.buffer.write(line.encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
 

@@ -27,6 +27,10 @@ command line. What is hidden:
 A setting name that ends in a file extension (``unknown-key.toml: [[cases]]``) is a file named in a
 message, not a setting, and keeps its text.
 
+Besides the shapes, the catalog's own secret values (provider `env` values under secret names,
+`remember_secrets`) are hidden by value wherever they appear, so a process that prints one bare (a probe's
+stderr, a log line) gives nothing away.
+
 Redaction keeps the name (and a token's well-known prefix) and replaces only the value with ``***``, so
 a reader still sees which setting was present. It errs on the side of hiding: ``prompt_token=abc``
 loses its value too.
@@ -35,8 +39,9 @@ loses its value too.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
-__all__ = ["MASK", "redact", "redact_pair", "secret_name"]
+__all__ = ["MASK", "redact", "redact_pair", "remember_secrets", "secret_name"]
 
 MASK = "***"
 
@@ -105,6 +110,29 @@ _HINTS = ("token", "secret", "passw", "pwd", "key", "credential")
 _SHAPE_HINTS = ("hf_", "gh", "sk-", "sk_", "rk_", "xox", "xapp-", "glpat-", "npm_", "eyj", "akia", "asia")
 
 
+# Values hidden wherever they appear, whatever stands around them: the catalog's own secrets (provider
+# `env` values under secret names), which a process may print bare ("auth failed for <value>"). Longest
+# first, so a value that contains another is hidden whole. Replaced as a whole tuple: readers in other
+# threads see the old set or the new one.
+_KNOWN: tuple[str, ...] = ()
+# Shorter values, whole numbers and the usual flag words would hide ordinary text ("16", "true").
+_MIN_SECRET_CHARS = 4
+_NOT_SECRETS = frozenset({"true", "false", "none", "null", "auto", "unset"})
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Hide these values, by value, in everything `redact` sees from now on in this process."""
+    global _KNOWN
+    fresh = {
+        value
+        for value in values
+        if len(value) >= _MIN_SECRET_CHARS and not _COUNT.fullmatch(value) and value.lower() not in _NOT_SECRETS
+        and value != MASK
+    }
+    if not fresh <= set(_KNOWN):
+        _KNOWN = tuple(sorted(fresh | set(_KNOWN), key=lambda v: (-len(v), v)))
+
+
 def _name_value(match: re.Match[str]) -> str:
     name, value = match["name"], match["value"]
     if _FILE_NAME.search(name):
@@ -145,6 +173,9 @@ def redact(text: str) -> str:
     """`text` with every secret value replaced by ``***`` (see the module docstring for what counts)."""
     if not text:
         return text
+    for value in _KNOWN:
+        if value in text:
+            text = text.replace(value, MASK)
     lower = text.lower()
     if "://" in text:
         text = _URL_PASSWORD.sub(_url_password, text)

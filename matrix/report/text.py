@@ -16,7 +16,10 @@ from typing import Any
 
 from matrix.report.redact import redact
 
-__all__ = ["LogTail", "clean", "clean_data", "log_tails", "printable", "read_tail", "shorten", "store_text"]
+__all__ = [
+    "COMPLETION_EXCERPT_CHARS", "LogTail", "clean", "clean_data", "completion_excerpt", "log_tails", "printable",
+    "read_tail", "shorten", "store_text",
+]  # fmt: skip
 
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
@@ -80,6 +83,16 @@ def store_text(text: str | None) -> str:
 def shorten(text: str, limit: int) -> str:
     """At most `limit` characters, ending in an ellipsis when something was cut."""
     return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+# What an attempt keeps of the answer's text.
+COMPLETION_EXCERPT_CHARS = 200
+
+
+def completion_excerpt(text: str | None) -> str:
+    """The start of a completion as it is stored: redacted first, then cut, so a token that straddles the
+    cut is hidden whole instead of keeping the few characters before the cut that no rule recognises."""
+    return shorten(clean(text), COMPLETION_EXCERPT_CHARS)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 from matrix.report.links import external_url, runtime_page, slug
 from matrix.report.markdown import md
 from matrix.report.redact import redact, redact_pair
-from matrix.report.text import clean, printable, read_tail
+from matrix.report.text import clean, completion_excerpt, printable, read_tail
 
 
 @pytest.mark.parametrize(
@@ -134,3 +134,34 @@ def test_links_are_followed_only_for_http() -> None:
 def test_page_names_are_safe() -> None:
     assert runtime_page("vllm", "0.29.1rc1.dev347+gdee37d891") == "runtime-vllm-0.29.1rc1.dev347_gdee37d891.html"
     assert slug('../<img src=x onerror="a">') == "_img_src_x_onerror_a_"
+
+
+def test_completion_excerpt_redacts_then_cuts() -> None:
+    # [M21] item 7: a token straddling the 200-character cut kept the 7 characters before the cut.
+    token = "ghp_" + "ZqXcut7" + "abcdefghijklmnop"
+    text = "a" * 188 + " " + token + " and more"
+    assert "ZqX" in (text[:200])  # what a cut before redaction kept
+    excerpt = completion_excerpt(text)
+    assert "ZqX" not in excerpt and excerpt == "a" * 188 + " ghp_*** an" + "…"
+    assert len(excerpt) == 200
+
+
+def test_remembered_secrets_are_hidden_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # [M21] item 6: a catalog secret printed bare (no name next to it) is hidden wherever it stands.
+    from matrix.report import redact as module
+
+    monkeypatch.setattr(module, "_KNOWN", ())
+    module.remember_secrets(["s3cr3t-value", "16", "true", "abc", "s3cr3t-value-longer"])
+    assert redact("auth failed for s3cr3t-value-longer and s3cr3t-value") == "auth failed for *** and ***"
+    assert redact("max_tokens 16 true abc") == "max_tokens 16 true abc"  # counts, flags, short values stay
+
+
+@pytest.mark.parametrize(
+    "name", ["MY_API_KEY", "DB_PASSWORD", "HF_TOKEN", "APIKEY", "aws_secret", "X_PWD", "tokenizer", "MAX_TOKENS"],
+)
+def test_catalog_secret_names_agree_with_redaction(name: str) -> None:
+    from matrix.catalog.secrets import SECRET_NAME, provider_secrets
+    from matrix.report.redact import secret_name
+
+    assert bool(SECRET_NAME.search(name)) == secret_name(name)
+    assert provider_secrets([{"env": {name: "value-1"}}]) == ({"value-1"} if secret_name(name) else set())
