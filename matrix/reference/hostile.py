@@ -46,6 +46,7 @@ LOG_LINES: tuple[str, ...] = (
     "title: \x1b]0;pwned window title\x07 colour: \x1b[31mred\x1b[0m clear: \x1b[2J\x1b[H",
     "hyperlink: \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ bell\x07 backspace\x08 del\x7f",
     "nul:\x00 c1-csi:\x9b31m vertical-tab:\x0b form-feed:\x0c escape-only:\x1b",
+    "bidi: rlo\u202egnp.exe lri\u2066x\u2069 pdf\u202c zero-width: a\u200bb\u200dc\u2060d\ufeffe",
     "carriage return overwrites\rERROR: hostile-output fault wrote every hostile format",
 )
 

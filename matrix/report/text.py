@@ -27,9 +27,13 @@ TAIL_BYTES = 64 * 1024
 # ANSI escape sequences: CSI (colours, cursor moves), OSC (window titles, hyperlinks) and the
 # two-character forms. They carry no information a report reader needs.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+# Characters that reorder or hide text: the bidi embeddings, overrides and isolates (U+202A-U+202E,
+# U+2066-U+2069; "Trojan Source": a U+202E makes "exe.txt" read "txt.exe"), the marks U+200E/U+200F/U+061C
+# and the zero-width characters (U+200B-U+200D, U+2060, U+FEFF), which a reader cannot see at all.
+_INVISIBLE = "\u061c\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff"
 # Characters XML 1.0 forbids or a browser would show as nothing: C0 controls except tab and newline,
-# DEL, C1 controls, lone surrogates and the two non-characters U+FFFE/U+FFFF.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# DEL, C1 controls, lone surrogates and the two non-characters U+FFFE/U+FFFF; and the invisible ones.
+_UNPRINTABLE = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff{_INVISIBLE}]")
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -38,12 +42,13 @@ def _escape_char(match: re.Match[str]) -> str:
 
 
 # Anything printable() would change: the common case (plain text) is one scan that finds nothing.
-_NEEDS_WORK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_NEEDS_WORK = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff{_INVISIBLE}]")
 
 
 def printable(text: str) -> str:
     """`text` without terminal escape codes, with carriage returns as newlines and other control
-    characters written as visible escapes. The result is valid in XML 1.0 and readable in a page."""
+    characters, bidi overrides and zero-width characters written as visible escapes (``\\u202e``). The
+    result is valid in XML 1.0 and reads in a page as it is stored."""
     if not _NEEDS_WORK.search(text):
         return text
     text = _ANSI.sub("", text)

@@ -29,9 +29,12 @@ CATALOG_SECRETS = (
     "hostile-probe-db-password",
 )  # fmt: skip
 ALL_SECRETS = (*SECRETS, *CATALOG_SECRETS)
-# Raw control characters: C0 (except tab, newline and carriage return), DEL and C1.
-RAW_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-NASTY = "\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m bell\x07 back\x08 c1\x9b"
+# Raw control characters: C0 (except tab, newline and carriage return), DEL and C1; and the bidi
+# overrides, isolates and zero-width characters that reorder or hide text ([M21] item 9).
+RAW_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff]")
+NASTY = (
+    "\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m bell\x07 back\x08 c1\x9b rlo\u202etxt.exe iso\u2066x\u2069 zw\u200bsp"
+)
 
 HOSTILE_NAME = "hostile_pass\x1b[31m\x07"
 CATALOG = f"""
@@ -176,3 +179,4 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
         browser.load(runtime_page.as_uri())
         shown = browser.evaluate("document.body.innerText")
         assert "notes" in shown and "bell\\x07 back\\x08 c1\\x9b" in shown  # shown, as visible escapes
+        assert "rlo\\u202etxt.exe iso\\u2066x\\u2069 zw\\u200bsp" in shown

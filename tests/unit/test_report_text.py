@@ -94,6 +94,15 @@ def test_printable_drops_ansi_and_escapes_control_characters() -> None:
     assert printable(text) == "red\nline\\x00\\x07 end \\ud800 \\ufffe tab\tok"
 
 
+def test_printable_shows_bidi_overrides_and_zero_width_characters() -> None:
+    # [M21] item 9: they reorder or hide text ("Trojan Source"); shown as visible escapes like control bytes.
+    text = "run\u202etxt.exe \u2066iso\u2069 \u202a\u202b\u202c\u202d a\u200bb\u200c\u200d\u200e\u200f\u2060\ufeff é 😀"
+    assert printable(text) == (
+        "run\\u202etxt.exe \\u2066iso\\u2069 \\u202a\\u202b\\u202c\\u202d a\\u200bb\\u200c\\u200d\\u200e\\u200f"
+        "\\u2060\\ufeff é 😀"
+    )
+
+
 def test_read_tail_of_a_huge_log_is_bounded(tmp_path: Path) -> None:
     log = tmp_path / "prefill.log"
     line = "x" * 99 + "\n"
