@@ -32,6 +32,7 @@ _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
     "finish_reason": lambda value: store_text(value)[:32] if value is not None else None,
     "completion_excerpt": completion_excerpt,  # redacted, then cut
     "components": lambda value: clean_data(dict(value)),  # versions a host's tools printed
+    "listeners": lambda value: [clean_data(dict(entry)) for entry in value],
 }
 
 

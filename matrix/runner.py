@@ -26,6 +26,7 @@ from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
 from matrix.launch.caches import cache_env
 from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import (
     Environment,
     Mismatch,
@@ -34,7 +35,7 @@ from matrix.launch.providers import (
     remove_cell_containers,
     wrap_plan,
 )  # fmt: skip
-from matrix.launch.supervisor import Supervisor, TeardownReport
+from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     CellOutcome,
@@ -207,17 +208,21 @@ Query = Callable[[LaunchPlan, float], CellOutcome]
 def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, query: Query) -> CellOutcome:
     sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
     queued: list[float] = [0.0]
+    listeners: list[dict[str, Any]] = []
     try:
         outcome = _start_and_query(supervisor, sampler, plan, resources, queued, query)
     finally:
         if sampler.is_alive():
             sampler.sample()  # a last look at the steady state, before teardown frees everything
+        # What the processes listen on, after the request (some engines open side channels on first use).
+        listeners = listening_sockets(find_cell_processes(plan.cell_id), supervisor.pids())
         report = supervisor.teardown()
         peaks = sampler.stop() if sampler.is_alive() else {}
         for scratch in plan.scratch_dirs:
             shutil.rmtree(scratch, ignore_errors=True)
     exit_codes = {e.role: e.returncode for e in report.exits}
-    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
+                      listeners=(*outcome.listeners, *listeners))  # fmt: skip
     return after_teardown(outcome, _teardown_checks(report))
 
 

@@ -265,13 +265,13 @@ def _time(path: Path, where: str, value: str | None) -> dt.datetime | None:
 
 
 # Outcome fields added after format version 1 was fixed, with what a shard written before them means.
-ADDED_FIELDS: Mapping[str, Any] = {"kv_ledger": {}}  # no ledger kept: "not measured"
+ADDED_FIELDS: Mapping[str, Any] = {"kv_ledger": {}, "listeners": []}  # not recorded then: "not measured"
 
 
 def _attempt(path: Path, index: int, data: Any) -> ShardAttempt:
     where = f"cells[{index}]"
     if isinstance(data, dict):
-        data = {**{name: dict(value) for name, value in ADDED_FIELDS.items()}, **data}
+        data = {**{name: type(value)(value) for name, value in ADDED_FIELDS.items()}, **data}
     _check_fields(path, where, data, _CELL_FIELDS)
     where = f"cells[{index}] ({data['case']}@{data['backend']}-{data['runtime_version']}, {data['uid']})"
     if data["status"] not in FINISHED_STATUSES:

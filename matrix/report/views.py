@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, beyond_loopback, describe_listeners
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
@@ -284,6 +284,7 @@ def _facts(d: AttemptDetail) -> str:
         ("components", _pairs(d.components)),
         ("GPU", _pairs(d.gpu)),
         ("peaks", _nested(d.peaks)),
+        ("listens on", describe_listeners([e for e in d.listeners if isinstance(e, Mapping)])),
     ]  # fmt: skip
     # Structured values the runner recorded: made printable, not redacted (that is for free text).
     return printable("\n".join(f"{label:<11} {text}" for label, text in lines if text))
@@ -305,6 +306,9 @@ def _headline(d: AttemptDetail) -> str:
         parts.append("unexpected pass")
     if d.owner_host:
         parts.append(f"on {d.owner_host}")
+    exposed = beyond_loopback([e for e in d.listeners if isinstance(e, Mapping)])
+    if exposed:
+        parts.append(f"listens beyond loopback: {describe_listeners(exposed)}")
     return printable(" · ".join(parts))
 
 

@@ -18,7 +18,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
-from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, CellOutcome, interrupted, retryable, with_flaky
+from matrix.outcome import (
+    CELL_FAULT_STATUSES,
+    FAILED_STATUSES,
+    CellOutcome,
+    interrupted,
+    judge_listeners,
+    retryable,
+    with_flaky,
+)
 from matrix.plan import Cell
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
@@ -43,6 +51,8 @@ class SchedulerOptions:
     jobs: int
     max_attempts: int = 1
     fail_fast: bool = False
+    # `--loopback-only`: a cell whose processes listen beyond loopback fails (`judge_listeners`).
+    loopback_only: bool = False
 
 
 @dataclass
@@ -176,6 +186,7 @@ class Scheduler:
         if self._executor.cancelled:
             why = f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down"
             outcome = interrupted(outcome, why)
+        outcome = judge_listeners(outcome, loopback_only=self._options.loopback_only)
         # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
         retry = retryable(outcome) and job.attempt < self._options.max_attempts and not self._stop.requested
         outcome = with_flaky(outcome, job.failed_before)
