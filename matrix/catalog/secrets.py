@@ -3,7 +3,7 @@
 A runtime's provider may carry `env = { MY_API_KEY = "...", DB_PASSWORD = "$DB_PASSWORD" }`. Its processes
 see those values, and one that prints a value bare ("auth failed for <value>", a probe's stderr) gives it
 away where no name says it is secret. So every command hands these values to the redaction, which then
-hides them by value at every exit (`matrix.report.redact.remember_secrets`; `docs/security.md`).
+hides them by value at every exit (`matrix.redact.remember_secrets`; `docs/security.md`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from matrix.db.models import Backend, Runtime
 
 __all__ = ["catalog_secrets", "provider_secrets"]
 
-# The names `matrix.report.redact.secret_name` calls secret (catalog may not import report; a test keeps
+# The names `matrix.redact.secret_name` calls secret (kept apart from the redaction; a test keeps
 # the two in step).
 SECRET_NAME = re.compile(r"TOKEN(?!IZ)|SECRET|PASSWORD|PASSWD|CREDENTIAL|[_-]KEY|APIKEY|PWD", re.IGNORECASE)
 

@@ -50,7 +50,7 @@ def resume_gc() -> None:
 def remember_catalog_secrets(factory: sessionmaker[Session]) -> None:
     """Hand the catalog's secret provider values to the redaction (`matrix.catalog.secrets`)."""
     from matrix.catalog.secrets import catalog_secrets
-    from matrix.report.redact import remember_secrets
+    from matrix.redact import remember_secrets
 
     with factory() as session:
         remember_secrets(catalog_secrets(session))
@@ -101,7 +101,7 @@ class MatrixGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MatrixError as exc:
-            from matrix.report.text import clean
+            from matrix.text import clean
 
             click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
             ctx.exit(exc.exit_code)

@@ -40,7 +40,7 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) 
 
     spec = load_catalog(list(files) or default_catalog_files())
     from matrix.catalog.secrets import provider_secrets
-    from matrix.report.redact import remember_secrets
+    from matrix.redact import remember_secrets
 
     remember_secrets(provider_secrets(runtime.provider for runtime in spec.runtimes))  # hidden in what sync prints
     factory = app.sessions()

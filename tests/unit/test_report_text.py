@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from matrix.redact import redact, redact_pair
 from matrix.report.links import external_url, runtime_page, slug
 from matrix.report.markdown import md
-from matrix.report.redact import redact, redact_pair
-from matrix.report.text import clean, completion_excerpt, printable, read_tail
+from matrix.text import clean, completion_excerpt, printable, read_tail
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_completion_excerpt_redacts_then_cuts() -> None:
 
 def test_remembered_secrets_are_hidden_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
     # [M21] item 6: a catalog secret printed bare (no name next to it) is hidden wherever it stands.
-    from matrix.report import redact as module
+    from matrix import redact as module
 
     monkeypatch.setattr(module, "_KNOWN", ())
     module.remember_secrets(["s3cr3t-value", "16", "true", "abc", "s3cr3t-value-longer"])
@@ -170,7 +170,7 @@ def test_remembered_secrets_are_hidden_by_value(monkeypatch: pytest.MonkeyPatch)
 )
 def test_catalog_secret_names_agree_with_redaction(name: str) -> None:
     from matrix.catalog.secrets import SECRET_NAME, provider_secrets
-    from matrix.report.redact import secret_name
+    from matrix.redact import secret_name
 
     assert bool(SECRET_NAME.search(name)) == secret_name(name)
     assert provider_secrets([{"env": {name: "value-1"}}]) == ({"value-1"} if secret_name(name) else set())

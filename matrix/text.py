@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.report.redact import redact
+from matrix.redact import redact
 
 __all__ = [
     "COMPLETION_EXCERPT_CHARS", "LogTail", "clean", "clean_data", "completion_excerpt", "log_tails", "printable",
