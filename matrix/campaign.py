@@ -87,6 +87,8 @@ class RunOptions:
     new_only: bool = False
     # `--repeat N`: every cell of a new campaign runs N times, each repeat its own attempt (1..N).
     repeat: int = 1
+    # `--loopback-only`: a cell whose processes listen beyond loopback fails (check `loopback_only`).
+    loopback_only: bool = False
 
 
 def _git_sha() -> str:
@@ -478,7 +480,8 @@ def _run(
     started = time.monotonic()
     scheduler = Scheduler(
         factory, campaign_id, pool, executor, reporter, stop,
-        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
+                         loopback_only=options.loopback_only),
         logs_root,
     )  # fmt: skip
     try:

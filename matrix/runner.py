@@ -27,6 +27,7 @@ from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
 from matrix.launch.caches import cache_env
 from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import (
     Environment,
     Mismatch,
@@ -36,7 +37,7 @@ from matrix.launch.providers import (
     remove_cell_containers,
     wrap_plan,
 )  # fmt: skip
-from matrix.launch.supervisor import Supervisor, TeardownReport
+from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
@@ -55,6 +56,9 @@ from matrix.outcome import (
     skipped,
 )
 from matrix.telemetry import PeakSampler
+
+# How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
+COMPLETION_WINDOW = 16_384
 
 
 @dataclass(frozen=True)
@@ -231,17 +235,21 @@ Query = Callable[[LaunchPlan, float], CellOutcome]
 def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, query: Query) -> CellOutcome:
     sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
     queued: list[float] = [0.0]
+    listeners: list[dict[str, Any]] = []
     try:
         outcome = _start_and_query(supervisor, sampler, plan, resources, queued, query)
     finally:
         if sampler.is_alive():
             sampler.sample()  # a last look at the steady state, before teardown frees everything
+        # What the processes listen on, after the request (some engines open side channels on first use).
+        listeners = listening_sockets(find_cell_processes(plan.cell_id), supervisor.pids())
         report = supervisor.teardown()
         peaks = sampler.stop() if sampler.is_alive() else {}
         for scratch in plan.scratch_dirs:
             shutil.rmtree(scratch, ignore_errors=True)
     exit_codes = {e.role: e.returncode for e in report.exits}
-    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
+                      listeners=(*outcome.listeners, *listeners))  # fmt: skip
     return after_teardown(outcome, _teardown_checks(report))
 
 
@@ -310,7 +318,9 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
         "prompt_tokens": validation.prompt_tokens,
         "completion_tokens": validation.completion_tokens,
         "finish_reason": validation.finish_reason,
-        "completion_excerpt": validation.content_excerpt or "",
+        # The start of the answer, far longer than the excerpt the record keeps: the record redacts it and
+        # only then cuts it, so a secret this cut halves is dropped by the second cut whatever it looks like.
+        "completion_excerpt": (validation.content or "")[:COMPLETION_WINDOW],
         "kv_ledger": kv_ledger,
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares

@@ -213,6 +213,7 @@ class AttemptDetail(NamedTuple):
     peaks: Mapping[str, Any]
     components: Mapping[str, Any]
     kv_ledger: Mapping[str, Any]
+    listeners: Sequence[Mapping[str, Any]]
 
     @property
     def finished(self) -> bool:

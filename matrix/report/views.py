@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, standing_attempt
+from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, beyond_loopback, describe_listeners, standing_attempt
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
 from matrix.report.fmt import flatten, fmt_pairs, fmt_peaks, fmt_seconds, fmt_time
@@ -288,6 +288,7 @@ def _facts(d: AttemptDetail) -> str:
         # Words and units, never recorded keys (`cpu_s.decode`): "CPU time: decode 0.080 s".
         ("GPU", fmt_pairs(d.gpu) if d.gpu else ""),
         ("peaks", fmt_peaks(d.peaks) if d.peaks else ""),
+        ("listens on", describe_listeners([e for e in d.listeners if isinstance(e, Mapping)])),
     ]  # fmt: skip
     # Structured values the runner recorded: made printable, not redacted (that is for free text).
     return printable("\n".join(f"{label:<11} {text}" for label, text in lines if text))
@@ -309,6 +310,9 @@ def _headline(d: AttemptDetail) -> str:
         parts.append("unexpected pass")
     if d.owner_host:
         parts.append(f"on {d.owner_host}")
+    exposed = beyond_loopback([e for e in d.listeners if isinstance(e, Mapping)])
+    if exposed:
+        parts.append(f"listens beyond loopback: {describe_listeners(exposed)}")
     return printable(" · ".join(parts))
 
 

@@ -26,6 +26,7 @@ from matrix.outcome import (
     CellOutcome,
     error,
     interrupted,
+    judge_listeners,
     not_run,
     retryable,
     skipped,
@@ -56,6 +57,8 @@ class SchedulerOptions:
     jobs: int
     max_attempts: int = 1
     fail_fast: bool = False
+    # `--loopback-only`: a cell whose processes listen beyond loopback fails (`judge_listeners`).
+    loopback_only: bool = False
 
 
 @dataclass
@@ -217,6 +220,7 @@ class Scheduler:
         if self._executor.cancelled:
             why = f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down"
             outcome = interrupted(outcome, why)
+        outcome = judge_listeners(outcome, loopback_only=self._options.loopback_only)
         # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
         retry = retryable(outcome) and job.attempt < self._options.max_attempts and not self._stop.requested
         outcome = with_flaky(outcome, job.failed_before)

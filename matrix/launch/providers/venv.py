@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -48,6 +47,7 @@ from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, 
 from matrix.launch.providers.buildprocs import BuildInterrupted, StopCheck, never, run_command, sweep_orphans
 from matrix.launch.providers.components import Detected, ProbeError, detect, distribution_versions, mismatches
 from matrix.launch.providers.host import resolve_interpreter
+from matrix.launch.providers.interpreters import find_python, probe
 from matrix.launch.providers.recipe import (
     AliasStep,
     ExposeStep,
@@ -143,23 +143,6 @@ def uv_path() -> str | None:
     return shutil.which("uv")
 
 
-@lru_cache(maxsize=64)
-def _interpreter_version(python: str, mtime_ns: int) -> str | None:
-    del mtime_ns  # part of the cache key only: a replaced interpreter is asked again
-    try:
-        done = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    answer = done.stdout.strip()
-    return answer if done.returncode == 0 and _MAJOR_MINOR.match(answer) else None
-
-
 def python_version_of(spec: str) -> str:
     """major.minor of the interpreter a recipe asks for: "" is this one, "3.11" is itself, else a path or
     command name that is asked. Raises `ProvisionError` when it is not on this host."""
@@ -168,10 +151,12 @@ def python_version_of(spec: str) -> str:
     if _MAJOR_MINOR.match(spec):
         return spec
     path = resolve_interpreter(spec)
-    version = _interpreter_version(path, os.stat(path).st_mtime_ns) if path else None
-    if version is None:
+    if path is None:
         raise HostCannotBuild(f'interpreter {spec} is not on this host (write python = "3.11" or a path)')
-    return version
+    answer = probe(path)
+    if answer.version is None:
+        raise HostCannotBuild(f"interpreter {spec}: this interpreter does not run ({answer.problem})")
+    return answer.version
 
 
 @dataclass(frozen=True)
@@ -466,11 +451,14 @@ class _Builder:
         if self.uv:
             # --seed puts pip in the environment: `pip download` reads requirements_of wheels with it.
             # --allow-existing: the directory already holds the build log.
-            argv = [self.uv, "venv", "--seed", "--allow-existing", "--python", spec or sys.executable]
+            # A python3.12 on PATH that runs is handed to uv by path, so a broken shim before it is not uv's
+            # pick either; with none, uv finds or fetches one itself.
+            found = find_python(f"python{spec}", version=spec).path if _MAJOR_MINOR.match(spec) else None
+            argv = [self.uv, "venv", "--seed", "--allow-existing", "--python", found or spec or sys.executable]
             try:
                 self.run([*argv, "--prompt", self.prompt, str(self.tmp)])
             except ProvisionError as exc:
-                if _MAJOR_MINOR.match(spec) and shutil.which(f"python{spec}") is None:
+                if _MAJOR_MINOR.match(spec) and found is None:
                     raise HostCannotBuild(f"no Python {spec} interpreter here: uv could neither find nor fetch "
                                           f"one ({exc})") from None  # fmt: skip
                 raise
@@ -486,13 +474,14 @@ class _Builder:
         if not spec or spec == _THIS_PYTHON:
             return sys.executable
         if _MAJOR_MINOR.match(spec):
-            found = shutil.which(f"python{spec}")
-            if found is None:
+            candidates = find_python(f"python{spec}", version=spec)
+            if candidates.path is None:
+                passed = f" ({candidates.why_not()})" if candidates.passed_over else ""
                 raise HostCannotBuild(
-                    f"no Python {spec} interpreter on PATH (looked for python{spec}); install one, or install "
-                    "uv, which finds or fetches it"
+                    f"no Python {spec} interpreter on PATH that runs (looked for python{spec}{passed}); install "
+                    "one, or install uv, which finds or fetches it"
                 )
-            return found
+            return candidates.path
         found = resolve_interpreter(spec)
         if found is None:
             raise HostCannotBuild(f"interpreter {spec} is not on this host")
