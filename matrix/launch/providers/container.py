@@ -343,6 +343,17 @@ def leftover_argv(engine: str, cell_id: str | None = None) -> list[str]:
     return [engine, "ps", "--all", "--quiet", "--filter", f"label={label}"]
 
 
+def labelled_containers(engine: str) -> list[str]:
+    """Every container of this engine carrying the cell label: one line each (id, name, cell, status).
+
+    None should exist outside a running campaign: a runner's teardown and its watchdog remove them.
+    """
+    fmt = "{{.ID}} {{.Names}} cell=" + '{{.Label "' + CELL_LABEL + '"}} ({{.Status}})'
+    argv = [engine, "ps", "--all", "--filter", f"label={CELL_LABEL}", "--format", fmt]
+    code, out, _ = engine_run(argv, INSPECT_TIMEOUT_S)
+    return [line.strip() for line in out.splitlines() if line.strip()] if code == 0 else []
+
+
 def remove_cell_containers(environment: Environment, cell_id: str) -> list[str]:
     """Force-remove every container of the cell that survived teardown (best effort); their ids."""
     spec = environment.container
