@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from matrix.cli.app import App, pass_app
+from matrix.cli.runtime import _catalog, runtime
 from matrix.errors import ConfigError
 
 
@@ -50,7 +51,6 @@ def image_cmd(app: App, runtime_text: str, base: str, tag: str, as_version: str 
     """
     from matrix import __version__
     from matrix.catalog.edit import put_runtime
-    from matrix.cli.runtime import _catalog
     from matrix.db.engine import transaction
     from matrix.launch.providers import Mismatch, Unavailable, prepare
     from matrix.launch.providers.images import build_runtime_image
@@ -85,3 +85,10 @@ def image_cmd(app: App, runtime_text: str, base: str, tag: str, as_version: str 
     click.echo(f"made {tag} ({made.bytes_copied / 2**20:.0f} MiB copied; checked inside: {found})")
     selector = f"{runtime.backend}={target_version}"
     click.echo(f"runtime {runtime.backend} {target_version} runs it: `matrix run --runtime {selector}`")
+
+
+def register(cli: click.Group) -> None:
+    """Add `base-image` and `image` to the `runtime` group (registered before this)."""
+    del cli  # the commands belong to the `runtime` group, not the top level
+    runtime.add_command(base_image_cmd)
+    runtime.add_command(image_cmd)

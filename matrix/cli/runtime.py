@@ -468,9 +468,7 @@ def wheelhouse_cmd(
 
 def register(cli: click.Group) -> None:
     """Add the `runtime` group and `doctor` to the `matrix` group."""
-    from matrix.cli.images import base_image_cmd, image_cmd
-
-    for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd, caches_cmd, base_image_cmd, image_cmd):
+    for command in (provision_cmd, envs_cmd, prune_cmd, wheelhouse_cmd, caches_cmd):
         runtime.add_command(command)
     cli.add_command(runtime)
     cli.add_command(doctor_cmd)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,7 +41,7 @@ components = {{ matrix-reference = "0.1.0" }}
 [[runtime]]
 backend = "reference"
 version = "0.1.0+skew"
-provider = {{ kind = "container", image = "{image}", python = "python3", env = {{ PYTHONPATH = "/opt/matrix-reference" }} }}
+provider = {{ kind = "container", image = "{image}", python = "python3", env = {{ PYTHONPATH = "{path}" }} }}
 components = {{ matrix-reference = "0.0.9" }}
 """
 
@@ -101,7 +103,7 @@ def test_docker_errors_are_one_line_and_a_skipped_or_config_cell(
 ) -> None:
     m, tag = reference_image
     extra = m.home / "errors.toml"
-    extra.write_text(ERRORS.format(image=tag))
+    extra.write_text(ERRORS.format(image=tag, path="/opt/matrix-reference"))
     assert m.subprocess("catalog", "sync", *map(str, sorted(DATA.glob("*.toml"))), str(extra)).returncode == 0
     result = m.subprocess("run", "--runtime", "reference=0.1.0+absent", "--runtime", "reference=0.1.0+skew",
                           "--case", "reference_disaggregated", "--no-report")  # fmt: skip
@@ -109,15 +111,13 @@ def test_docker_errors_are_one_line_and_a_skipped_or_config_cell(
     absent = _row(m, "reference_disaggregated", "0.1.0+absent")
     assert absent["status"] == "skipped", absent
     message = str(absent["message"])
-    assert message.startswith("image matrix-test/absent:never is not on this host and `docker pull") and "\n" not in message
+    assert message.startswith("image matrix-test/absent:never is not on this host and `docker pull")
+    assert "\n" not in message
     skew = _row(m, "reference_disaggregated", "0.1.0+skew")
     assert (skew["status"], skew["failure_kind"]) == ("failed", "config"), skew
     assert skew["message"] == "runtime says matrix-reference 0.0.9, image has 0.1.0"
     # No daemon: the cell is skipped with the engine's reason, in one line.
     gone = {**m.env, "DOCKER_HOST": f"unix://{m.home}/no-such-docker.sock"}
-    import subprocess
-    import sys
-
     down = subprocess.run(
         [sys.executable, "-m", "matrix", "run", "--runtime", f"reference={CONTAINER_VERSION}", "--case",
          "reference_disaggregated", "--no-report"], env=gone, capture_output=True, text=True, timeout=120, check=False,
@@ -127,8 +127,9 @@ def test_docker_errors_are_one_line_and_a_skipped_or_config_cell(
     assert row["status"] == "skipped" and str(row["message"]).startswith("container engine docker is not running")
     assert "\n" not in str(row["message"])
     # `matrix runtime image` without the engine, or without its base: one line, exit 2.
-    for env, base, expected in ((gone, "matrix-base:bookworm", "error: container engine docker is not running"),
-                                (m.env, "matrix-test/no-base:never", "error: base image matrix-test/no-base:never is not on this host")):  # fmt: skip
+    cases = ((gone, "matrix-base:bookworm", "error: container engine docker is not running"),
+             (m.env, "matrix-test/no-base:never", "error: base image matrix-test/no-base:never is not on this host"))
+    for env, base, expected in cases:
         made = subprocess.run([sys.executable, "-m", "matrix", "runtime", "image", "reference=0.1.0", "--base", base,
                                "--tag", "matrix-test/never:x"], env=env, capture_output=True, text=True, timeout=120,
                               check=False)  # fmt: skip
