@@ -15,14 +15,17 @@ container cell comparable with the venv cell of the same runtime.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, Unavailable
@@ -230,14 +233,9 @@ def build_runtime_image(
         payload = _payload(runtime, environment, Path(staging))
         size = _tree_bytes(payload)
         where = ", ".join(f"/{p}" for p in payload.paths)
-        echo(f"copying {size / 2**20:.0f} MiB ({where}) into a container of {base}")
-        container = _run([engine, "create", base, "true"], what=f"{engine} create {base}", timeout=60).strip()
-        try:
-            _copy_in(engine, container, payload)
-            echo("committing the image, then checking its components inside it")
-            scratch = _run([engine, "commit", container], what=f"{engine} commit").strip()
-        finally:
-            subprocess.run([engine, "rm", "--force", container], capture_output=True, timeout=600, check=False)
+        echo(f"copying {size / 2**20:.0f} MiB ({where}) and {base} into one image layer")
+        scratch = _import_with(engine, base, payload)
+    echo("checking the components inside the image")
     try:
         found = check_image_components(engine, scratch, payload.python, payload.env, runtime.components)
         if isinstance(found, Unavailable):
@@ -261,21 +259,56 @@ def build_runtime_image(
     return RuntimeImage(tag, provider, dict(found), recipe_key, tuple(f"/{p}" for p in payload.paths), size)
 
 
-def _copy_in(engine: str, container: str, payload: Payload) -> None:
-    """Stream the payload as one tar into the container's root, at the same absolute paths."""
-    tar = shutil.which("tar")
-    if tar is None:
-        raise ConfigError("tar is not installed (it streams the environment into the image)")
-    argv = [tar, "-C", str(payload.root), "--wildcards", *(f"--exclude={e}" for e in payload.exclude)]
-    packer = subprocess.Popen([*argv, "-cf", "-", *payload.paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert packer.stdout is not None
+def _excluded(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, f"{p}/*") for p in patterns)
+
+
+def _import_with(engine: str, base: str, payload: Payload) -> str:
+    """One `docker import` of the base image's files followed by the payload's: the image's id.
+
+    One stream, written once by the daemon: copying into a container and committing it would write the
+    several GiB of an engine's environment three times (copy, commit, removal of the container).
+    """
+    container = _run([engine, "create", base, "true"], what=f"{engine} create {base}", timeout=60).strip()
     try:
-        _run([engine, "cp", "-", f"{container}:/"], what=f"{engine} cp", stdin=packer.stdout.fileno())
+        exporter = subprocess.Popen([engine, "export", container], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        importer = subprocess.Popen(
+            [engine, "import", "--change", 'CMD ["/bin/bash"]', "-"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert exporter.stdout is not None and importer.stdin is not None
+        try:
+            _stream(exporter.stdout, importer.stdin, payload)
+        except (OSError, tarfile.TarError) as exc:
+            exporter.kill()
+            importer.kill()
+            raise ImageError(f"copying into the image failed: {exc}") from None
+        finally:
+            importer.stdin.close()
+            importer.stdin = None  # closed: end of the stream (communicate would flush it)
+        out, err = importer.communicate(timeout=BUILD_TIMEOUT_S)
+        _, export_err = exporter.communicate(timeout=60)
     finally:
-        packer.stdout.close()
-        _, err = packer.communicate(timeout=BUILD_TIMEOUT_S)
-    if packer.returncode != 0:
-        raise ImageError(f"tar of the environment failed (exit {packer.returncode}): {err.decode()[-300:]}")
+        subprocess.run([engine, "rm", "--force", container], capture_output=True, timeout=120, check=False)
+    if exporter.returncode != 0:
+        raise ImageError(f"{engine} export of {base} failed: {export_err.decode(errors='replace').strip()[-300:]}")
+    if importer.returncode != 0:
+        raise ImageError(f"{engine} import failed: {err.decode(errors='replace').strip()[-300:]}")
+    return out.decode().strip()
+
+
+def _stream(source: IO[bytes], sink: IO[bytes], payload: Payload) -> None:
+    # 1 MiB copies: the 16 KiB default costs a system call per 16 KiB of several GiB.
+    with tarfile.open(fileobj=source, mode="r|") as base, tarfile.open(fileobj=sink, mode="w|") as out:
+        out.copybufsize = 1 << 20  # type: ignore[attr-defined]  # an attribute CPython's addfile reads
+        for member in base:
+            out.addfile(member, base.extractfile(member) if member.isreg() else None)
+
+        def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return None if _excluded(info.name, payload.exclude) else info
+
+        for rel in payload.paths:
+            out.add(str(payload.root / rel), arcname=rel, filter=keep)
 
 
 def _build_from_stdin(engine: str, tag: str, dockerfile: str) -> None:
