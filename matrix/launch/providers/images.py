@@ -44,7 +44,10 @@ from matrix.plan import RuntimeInfo
 Echo = Callable[[str], None]
 
 BASE_SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# Debian's Python and CA certificates, and the shared libraries engine wheels load from the system rather
+# than bundle: vLLM CPU's kernels need libnuma (without it `vllm._C` fails to import and the engine never
+# gets ready), PyTorch CPU builds libgomp.
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1", "libgomp1")
 DEFAULT_BASE_TAG = "matrix-base:bookworm"
 BUILD_TIMEOUT_S = 1800.0
 INSPECT_S = 30.0
