@@ -103,6 +103,9 @@ def put_runtime(
         row = Runtime(backend=row_backend, version=str(parsed), tag=tag_for(parsed), source="cli")
         session.add(row)
     row.channel, row.provider, row.notes, row.enabled, row.retired = channel, provider, notes, True, False
+    if row.components:
+        row.components.clear()
+        session.flush()  # the old rows go before the new ones, which have the same (runtime, name) keys
     row.components = [RuntimeComponent(name=n, version=v) for n, v in sorted(components.items())]
     session.flush()
     return row

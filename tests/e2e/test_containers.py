@@ -175,3 +175,16 @@ def test_doctor_lists_stray_labelled_containers(base_image: str, matrix: Matrix)
         assert any("cell=stray0000test" in line for line in labelled), labelled
     finally:
         docker("rm", "--force", created.stdout.strip())
+
+
+def test_making_the_image_again_updates_its_runtime(reference_image: tuple[Matrix, str], base_image: str) -> None:
+    m, tag = reference_image
+    again = m.subprocess("runtime", "image", "reference=0.1.0", "--base", base_image, "--tag", tag)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = m.sql("SELECT t.provider, t.source FROM runtime t WHERE t.version = ?", CONTAINER_VERSION)
+    assert len(rows) == 1 and rows[0][1] == "cli"
+    assert json.loads(str(rows[0][0]))["image"] == tag
+    # A catalog runtime's version is never taken over.
+    taken = m.subprocess("runtime", "image", "reference=0.1.0", "--base", base_image, "--tag", tag,
+                         "--as-version", "0.1.0")  # fmt: skip
+    assert taken.returncode == 2 and "comes from the catalog files" in taken.stderr, taken.stderr
