@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, Unavailable
 from matrix.launch.providers.container import (
@@ -39,7 +40,6 @@ from matrix.launch.providers.container import (
     engine_problem,
     engine_run,
 )
-from matrix.plan import RuntimeInfo
 
 Echo = Callable[[str], None]
 
