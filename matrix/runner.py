@@ -206,7 +206,9 @@ def _run(
             workspace=resources.workspace,
         )
         try:
-            plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
+            plan = wrap_plan(
+                environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir, model_dir=model_dir
+            )
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
@@ -366,7 +368,7 @@ def _equivalence(
         try:
             plan = wrap_plan(
                 environment, arm.aggregated_plan(replace(context, ports=ports)), case=context.case,
-                runtime=context.runtime, workspace=context.work_dir,
+                runtime=context.runtime, workspace=context.work_dir, model_dir=context.model_dir,
             )  # fmt: skip
         except MatrixError as exc:
             return as_error(pair, "config", f"aggregated instance: {exc}")
