@@ -19,7 +19,7 @@ from packaging.version import Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import Backend, Runtime, RuntimeComponent
+from matrix.db.models import Runtime, RuntimeComponent
 from matrix.discover import default_index_url, fetch_project, versions_on_index
 from matrix.errors import ConfigError
 from matrix.versions import parse_version, tag_for
@@ -141,28 +141,33 @@ def index_versions(component: str, good: str, bad: str, index_url: str | None) -
 
 
 def make_variants(session: Session, base: Runtime, component: str, versions: list[Version]) -> list[Runtime]:
-    """The derived runtimes of `base` for each version (existing rows reused: a resumed bisect finds them)."""
-    backend: Backend = base.backend
+    """The derived runtimes of `base` for each version (existing rows reused: a resumed bisect finds them),
+    each made through the component's source (`matrix.variants`). The base's own version is the base
+    recipe itself under a variant's name, so it reuses the base's environment."""
+    from matrix.variants import derive_runtime
+
     rows = []
     for version in versions:
-        name = variant_version(base.version, component, str(version))
-        row = session.scalar(select(Runtime).where(Runtime.backend_id == backend.id, Runtime.version == name))
-        if row is None:
-            provider = pin_component(dict(base.provider), component, str(version), f"runtime {base.label}")
-            pinned = find_pin(dict(base.provider), component)
-            assert pinned is not None  # pin_component raised otherwise
-            components = {c.name: c.version for c in base.components}
-            for key in list(components):
-                if canonicalize_name(key) in pinned.names:
-                    components[key] = str(version)
-            components.setdefault(component, str(version))
-            row = Runtime(
-                backend=backend, version=name, tag=tag_for(parse_version(name)), channel=base.channel,
-                provider=provider, notes=f"{base.label} with {component}=={version} (matrix bisect --component)",
-                source=DERIVED, enabled=True, retired=False,
-                components=[RuntimeComponent(name=n, version=v) for n, v in sorted(components.items())],
-            )  # fmt: skip
-            session.add(row)
-            session.flush()
-        rows.append(row)
+        if base.provider.get("kind") == "venv" and {c.name: c.version for c in base.components}.get(
+            component
+        ) == str(version):
+            rows.append(_same_as_base(session, base, component, str(version)))
+            continue
+        rows.append(derive_runtime(session, base, {component: str(version)}, how="matrix bisect --component"))
     return rows
+
+
+def _same_as_base(session: Session, base: Runtime, component: str, version: str) -> Runtime:
+    """A probe at the base's own component version: the base recipe under the variant's name."""
+    name = variant_version(base.version, component, version)
+    row = session.scalar(select(Runtime).where(Runtime.backend_id == base.backend_id, Runtime.version == name))
+    if row is None:
+        row = Runtime(
+            backend=base.backend, version=name, tag=tag_for(parse_version(name)), channel=base.channel,
+            provider=dict(base.provider), notes=f"{base.label}: its own {component} {version} (bisect --component)",
+            source=DERIVED, enabled=True, retired=False,
+            components=[RuntimeComponent(name=c.name, version=c.version) for c in base.components],
+        )  # fmt: skip
+        session.add(row)
+        session.flush()
+    return row
