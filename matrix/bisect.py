@@ -173,9 +173,8 @@ def _component_cells(
     """(backend, one cell per released version of the component under the fixed base runtime, ordered by the
     component's version; bad's index; the base runtime's version)."""
     from matrix.bisect_component import index_versions, make_variants
-    from matrix.component_sources import index_project
+    from matrix.component_sources import derive, index_project
     from matrix.db.models import Runtime
-    from matrix.variants import derive
 
     selection = Selection(cases=(case,), backends=(backend,) if backend else (), strict_markers=False)
     cells = list(plan_from_db(session, selection).cells)

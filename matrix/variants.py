@@ -13,120 +13,17 @@ when named) and by a catalog entry naming `base` and `with` (an ordinary catalog
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from packaging.utils import canonicalize_name
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.component_sources import SOURCES, Bundled, PipPins, WheelMember, source_for
+from matrix.component_sources import derive
 from matrix.errors import ConfigError
 from matrix.versions import parse_version, tag_for
 
 DERIVED = "derived"
-
-
-@dataclass(frozen=True)
-class Derived:
-    """A variant's recipe, components and version, computed from its base."""
-
-    version: str
-    provider: dict[str, Any]
-    components: dict[str, str]
-    notes: str
-
-
-def parse_changes(values: tuple[str, ...] | list[str], option: str = "--with") -> dict[str, str]:
-    """`("vllm-rs=0.30.0", ...)` -> {"vllm-rs": "0.30.0"}; `ConfigError` naming the bad entry."""
-    changes: dict[str, str] = {}
-    for value in values:
-        name, sep, version = value.partition("=")
-        if not sep or not name.strip() or not version.strip():
-            raise ConfigError(f"{option} {value!r}: write COMPONENT=VERSION, e.g. {option} vllm-rs=0.30.0")
-        try:
-            changes[str(canonicalize_name(name.strip()))] = str(parse_version(version.strip()))
-        except ConfigError as exc:
-            raise ConfigError(f"{option} {value!r}: {exc}") from None
-    return changes
-
-
-def variant_label(base: str, changes: Mapping[str, str]) -> str:
-    """`0.29.0` + {vllm-rs: 0.30.0} -> `0.29.0+vllm.rs.0.30.0` (appended to a local label the base has)."""
-    version = base
-    for component, value in sorted(changes.items()):
-        label = "".join(ch if ch.isalnum() else "." for ch in f"{canonicalize_name(component)}.{value}".lower())
-        label = ".".join(part for part in label.split(".") if part)
-        version = str(parse_version(f"{version}{'.' if '+' in version else '+'}{label}"))
-    return version
-
-
-def _known(backend: str) -> str:
-    names = sorted(SOURCES.get(backend, {}))
-    return ", ".join(names) if names else "none"
-
-
-def _swap_member(provider: dict[str, Any], source: WheelMember, version: str, where: str) -> dict[str, Any]:
-    """The recipe with the step that provides the member reading it from `project==version`."""
-    steps = list(provider.get("steps", []))
-    for index, step in enumerate(steps):
-        if isinstance(step, Mapping) and (step.get("member") == source.member or step.get("expose") == source.member):
-            steps[index] = {"extract": source.requirement(version), "member": source.member}
-            return {**provider, "steps": steps}
-    raise ConfigError(
-        f"{where}: its recipe has no step that provides {source.member} (an extract or expose step), so its "
-        f"{source.member.rsplit('/', 1)[-1]} cannot be swapped"
-    )
-
-
-def derive(
-    backend: str, version: str, provider: Mapping[str, Any], components: Mapping[str, str],
-    changes: Mapping[str, str], where: str,
-) -> Derived:  # fmt: skip
-    """The variant of a runtime with `changes` ({component: version}); `ConfigError` naming the reason when
-    a component cannot be changed on this backend or in this recipe."""
-    from matrix.bisect_component import find_pin, pin_component
-
-    if not changes:
-        raise ConfigError(f"{where}: no component to change; give COMPONENT=VERSION")
-    if provider.get("kind") != "venv":
-        raise ConfigError(
-            f"{where}: its provider is {provider.get('kind')!r}; a variant is built from a venv recipe, whose "
-            "steps say where each component comes from"
-        )
-    new_provider: dict[str, Any] = copy.deepcopy(dict(provider))
-    new_components = dict(components)
-    what: list[str] = []
-    for component, value in sorted(changes.items()):
-        source = source_for(backend, component)
-        if isinstance(source, Bundled):
-            raise ConfigError(
-                f"{where}: {component} ships {source.describe()}: it has no source of its own on backend "
-                f"{backend}; vary {source.project} instead (a runtime of another {source.project} version)"
-            )
-        if isinstance(source, WheelMember):
-            new_provider = _swap_member(new_provider, source, value, where)
-            new_components[component] = value
-            what.append(f"{component} {value} from {source.requirement(value)}")
-            continue
-        pinned = find_pin(new_provider, component)
-        if pinned is None:
-            how = f"its source on {backend} is {source.describe()}" if isinstance(source, PipPins) else (
-                f"backend {backend} has no source for {component} (component sources: {_known(backend)})"
-            )  # fmt: skip
-            raise ConfigError(f"{where}: cannot change {component}: {how}, and its recipe pins no {component}==V")
-        new_provider = pin_component(new_provider, component, value, where)
-        for key in list(new_components):
-            if canonicalize_name(key) in pinned.names:
-                new_components[key] = value
-        new_components[component] = value
-        what.append(f"{component}=={value}")
-    if new_provider == dict(provider) and all(components.get(c) == v for c, v in changes.items()):
-        raise ConfigError(f"{where}: already has {', '.join(f'{c} {v}' for c, v in sorted(changes.items()))}")
-    label = variant_label(version, changes)
-    return Derived(label, new_provider, new_components, f"{backend} {version} with {', '.join(what)}")
 
 
 def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, how: str) -> Any:
@@ -195,7 +92,7 @@ def derive_selection(session: Session, selection: Any, changes: Mapping[str, str
     if not runtimes:
         raise ConfigError("--with: the selection plans no cell, so there is no runtime to vary")
     named = []
-    for backend, version, runtime_id in runtimes:
+    for backend, _version, runtime_id in runtimes:
         base = session.get(Runtime, runtime_id)
         assert base is not None
         try:

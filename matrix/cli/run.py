@@ -200,8 +200,9 @@ def run_cmd(
 
 def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:
     """--with: derive (or find) the variants of the selected runtimes in one transaction, select those."""
+    from matrix.component_sources import parse_changes
     from matrix.db.engine import transaction
-    from matrix.variants import derive_selection, parse_changes
+    from matrix.variants import derive_selection
 
     if continuing:
         raise click.UsageError("--with starts a new campaign of variants; drop --resume/--join")

@@ -369,7 +369,8 @@ def runtime_derive(session: Session, base: str, changes: tuple[str, ...]) -> Non
     Its version says what changed (0.29.0+vllm.rs.0.30.0); its environment is made from the base's
     (hard links plus the differing steps) when the base is built. Run it with --runtime.
     """
-    from matrix.variants import derive_named, parse_changes
+    from matrix.component_sources import parse_changes
+    from matrix.variants import derive_named
 
     row = derive_named(session, base, parse_changes(changes))
     click.echo(f"runtime {row.backend.name} {row.version}: {row.notes}")
