@@ -383,8 +383,8 @@ def held_equal_sides(
     names = sorted({n for r in (*side_a.runtimes, *side_b.runtimes) for n in r.components if n != component})
     differ = []
     for name in names:
-        va = sorted({str(r.components.get(name, "-")) for r in side_a.runtimes})
-        vb = sorted({str(r.components.get(name, "-")) for r in side_b.runtimes})
+        va = sorted({str(r.components[name]) for r in side_a.runtimes if name in r.components}, key=parse_version)
+        vb = sorted({str(r.components[name]) for r in side_b.runtimes if name in r.components}, key=parse_version)
         if va != vb:
             differ.append(f"{name} {'/'.join(va)} vs {'/'.join(vb)}")
     return side_a, side_b, Holding(component, also_differ=tuple(differ))
