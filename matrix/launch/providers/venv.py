@@ -831,8 +831,11 @@ def _from_base(
     runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource | None, stop: StopCheck
 ) -> dict[str, Any] | None:
     """A variant made from a base environment that differs in file steps only (`variant.py`), else None.
-    Never from a wheelhouse: an offline build installs exactly its lock."""
+    Never from a wheelhouse: an offline build installs exactly its lock; never with
+    MATRIX_VARIANTS_FROM_BASE=off (a full build, e.g. to measure one against the other)."""
     if source is not None and (source.offline or source.find_links):
+        return None
+    if os.environ.get("MATRIX_VARIANTS_FROM_BASE", "").lower() in ("0", "off", "no"):
         return None
     from matrix.launch.providers.variant import build_from_base
 
