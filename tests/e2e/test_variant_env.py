@@ -102,3 +102,15 @@ def test_a_variant_build_killed_midway_leaves_only_a_temporary_directory_the_nex
     assert not stale.exists() and _tool(variant.path).startswith("mtool 5.0.1")
     assert json.loads((variant.path / "env.json").read_text())["tool"] == "variant"
     assert _tool(base.path).startswith("mtool 2.0.1")
+
+
+def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_downloaded(wheels: Path) -> None:
+    provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    # Another engine version whose recipe extracts othertool 4.0's tool: built from scratch (its pip step differs).
+    donor = provision_target(_runtime("4.0", "2.0", pkg="mtoolpkg"), echo=lambda _line: None)
+    variant = provision_target(_runtime("4.0", "1.0+othertool.4.0"), echo=lambda _line: None)
+    assert os.stat(variant.path / "bin" / "mtool").st_ino == os.stat(donor.path / "bin" / "mtool").st_ino
+    log = (variant.path / "provision.log").read_text()
+    assert f"hard-linked from environment {donor.path.name}" in log
+    assert "pip download" not in log.split("made from")[-1]
+    assert _tool(variant.path).startswith("mtool 4.0.1")

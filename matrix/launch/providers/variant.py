@@ -9,8 +9,9 @@ are asked again from the environment itself (`vllm-rs --version`), as after a fu
 
 Hard links share inodes with the base, so nothing here ever writes into a copied file: a file that
 changes is unlinked and written anew (relocated scripts, env.json, the log; `extract` writes a fresh file
-as it does in a full build). Byte code stays the base's: its recorded source paths name the base's files,
-which are the very same files.
+as it does in a full build; a file another environment here already took from the very same wheel is
+hard-linked from there instead of downloading the wheel again). Byte code stays the base's: its
+recorded source paths name the base's files, which are the very same files.
 
 The guarantees of the venv provider hold: the copy is made under the variant's own build lock in a
 `.tmp-` directory renamed into place in one `rename(2)` (a SIGKILL leaves only a temporary directory,
@@ -186,7 +187,41 @@ class _VariantBuild:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise _NoBase(f"cannot hard-link {self.base.path.name}: {done.stderr.strip()}")
 
+    def donor(self, step: ExtractStep) -> Path | None:
+        """The file this very step already put into another complete environment here (e.g. the vllm-rs of
+        vllm==0.30.0 in the 0.30.0 runtime's environment), when no later step of that recipe renamed over it."""
+        name = PurePosixPath(step.member).name
+        wanted = step.canonical()
+        for path in sorted(self.target.root.iterdir()):
+            if path.name.startswith(".") or path in (self.tmp, self.target.path):
+                continue
+            info = read_info(path)
+            steps = info.get("recipe", {}).get("steps") if info else None
+            if not isinstance(steps, list) or wanted not in steps:
+                continue
+            later = steps[steps.index(wanted) + 1 :]
+            if any(
+                _is_file_step(s) and PurePosixPath(str(s.get("member") or s.get("expose"))).name == name for s in later
+            ):
+                continue
+            candidate = path / "bin" / name
+            if candidate.is_file() and not candidate.is_symlink():
+                return candidate
+        return None
+
     def extract(self, step: ExtractStep) -> None:
+        target = self.tmp / "bin" / PurePosixPath(step.member).name
+        donor = self.donor(step)
+        if donor is not None:
+            target.unlink(missing_ok=True)
+            try:
+                os.link(donor, target)  # the same bytes, no copy; nothing ever writes through it
+            except OSError:
+                pass  # removed meanwhile, or another file system: take it from the wheel
+            else:
+                self.note(f"extract: bin/{target.name} hard-linked from environment {donor.parents[1].name} "
+                          f"(the same step {step.describe()})")  # fmt: skip
+                return
         download = self.tmp / ".download"
         download.mkdir()
         try:
@@ -200,7 +235,6 @@ class _VariantBuild:
                     data = archive.read(step.member)
                 except KeyError:
                     raise ProvisionError(f"extract: {wheels[0].name} has no member {step.member}") from None
-            target = self.tmp / "bin" / PurePosixPath(step.member).name
             _unlinked_write(target, data)
             target.chmod(0o755)
             self.note(f"extract: bin/{target.name} from {wheels[0].name} ({len(data)} bytes)")
