@@ -188,7 +188,7 @@ def test_the_sidecar_cell_on_a_variant_with_another_releases_vllm_rs(campaign: V
         # handshake passes, no range(float)) whatever happens next. Seen on a 2-core host on 2026-12-01:
         # decode's worker then died at its first NIXL read (exit -4), as it did on 0.30.0's own pair that
         # day, so the rest is not the variant's doing (docs/results/vllm-rs-variants.md); asserted as found.
-        assert not row["expected_failure"] and not (row["status"] == "passed") == bool(_failed_checks(row))
+        assert not row["expected_failure"] and (row["status"] == "passed") != bool(_failed_checks(row))
         assert "NIXL compatibility check passed" in decode
         assert "TypeError: 'float' object cannot be interpreted as an integer" not in decode
     compare = m.subprocess("compare", "--component", "vllm-rs", version, rs)
