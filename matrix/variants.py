@@ -84,8 +84,8 @@ def derive_selection(session: Session, selection: Any, changes: Mapping[str, str
     missing). `ConfigError` naming the first runtime that cannot vary and why, before anything runs."""
     from dataclasses import replace
 
+    from matrix.catalog.queries import plan_from_db
     from matrix.db.models import Runtime
-    from matrix.plan import plan_from_db
 
     planned = plan_from_db(session, selection).cells
     runtimes = sorted({(c.runtime.backend, c.runtime.version, c.runtime.id) for c in planned})

@@ -51,12 +51,12 @@ def main() -> None:
     os.environ["MATRIX_HOME"] = str(args.data_dir)
 
     from matrix.catalog.load import default_catalog_files, load_catalog
+    from matrix.catalog.queries import load_catalog_view
     from matrix.catalog.sync import sync_catalog
     from matrix.component_sources import parse_changes
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
     from matrix.launch.providers.venv import complete_info, provision_target, remove_tree, resolve_target
-    from matrix.plan import load_catalog_view
     from matrix.variants import derive_named
     from tests.bench.results import append_section
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers.buildprocs import never
 from matrix.launch.providers.variant import build_from_base, find_base
 from matrix.launch.providers.venv import TMP_PREFIX, locked, provision_target, resolve_target
-from matrix.plan import RuntimeInfo
 from tests.e2e.test_recipe_steps import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import MatrixError
 from matrix.launch.providers.buildprocs import StopCheck, run_command
 from matrix.launch.providers.components import ProbeError, detect, mismatches
@@ -48,7 +49,6 @@ from matrix.launch.providers.venv import (
     locked,
     read_info,
 )
-from matrix.plan import RuntimeInfo
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is
 # made from the base's environment.
