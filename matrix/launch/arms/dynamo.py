@@ -18,13 +18,15 @@ from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url, tiny_fraction
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
+from matrix.launch.arms.sidecar import AGGREGATED_ROLE
 from matrix.launch.arms.vllm_sidecar import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     decode_metrics,
     scratch_env,
     vllm_sidecar_processes,
 )
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
+from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 from matrix.launch.options import KV_FLAGS, kv_arg
 from matrix.plan import CaseInfo
 
@@ -91,8 +93,9 @@ def _response_stream_host(case: CaseInfo) -> str:
 
 
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
-    """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
-    return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
+    """Two workers for a disaggregated case; one for an aggregated twin or control (which must fail the
+    distinct-workers check)."""
+    return (AGGREGATED_ROLE,) if case.launch.get("aggregated") else ("prefill", "decode")
 
 
 def _script_text(ctx: LaunchContext) -> str | None:
@@ -169,6 +172,7 @@ class DynamoArm:
             env=env,
         )
         metrics: tuple[MetricsCheck, ...] = ()
+        lifecycle: LifecycleSpec | None = None
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
         script = _script_text(ctx)
         ready = frontend_probes(frontend_port)
@@ -181,12 +185,17 @@ class DynamoArm:
             wanted = tuple(".generate" for _ in _worker_roles(ctx.case))
             ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
         elif script is None and engine == "vllm":
-            workers = vllm_sidecar_processes(ctx, env)
-            metrics = (decode_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = vllm_sidecar_processes(ctx, env, roles)
+            # The aggregated twin moves no KV, so it has no transfer counter to watch.
+            metrics = () if ctx.case.launch.get("aggregated") else (decode_metrics(ctx),)
+            lifecycle = vllm_lifecycle(ctx, roles)
             scratch += scratch_env(ctx).values()
         elif script is None and engine == "sglang":
-            workers = sglang_sidecar_processes(ctx, env)
-            metrics = (sglang_server.kv_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = sglang_sidecar_processes(ctx, env, roles)
+            metrics = () if ctx.case.launch.get("aggregated") else (sglang_server.kv_metrics(ctx),)
+            lifecycle = LifecycleSpec(str(ctx.work_dir))  # the streaming twin; SGLang's gauges are not wired yet
             scratch += sglang_server.scratch_env(ctx).values()
         else:
             workers = (self._script(ctx, engine, env, script),)
@@ -201,6 +210,7 @@ class DynamoArm:
             gpu_ids=ctx.gpu_ids,
             metrics_checks=metrics,
             scratch_dirs=tuple(scratch),
+            lifecycle=lifecycle,
         )
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:

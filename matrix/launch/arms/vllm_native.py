@@ -25,7 +25,7 @@ from matrix.launch.arms.base import (
     served_plan,
     tiny_fraction,
 )  # fmt: skip
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
 from matrix.plan import CaseInfo
 
@@ -160,4 +160,17 @@ class VllmNativeArm:
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
             scratch_dirs=tuple(scratch.values()),
             oracle=oracle_spec(ctx, proxy_port),
+            lifecycle=self.lifecycle(ctx),
+        )
+
+    def lifecycle(self, ctx: LaunchContext) -> LifecycleSpec:
+        """Streaming through the proxy; the cancel check on both instances' gauges; the orphaned decode sent
+        straight to the decode instance, which takes `kv_transfer_params` on its public OpenAI API."""
+        engines = tuple(EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics")) for role in ROLES)
+        max_len = int(ctx.case.launch.get("max_model_len", 512))
+        return LifecycleSpec(
+            str(ctx.work_dir),
+            engines=engines,
+            orphan_url=loopback_url(ctx.ports["decode_http"], "/v1/chat/completions"),
+            cancel_max_tokens=max(16, min(1024, max_len - 128)),
         )
