@@ -40,6 +40,9 @@ from matrix.check.validate import CheckFailure, validate_chat_response
 CANCEL = "cancel_recovers"
 ORPHAN = "orphan_decode_released"
 POLL_S = 0.25
+# Checks of the primary request that say how it was served, not whether: an aggregated twin fails the
+# first by design, a recompute control the second. Any other failure skips the cancel and orphan checks.
+TOPOLOGY_CHECKS = frozenset({"worker_ids_distinct", "kv_transfer"})
 # KV usage is a fraction of the cache (vLLM: 0..1); below this it is the same level.
 KV_TOLERANCE = 1e-6
 # How long the orphaned decode is left waiting before it is dropped (the engine may end it by itself).
@@ -124,7 +127,8 @@ class Evidence:
     skipped: str | None = None
 
     def write(self, record_dir: str) -> None:
-        document = {"check": self.check, "bound_s": self.bound_s, "passed": self.failure is None, **self.facts,
+        passed = None if self.skipped else self.failure is None
+        document = {"check": self.check, "bound_s": self.bound_s, "passed": passed, **self.facts,
                     "failure": self.failure, "skipped": self.skipped,
                     "before": self.before, "during": self.during, "after": self.after}  # fmt: skip
         with contextlib.suppress(OSError):  # evidence only: a write error is not a check failure
@@ -253,8 +257,12 @@ def _dead_port() -> Iterator[int]:
         sock.close()
 
 
-def orphan_payload(request: RequestSpec, dead_port: int) -> dict[str, object]:
+def orphan_payload(request: RequestSpec, dead_port: int, protocol: str = "vllm") -> dict[str, object]:
     """A decode-only request whose KV is promised by a prefill engine that does not exist."""
+    if protocol == "reference":
+        handle = f"matrix-orphan-{uuid.uuid4().hex[:12]}"
+        kv = {"host": "127.0.0.1", "port": dead_port, "handle": handle, "num_blocks": 4, "checksum": "0" * 64}
+        return {"request_id": handle, "kv": kv, "max_tokens": 16, "stream": True}
     payload = build_payload(replace(request, max_tokens=16), stream=True)
     payload.pop("nvext", None)
     payload["kv_transfer_params"] = {
@@ -290,8 +298,8 @@ def _orphan(
     if not decode:
         return "no decode engine gauges to judge the orphaned decode by"
     with _dead_port() as port, loopback_client(request.timeout_s) as client:
-        payload = orphan_payload(request, port)
-        evidence.facts["kv_transfer_params"] = payload["kv_transfer_params"]
+        payload = orphan_payload(request, port, spec.orphan_protocol)
+        evidence.facts["request"] = payload
         evidence.before = read_gauges(decode, client)
         unreadable = [f"{role}: {r}" for role, r in evidence.before.items() if isinstance(r, str)]
         if unreadable:
@@ -328,6 +336,14 @@ def run_lifecycle(
         result = stream_check(request, Path(spec.record_dir))
         failures += result.failures
         ttft_s = result.ttft_s
+    unserved = [f.name for f in primary if f.name not in TOPOLOGY_CHECKS]
+    if unserved:
+        # An engine that could not serve the first request has nothing to recover to: judging its cancel
+        # would blame these checks on a failure the primary request already names.
+        reason = f"the primary request failed {', '.join(dict.fromkeys(unserved))}: nothing to recover to"
+        for name in (CANCEL, ORPHAN):
+            Evidence(name, spec.bound_s, skipped=reason).write(spec.record_dir)
+        return failures, ttft_s
     if spec.engines:
         failures += cancel_recovers(spec, request, primary)
     if spec.engines or spec.orphan_skip:

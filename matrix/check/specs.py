@@ -86,6 +86,9 @@ class LifecycleSpec:
     engines: tuple[EngineGauges, ...] = ()
     orphan_url: str | None = None
     orphan_skip: str | None = None
+    # How the orphaned decode is asked: "vllm" (`kv_transfer_params` on the OpenAI API) or "reference"
+    # (the reference worker's `/decode` with a `kv` object).
+    orphan_protocol: str = "vllm"
     bound_s: float = 30.0
     # The dropped stream: read this many chunks, asking for this many tokens (bounded by max_model_len).
     cancel_chunks: int = 3

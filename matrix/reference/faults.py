@@ -37,6 +37,10 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
     "kv-corrupt-after-checksum": "the decode worker inverts the last KV block it pulled after the transfer's "
     "checksum passed: every check but equivalent_to_aggregated passes (the aggregated worker moves no KV)",
+    "leak-on-cancel": "the decode worker keeps a streamed request's KV blocks when its client goes away: "
+    "cancel_recovers fails (KV usage never returns to its level before the request)",
+    "hold-orphan-decode": "the decode worker keeps the slot and blocks of a decode whose KV never arrived for the "
+    "KV TTL instead of releasing it: orphan_decode_released fails",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -58,6 +62,8 @@ DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",
     "ignore-sigterm",
     "kv-corrupt-after-checksum",
+    "leak-on-cancel",
+    "hold-orphan-decode",
 }
 # The aggregated worker (prefill and decode in one, the oracle's baseline) fails to start like the others.
 AGGREGATED_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"ignore-sigterm"}
