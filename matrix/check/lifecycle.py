@@ -193,7 +193,9 @@ def _read_chunks(response: Any, chunks: int, hold_s: float | None) -> _Drop:
 def cancel_recovers(spec: LifecycleSpec, request: RequestSpec, primary: tuple[CheckFailure, ...]) -> list[CheckFailure]:
     """Drop a stream mid-generation; the engines must free it within the bound, then serve correctly."""
     evidence = Evidence(CANCEL, spec.bound_s)
+    started = time.monotonic()
     failure = _cancel(spec, request, primary, evidence)
+    evidence.facts["check_s"] = round(time.monotonic() - started, 3)  # what the check adds to the cell
     evidence.failure = failure
     evidence.write(spec.record_dir)
     return [] if failure is None else [CheckFailure(CANCEL, failure)]
@@ -286,7 +288,9 @@ def orphan_decode_released(spec: LifecycleSpec, request: RequestSpec) -> list[Ch
         evidence.write(spec.record_dir)
         return []
     decode = tuple(e for e in spec.engines if e.role == "decode")
+    started = time.monotonic()
     failure = _orphan(spec, spec.orphan_url, request, decode, evidence)
+    evidence.facts["check_s"] = round(time.monotonic() - started, 3)
     evidence.failure = failure
     evidence.write(spec.record_dir)
     return [] if failure is None else [CheckFailure(ORPHAN, failure)]
