@@ -167,15 +167,19 @@ def _stream_open(client: httpx.Client, url: str, payload: dict[str, object], tim
         yield response
 
 
-def _read_chunks(response: Any, chunks: int, hold_s: float | None) -> _Drop:
-    """Read data events until `chunks` carried text, the stream ended, or `hold_s` passed (orphan)."""
+def _read_chunks(response: Any, lines: Iterator[str], chunks: int, hold_s: float | None) -> _Drop:
+    """Read data events until `chunks` carried text, the stream ended, or `hold_s` passed (orphan).
+
+    `lines` is the caller's iterator over the body and must stay referenced until the drop: closing it
+    (as a loop over a temporary one does on return) closes the connection, before the gauges are read.
+    """
     drop = _Drop(status_code=response.status_code)
     if response.status_code != 200:
         drop.body_excerpt = response.read()[:300].decode("utf-8", "replace")
         drop.ended = True
         return drop
     started = time.monotonic()
-    for line in response.iter_lines():
+    for line in lines:
         if line.strip() == "data: [DONE]":
             drop.ended = True
             break
@@ -213,7 +217,8 @@ def _cancel(
             return f"cannot read the engines' gauges before the request: {'; '.join(unreadable)}"
         try:
             with _stream_open(client, request.url, payload, request.timeout_s) as response:
-                drop = _read_chunks(response, spec.cancel_chunks, None)
+                lines = response.iter_lines()
+                drop = _read_chunks(response, lines, spec.cancel_chunks, None)
                 # Read while the request is still open: the evidence that it was in flight when dropped.
                 evidence.during = read_gauges(spec.engines, client)
         except httpx.HTTPError as exc:
@@ -311,7 +316,8 @@ def _orphan(
         started = time.monotonic()
         try:
             with _stream_open(client, url, payload, request.timeout_s) as response:
-                drop = _read_chunks(response, 0, ORPHAN_HOLD_S)
+                lines = response.iter_lines()
+                drop = _read_chunks(response, lines, 0, ORPHAN_HOLD_S)
                 evidence.during = read_gauges(decode, client)
         except httpx.TimeoutException:
             # No byte in the whole request timeout: the engine held it silently; dropped now.
