@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -160,8 +161,15 @@ class _Drop:
     body_excerpt: str = ""
 
 
+def _gauges_now(engines: tuple[EngineGauges, ...]) -> dict[str, Reading]:
+    with loopback_client(5.0) as client:
+        return read_gauges(engines, client)
+
+
 @contextmanager
-def _stream_open(client: httpx.Client, url: str, payload: dict[str, object], timeout_s: float) -> Iterator[Any]:
+def _stream_open(
+    client: httpx.Client, url: str, payload: dict[str, object], timeout_s: float | httpx.Timeout
+) -> Iterator[Any]:
     with client.stream("POST", url, json=payload, timeout=timeout_s,
                        headers={"Accept": "text/event-stream", "Accept-Encoding": "identity"}) as response:  # fmt: skip
         yield response
@@ -314,17 +322,27 @@ def _orphan(
         if unreadable:
             return f"cannot read decode's gauges before the request: {'; '.join(unreadable)}"
         started = time.monotonic()
+        # A decode waiting for KV may send nothing at all: reading is limited to the hold (a read timeout
+        # then closes the connection, which is the drop), and the gauges are read on the side just before.
+        during = threading.Timer(ORPHAN_HOLD_S * 0.8, lambda: evidence.during.update(_gauges_now(decode)))
+        during.start()
+        drop = _Drop()
         try:
-            with _stream_open(client, url, payload, request.timeout_s) as response:
-                lines = response.iter_lines()
-                drop = _read_chunks(response, lines, 0, ORPHAN_HOLD_S)
-                evidence.during = read_gauges(decode, client)
+            timeout = httpx.Timeout(request.timeout_s, read=ORPHAN_HOLD_S)
+            with _stream_open(client, url, payload, timeout) as response:
+                drop = _read_chunks(response, response.iter_lines(), 0, ORPHAN_HOLD_S)
         except httpx.TimeoutException:
-            # No byte in the whole request timeout: the engine held it silently; dropped now.
-            drop = _Drop(error="no answer within the request timeout")
+            drop.error = f"no byte for {ORPHAN_HOLD_S:g} s: the decode waited silently; dropped"
         except httpx.HTTPError as exc:
+            during.cancel()
             return f"the orphaned decode request failed: {type(exc).__name__}: {exc}"
         dropped = time.monotonic()
+        if drop.ended:  # the engine ended it by itself (an error or a recomputed answer): read them now
+            during.cancel()
+            during.join()
+            evidence.during = read_gauges(decode, client)
+        else:
+            during.join()
         evidence.facts |= {"status_code": drop.status_code, "chunks_read": drop.chunks,
                            "ended_by_engine": drop.ended, "held_s_before_drop": round(dropped - started, 3),
                            "answer_excerpt": drop.body_excerpt, "error": drop.error}  # fmt: skip
