@@ -34,9 +34,9 @@ import httpx
 
 from matrix.check.client import build_payload, send_chat
 from matrix.check.http import loopback_client
-from matrix.check.specs import EngineGauges, LifecycleSpec, RequestSpec
+from matrix.check.specs import CheckFailure, EngineGauges, LifecycleSpec, RequestSpec
 from matrix.check.streaming import stream_check
-from matrix.check.validate import CheckFailure, validate_chat_response
+from matrix.check.validate import validate_chat_response
 
 CANCEL = "cancel_recovers"
 ORPHAN = "orphan_decode_released"

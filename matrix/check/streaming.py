@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.check.client import send_chat
-from matrix.check.specs import RequestSpec
-from matrix.check.validate import CheckFailure, Validation, validate_chat_response
+from matrix.check.specs import CheckFailure, RequestSpec
+from matrix.check.validate import Validation, validate_chat_response
 
 CHECK_NAME = "stream"
 EVIDENCE_FILE = "stream.json"

@@ -42,6 +42,7 @@ from typing import IO, Any
 
 from packaging.utils import canonicalize_name
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
 from matrix.launch.providers.buildprocs import BuildInterrupted, StopCheck, never, run_command, sweep_orphans
@@ -71,7 +72,6 @@ from matrix.launch.providers.wheelhouse import (
 )
 from matrix.launch.providers.wheeltarget import this_host
 from matrix.paths import data_dir
-from matrix.plan import RuntimeInfo
 
 Echo = Callable[[str], None]
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.recipe import (
     ExtractStep,
@@ -40,7 +41,6 @@ from matrix.launch.providers.recipe import (
 )
 from matrix.launch.providers.wheelhouse import CHUNK, LockedFile, LockedStep, RuntimeLock, file_sha256
 from matrix.launch.providers.wheeltarget import WheelTarget
-from matrix.plan import RuntimeInfo
 
 Echo = Callable[[str], None]
 RESOLVE_TIMEOUT_S = 900.0
