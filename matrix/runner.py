@@ -182,6 +182,8 @@ def _run(
         )
         try:
             plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
+            if case.launch.get("lifecycle", True) is False:  # a timing study: only the primary request
+                plan = replace(plan, lifecycle=None)
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:

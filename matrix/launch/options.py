@@ -67,11 +67,12 @@ RESTATING_MARKERS: dict[str, KvUnit] = {
     "requested_trtllm_kv_tokens": "tokens",
 }
 
-# Launch keys every arm may carry: read by the runner (model_dir, expect_failed_checks, equivalence), the
+# Launch keys every arm may carry: read by the runner (model_dir, expect_failed_checks, equivalence,
+# lifecycle: `false` leaves out the streaming, cancel and orphan checks, for timing studies), the
 # scheduler (exclusive_startup) and the container provider (shm_gib, engine). `equivalence` on an arm without
 # an aggregated plan is refused by `catalog sync` with that reason.
 COMMON_LAUNCH_KEYS = frozenset(
-    {"model_dir", "expect_failed_checks", "shm_gib", "engine", "equivalence", "exclusive_startup"}
+    {"model_dir", "expect_failed_checks", "shm_gib", "engine", "equivalence", "exclusive_startup", "lifecycle"}
 )
 _SGLANG_SERVER_KEYS = frozenset({
     "max_model_len", "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
