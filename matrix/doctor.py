@@ -25,7 +25,7 @@ from matrix.errors import MatrixError
 from matrix.hardware.gpus import GIB, inventory
 from matrix.launch import caches
 from matrix.launch.arms import get_arm
-from matrix.launch.providers import Mismatch, NotProvisioned, Unavailable, prepare
+from matrix.launch.providers import Mismatch, NotProvisioned, ProvisionFailed, Unavailable, prepare
 from matrix.launch.providers.container import default_engine, engine_problem
 from matrix.launch.providers.recipe import CONTAINER_ENGINES
 from matrix.launch.providers.venv import envs_dir, uv_path
@@ -68,7 +68,7 @@ class RuntimeReadiness:
 
     runtime: str
     provider: str
-    status: str  # ready | not provisioned | unavailable | mismatch | disabled
+    status: str  # ready | not provisioned | build failed | unavailable | mismatch | disabled
     runnable: str  # yes | partly | no
     cells: int
     runnable_cells: int
@@ -234,6 +234,8 @@ def runtime_readiness(
         components: dict[str, str] = {}
         if isinstance(environment, Mismatch):
             status = "mismatch"
+        elif isinstance(environment, ProvisionFailed):  # its cells fail (kind provision)
+            status = "build failed"
         elif isinstance(environment, NotProvisioned):
             status = "not provisioned"
         elif isinstance(environment, Unavailable):

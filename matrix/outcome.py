@@ -24,7 +24,7 @@ from matrix.check.specs import CheckFailure
 # Every status a `cell_run` row can have. An outcome never is `pending`/`running` (those are rows not yet
 # finished); `not-run` is what fail-fast writes for attempts it never started.
 Status = Literal["pending", "running", "passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"]
-FailureKind = Literal["config", "startup", "health", "request", "validation", "teardown", "infra"]
+FailureKind = Literal["config", "provision", "startup", "health", "request", "validation", "teardown", "infra"]
 STATUSES: tuple[str, ...] = get_args(Status)
 # The statuses by name, for readers that compare a row's status (`row.status == PASSED`).
 PASSED: Final = "passed"
@@ -168,6 +168,12 @@ def not_ready(ready_kind: str | None, message: str) -> CellOutcome:
 # --- the decision rules: every place that turns evidence into a status calls one of these ----------------
 # The runner builds outcomes from what it saw (`checked`, `after_teardown`, `judge_control`,
 # `judge_expectation`); the scheduler adds what only it knows (`interrupted`, `will_retry`, `with_flaky`).
+
+
+def provision_failed(reason: str) -> CellOutcome:
+    """The runtime's recipe failed to build: a failure of that release (kind `provision`), never a skip;
+    `reason` leads with the build's error line. (A host that cannot build it at all gives a skip.)"""
+    return failure("provision", reason)
 
 
 def checked(failures: Sequence[CheckFailure], **measured: Any) -> CellOutcome:

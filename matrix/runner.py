@@ -31,6 +31,7 @@ from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.providers import (
     Environment,
     Mismatch,
+    ProvisionFailed,
     Unavailable,
     prepare,
     remove_cell_containers,
@@ -51,6 +52,7 @@ from matrix.outcome import (
     judge_expectation,
     not_ready,
     passed,
+    provision_failed,
     skipped,
 )
 from matrix.telemetry import PeakSampler
@@ -89,12 +91,30 @@ class LiveCells:
             self._running.pop(cell_id, None)
 
     def cancel_all(self) -> None:
-        """Tear down every running pair (teardown is idempotent and thread-safe)."""
+        """Start tearing down every running pair, each in a thread of its own (teardown is idempotent and
+        thread-safe), and return: the driver stays free to say what it waits for and to take a second
+        Ctrl-C, which `kill_all` answers."""
         with self._lock:
             self.cancelled = True
             supervisors = list(self._running.values())
+            self.cancelled_at = time.monotonic()
         for supervisor in supervisors:
-            supervisor.teardown()
+            threading.Thread(target=supervisor.teardown, name="matrix-cancel", daemon=True).start()
+
+    def stopping(self) -> list[tuple[str, float]]:
+        """(cell id, seconds of grace left at most) of each pair still being torn down after `cancel_all`."""
+        with self._lock:
+            running = list(self._running.items())
+            since = time.monotonic() - getattr(self, "cancelled_at", time.monotonic())
+        return [(cell_id, max(0.0, supervisor.teardown_budget_s - since)) for cell_id, supervisor in running]
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of every running pair now (a second Ctrl-C); their teardowns then finish
+        at once, still checking that nothing is left."""
+        with self._lock:
+            supervisors = list(self._running.values())
+        for supervisor in supervisors:
+            supervisor.kill_now()
 
 
 def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
@@ -152,6 +172,8 @@ def _run(
     environment = prepare(cell.runtime)
     if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
         return failure("config", environment.reason)
+    if isinstance(environment, ProvisionFailed):  # a recipe that does not build fails the release's cells
+        return provision_failed(environment.reason)
     if isinstance(environment, Unavailable):
         return skipped(environment.reason)
     # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable

@@ -227,7 +227,9 @@ def gpus_cmd(as_json: bool) -> None:
 @json_option
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
-    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt).
+
+    Formatted like the report (seconds, byte units, words); --json has every stored value and digit."""
     from matrix.results_read import describe_cell, find_cell
     from matrix.text import clean_data
 
@@ -239,16 +241,9 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
         print_json(details)
         return
-    for key, value in details.items():
-        if key == "checks":
-            for check in value:
-                if isinstance(check, dict):
-                    click.echo(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
-        elif key == "logs":
-            for role, path in value.items():
-                click.echo(f"  log {role}: {path}")
-        elif value not in (None, "", {}, []):
-            click.echo(f"{key}: {value}")
+    from matrix.report.show import show_lines
+
+    click.echo("\n".join(show_lines(details)))
 
 
 def register(cli: click.Group) -> None:

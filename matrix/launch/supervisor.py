@@ -354,6 +354,20 @@ class Supervisor:
 
     # -- teardown ----------------------------------------------------------------------------------
 
+    @property
+    def teardown_budget_s(self) -> float:
+        """The longest a teardown waits before SIGKILL: per stage, the grace for exits and again for groups."""
+        started = list(self._children)
+        stages = 2 if any(child.spec.start_after for child in started) else 1
+        return 2 * stages * self._plan.teardown_grace_s
+
+    def kill_now(self) -> None:
+        """SIGKILL every process of the cell at once, from any thread, without waiting for a teardown in
+        progress (which then sees them gone and finishes, still sweeping and checking)."""
+        for child in list(self._children):
+            _signal_group(child.popen.pid, signal.SIGKILL)
+        kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S)
+
     def teardown(self) -> TeardownReport:
         """Stop everything the cell started and verify the host is clean. Idempotent and thread-safe."""
         with self._teardown_lock:
