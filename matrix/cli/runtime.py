@@ -186,7 +186,7 @@ def provision_cmd(
 def envs_cmd(view: CatalogView, as_json: bool) -> None:
     """List provisioned environments: state, Python, the runtimes using them, size, creation time, recipe."""
     from matrix.launch.providers.store import list_envs
-    from matrix.launch.providers.venv import envs_dir, resolve_target
+    from matrix.launch.providers.venv import envs_dir, targets_of
     from matrix.output import print_json, print_table
 
     users: dict[str, list[str]] = {}
@@ -194,7 +194,8 @@ def envs_cmd(view: CatalogView, as_json: bool) -> None:
         if runtime.provider.get("kind") != "venv":
             continue
         try:
-            users.setdefault(resolve_target(runtime).name, []).append(runtime.label)
+            for target in targets_of(runtime):  # built by uv or by pip
+                users.setdefault(target.name, []).append(runtime.label)
         except MatrixError:  # a runtime whose recipe or interpreter is broken uses no environment
             continue
     entries = list_envs()

@@ -121,7 +121,7 @@ def test_manifest_locks_each_step_and_leaves_excluded_names_to_the_host(wheelhou
                                   "key_platform": host.key_platform}  # fmt: skip
     lock = manifest["runtimes"]["toy-1.0"]
     runtime = RuntimeInfo(backend="toy", version="1.0", tag="v1.0", provider=TOY)
-    assert lock["key"] == resolve_target(runtime).key  # what provisioning on this host looks for
+    assert lock["key"] == resolve_target(runtime).recipe_key  # what provisioning on this host looks for
     steps = lock["steps"]
     assert [f["name"] for f in steps[0]["install"]] == ["six"]
     assert [f["name"] for f in steps[1]["install"]] == ["idna"] and steps[1]["source"]["name"] == "requests"
@@ -211,7 +211,7 @@ def test_a_runtime_the_wheelhouse_lacks_and_merging_another_into_it(
     assert "already there" in done.stderr  # six is kept, not downloaded again
     manifest = json.loads((directory / "wheelhouse.json").read_text())
     assert set(manifest["runtimes"]) == {"toy-1.0", "toy-2.0"}  # added, the earlier one kept
-    assert manifest["runtimes"]["toy-2.0"]["key"] == resolve_target(small).key
+    assert manifest["runtimes"]["toy-2.0"]["key"] == resolve_target(small).recipe_key
 
 
 def test_bad_wheelhouse_input_exits_2(tmp_path: Path) -> None:
