@@ -23,6 +23,8 @@ INSTALLER_VARIABLE = "MATRIX_INSTALLER"
 INSTALLERS = ("uv", "pip")
 # pip reads these sections for `pip install`, later ones winning; PIP_* variables win over both.
 _SECTIONS = ("global", "install")
+# Read after the XDG ones, as pip does (a module constant, so a test can move it).
+LEGACY_GLOBAL_CONFIG = Path("/etc/pip.conf")
 _TRUE = frozenset({"1", "y", "yes", "t", "true", "on"})
 _FALSE = frozenset({"0", "n", "no", "f", "false", "off", ""})
 
@@ -80,7 +82,7 @@ def _config_files(environ: Mapping[str, str]) -> list[Path]:
     if env_file == os.devnull:  # pip then loads no file at all
         return []
     dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
-    files = [*(Path(d) / "pip" / "pip.conf" for d in dirs), Path("/etc/pip.conf")]
+    files = [*(Path(d) / "pip" / "pip.conf" for d in dirs), LEGACY_GLOBAL_CONFIG]
     # pip skips the user's files when PIP_CONFIG_FILE names a file that exists.
     if not (env_file and os.path.exists(env_file)):
         home = Path.home()
