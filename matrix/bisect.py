@@ -29,11 +29,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
+from matrix.catalog.queries import plan_from_db
+from matrix.cells import Cell
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun
 from matrix.errors import ConfigError
 from matrix.outcome import FAILED_STATUSES
-from matrix.plan import Cell, Selection, plan_from_db
+from matrix.plan import Selection
 from matrix.versions import parse_version
 
 PASSED, FAILED = "passed", "failed"

@@ -25,6 +25,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
+from matrix.catalog.queries import plan_from_db
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
@@ -34,10 +36,10 @@ from matrix.fanout.shards import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
 from matrix.interrupts import StopSignal
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, INTERRUPTED, NOT_RUN, interruption
 from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
-from matrix.plan import CaseInfo, Cell, RuntimeInfo, Selection, plan_from_db
+from matrix.plan import Selection
 from matrix.progress import Event, make_reporter
 from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
@@ -138,11 +140,11 @@ def recover_stale(factory: sessionmaker[Session], echo: Echo, hooks: HostHooks |
             if owner_gone(row, now):
                 alive = owner_alive(row.owner_host, row.owner_pid)
                 killed = hooks.kill_cell_processes(row.uid) if alive is False else []
-                row.status = "interrupted"
-                row.failure_kind = "infra"
-                row.message = f"runner {row.owner_host}:{row.owner_pid} died while this cell ran" + (
-                    f"; killed {len(killed)} leftover process(es)" if killed else ""
+                cut = interruption(
+                    f"runner {row.owner_host}:{row.owner_pid} died while this cell ran"
+                    + (f"; killed {len(killed)} leftover process(es)" if killed else "")
                 )
+                row.status, row.failure_kind, row.message = cut.status, cut.failure_kind, cut.message
                 row.finished_at = now
                 recovered += 1
                 echo(f"recovered {row.uid} ({row.cell_key}): owner gone, marked interrupted")
@@ -280,11 +282,11 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
             chosen.extend((cell, n, False) for n in waiting.get(_key(cell), []))
             if status == "pending":
                 continue
-            if options.resume is not None and status in ("", "interrupted", "not-run"):
+            if options.resume is not None and status in ("", INTERRUPTED, NOT_RUN):
                 chosen.append((cell, attempt + 1, False))
             elif options.rerun_failed is not None and status in FAILED_STATUSES:
                 # An interruption says nothing about the cell: passing after one is not flaky.
-                chosen.append((cell, attempt + 1, status != "interrupted"))
+                chosen.append((cell, attempt + 1, status != INTERRUPTED))
         campaign.status = "running"
         campaign.finished_at = None
         # The resuming runner owns the campaign now, so recovery elsewhere does not mark it interrupted.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix import __version__
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import MatrixError
 from matrix.hardware.gpus import GIB, inventory
 from matrix.launch import caches
@@ -29,7 +30,9 @@ from matrix.launch.providers.container import default_engine, engine_problem
 from matrix.launch.providers.recipe import CONTAINER_ENGINES
 from matrix.launch.providers.venv import envs_dir, uv_path
 from matrix.paths import data_dir
-from matrix.plan import CaseInfo, RuntimeInfo, Selection, make_plan
+
+# Shared memory for KV transfers between processes (NIXL); read only, for its size.
+from matrix.plan import Selection, make_plan
 
 # Shared memory for KV transfers between processes (NIXL); read only, for its size.
 SHM_PATH = "/dev/shm"  # noqa: S108 - not a temporary file: the mount whose size engines depend on

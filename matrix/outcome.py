@@ -6,22 +6,34 @@ Adding an outcome field: a field of `CellOutcome`, its column in `db/models.py` 
 entry in `STORED_COLUMNS`; the database writer and the shard files follow from those.
 
 The rules that decide an outcome's status live here too (the functions at the end): the runner and the
-scheduler call them, nobody else sets a status from evidence.
+scheduler call them, nobody else sets a status from evidence. Every outcome is made here, by a named
+constructor (`passed`, `failure`, `error`, `timed_out`, `skipped`, `interruption`, `not_run`, `as_error`),
+and a reader compares a status with the names below (`PASSED`...), never with its spelling:
+`tests/unit/test_outcome_vocabulary.py` fails on a `CellOutcome(...)`, a status or failure-kind keyword, or
+a status compared or assigned as a literal anywhere else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, Protocol, TypeVar, get_args
 
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure
 
 # Every status a `cell_run` row can have. An outcome never is `pending`/`running` (those are rows not yet
 # finished); `not-run` is what fail-fast writes for attempts it never started.
 Status = Literal["pending", "running", "passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"]
 FailureKind = Literal["config", "startup", "health", "request", "validation", "teardown", "infra"]
 STATUSES: tuple[str, ...] = get_args(Status)
+# The statuses by name, for readers that compare a row's status (`row.status == PASSED`).
+PASSED: Final = "passed"
+FAILED: Final = "failed"
+ERROR: Final = "error"
+TIMEOUT: Final = "timeout"
+SKIPPED: Final = "skipped"
+INTERRUPTED: Final = "interrupted"
+NOT_RUN: Final = "not-run"
 FAILURE_KINDS: tuple[str, ...] = get_args(FailureKind)
 
 # A row with one of these is done: it has its outcome.
@@ -102,6 +114,55 @@ STORED_COLUMNS: dict[str, tuple[type, ...]] = {
 }
 # Fields of `CellOutcome` that are not in STORED_COLUMNS, and why.
 NOT_STORED = {"queued_s": "only total_s is stored, without it", "log_dir": "stored, but a host path: it never travels"}
+
+
+# --- the constructors: every outcome is made by one of these ----------------------------------------------
+
+
+def passed(**measured: Any) -> CellOutcome:
+    return CellOutcome(PASSED, **measured)
+
+
+def failure(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    """The cell failed (`failed`): the deployment or its answer, in the stage `kind` names."""
+    return CellOutcome(FAILED, kind, message, **measured)
+
+
+def error(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    """The cell could not be run as configured (`config`) or the runner broke (`infra`)."""
+    return CellOutcome(ERROR, kind, message, **measured)
+
+
+def timed_out(kind: FailureKind, message: str, **measured: Any) -> CellOutcome:
+    return CellOutcome(TIMEOUT, kind, message, **measured)
+
+
+def skipped(message: str) -> CellOutcome:
+    """Not runnable here (no GPU, no engine, not provisioned): says nothing about the runtime."""
+    return CellOutcome(SKIPPED, message=message)
+
+
+def interruption(message: str) -> CellOutcome:
+    """Cut short by the runner's side (cancel, lost node): the runner's doing, kind `infra`."""
+    return CellOutcome(INTERRUPTED, "infra", message)
+
+
+def not_run(message: str) -> CellOutcome:
+    """An attempt fail-fast never started."""
+    return CellOutcome(NOT_RUN, message=message)
+
+
+def as_error(outcome: CellOutcome, kind: FailureKind, message: str) -> CellOutcome:
+    """`outcome` (its measurements kept) turned into an error of `kind`, e.g. a passed pair whose aggregated
+    baseline could not be launched."""
+    return replace(outcome, status=ERROR, failure_kind=kind, message=message)
+
+
+def not_ready(ready_kind: str | None, message: str) -> CellOutcome:
+    """A deployment that never got ready: a timeout of its health wait, a failed start-up, or a failed health
+    probe. No ready time: a timeout would otherwise read as a 120 s start-up."""
+    kind: FailureKind = "startup" if ready_kind == "startup" else "health"
+    return (timed_out if ready_kind == "timeout" else failure)(kind, message)
 
 
 # --- the decision rules: every place that turns evidence into a status calls one of these ----------------
@@ -191,3 +252,66 @@ def retryable(outcome: CellOutcome) -> bool:
 def with_flaky(outcome: CellOutcome, failed_before: bool) -> CellOutcome:
     """`flaky`: passed after a failed attempt of the same cell."""
     return replace(outcome, flaky=outcome.status == "passed" and failed_before)
+
+
+# --- which attempt is "the latest": two rules, named here -------------------------------------------------
+# `highest_attempts`: the attempt with the highest number, whatever its status; what a campaign resumes,
+# reruns and counts (`--resume`, `--rerun-failed`, `matrix campaigns`). `standing_attempt`: the newest
+# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip
+# never hides a pass or a failure).
+
+
+class Attempt(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+A = TypeVar("A", bound=Attempt)
+K = TypeVar("K", bound=Hashable)
+
+
+def highest_attempts(rows: Iterable[tuple[K, int, str]]) -> dict[K, tuple[int, str]]:
+    """(cell, attempt number, status) rows -> per cell, its highest attempt's (number, status)."""
+    state: dict[K, tuple[int, str]] = {}
+    for key, attempt, status in rows:
+        if key not in state or attempt >= state[key][0]:
+            state[key] = (attempt, status)
+    return state
+
+
+# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
+# never started. A later one never hides an earlier pass or failure.
+UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN})
+
+
+def standing_attempt(attempts: Sequence[A]) -> A | None:
+    """The attempt that stands for a cell in a report, a gate or a comparison (its attempts oldest first):
+    the newest informative finished one (a pass or a failure), else
+    the newest finished one (a skip), else the newest (still running).
+
+    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
+    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
+    """
+    fallback: A | None = None
+    for index in range(len(attempts) - 1, -1, -1):
+        attempt: A = attempts[index]
+        if attempt.status in FINISHED_STATUSES:
+            if attempt.status not in UNINFORMATIVE_STATUSES:
+                return attempt
+            fallback = fallback or attempt
+    if fallback is not None:
+        return fallback
+    return attempts[len(attempts) - 1] if attempts else None  # still running (or pending)
+
+
+def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
+    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
+    if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
+        return None
+    for index in range(len(attempts) - 1, -1, -1):
+        attempt: A = attempts[index]
+        if attempt is chosen:
+            return None
+        if attempt.status in UNINFORMATIVE_STATUSES:
+            return attempt
+    return None

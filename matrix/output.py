@@ -16,7 +16,7 @@ def print_json(data: Any) -> None:
 
 def echo(text: str = "", *, err: bool = False) -> None:
     """`click.echo` for text that may carry catalog or process strings: control bytes as visible escapes."""
-    from matrix.report.text import printable
+    from matrix.text import printable
 
     click.echo(printable(text), err=err)
 
@@ -28,7 +28,7 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title:
     from rich.table import Table
     from rich.text import Text
 
-    from matrix.report.text import printable
+    from matrix.text import printable
 
     console = Console(soft_wrap=False)
     table = Table(title=printable(title) if title else None, show_lines=False, header_style="bold")

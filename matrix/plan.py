@@ -8,20 +8,15 @@ annotated: the cell is expected to fail, and a report must say so rather than hi
 
 from __future__ import annotations
 
-import hashlib
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from matrix.db.models import Backend, Case, CaseFix, CaseMarker, Fix, Marker, Runtime, RuntimeComponent
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError
-from matrix.kv_bound import KvBound
-from matrix.markers import Expression, MarkerUse, check_known, matches, parse_marker_use
+from matrix.markers import Expression, check_known, matches
 from matrix.versions import (
     VersionWindow,
     component_has_fix,
@@ -30,103 +25,6 @@ from matrix.versions import (
     parse_version,
     specifier_admits,
 )
-
-_GPU_MARKER = re.compile(r"^gpu_(\d+)$")
-# A cell's stable id: 12 hex digits (48 bits) of its key's hash. A collision among 10,000 cells has odds of
-# about 1 in 5 million, and is detected (`matrix.fanout.shards.index_cells`) rather than silently merging two cells.
-_ID_HEX = 12
-
-
-def cell_id(key: str) -> str:
-    """The stable id of a cell key `CASE@BACKEND-VERSION` (database ids change between databases; keys do not)."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:_ID_HEX]
-
-
-@dataclass(frozen=True)
-class RequiredFix:
-    key: str
-    component: str
-    fixed_in: tuple[str, ...]
-    link: str = ""
-
-
-@dataclass(frozen=True)
-class CaseInfo:
-    """The parts of a case that planning and launching need, detached from the database."""
-
-    name: str
-    backend: str
-    arm: str
-    model: str
-    markers: tuple[MarkerUse, ...]
-    marker_texts: tuple[str, ...] = ()
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    kv_bound: KvBound = field(default_factory=KvBound)
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 60.0
-    launch: Mapping[str, Any] = field(default_factory=dict)
-    source_dir: str = ""
-    version_constraint: str = ""
-    required_fixes: tuple[RequiredFix, ...] = ()
-    weights_gib: float = 0.0
-    enabled: bool = True
-    id: int | None = None
-
-    @property
-    def gpus_needed(self) -> int:
-        """GPUs the case needs, from its `gpu_N` marker (0 when it has none)."""
-        for use in self.markers:
-            if m := _GPU_MARKER.match(use.name):
-                return int(m.group(1))
-        return 0
-
-
-@dataclass(frozen=True)
-class RuntimeInfo:
-    backend: str
-    version: str
-    tag: str
-    channel: str = "release"
-    provider: Mapping[str, Any] = field(default_factory=dict)
-    components: Mapping[str, str] = field(default_factory=dict)
-    enabled: bool = True
-    id: int | None = None
-    # A variant made by `matrix bisect --component` (source "derived"): planned only when named by --runtime.
-    derived: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{self.backend}-{self.version}"
-
-    @property
-    def parsed_version(self) -> Version:
-        return parse_version(self.version)
-
-
-@dataclass(frozen=True)
-class Cell:
-    case: CaseInfo
-    runtime: RuntimeInfo
-    # Required fixes this runtime lacks, e.g. ("vllm#54814",): the cell is expected to fail.
-    missing_fixes: tuple[str, ...] = ()
-    missing_reasons: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> str:
-        return f"{self.case.name}@{self.runtime.label}"
-
-    @property
-    def expected_failure(self) -> str:
-        return "; ".join(self.missing_reasons)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The cell as `matrix plan --json` prints it."""
-        return {
-            "cell": self.key, "id": cell_id(self.key), "case": self.case.name, "backend": self.runtime.backend,
-            "version": self.runtime.version, "tag": self.runtime.tag, "arm": self.case.arm,
-            "gpus": self.case.gpus_needed, "markers": list(self.case.marker_texts),
-            "missing_fixes": list(self.missing_fixes), "note": self.expected_failure,
-        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -182,53 +80,6 @@ class Plan:
         return data
 
 
-def case_info(case: Case) -> CaseInfo:
-    required = [RequiredFix(cf.fix.key, cf.fix.component, tuple(cf.fix.fixed_in), cf.fix.link) for cf in case.fixes]
-    return _case_info(case, case.backend.name, [cm.text for cm in case.markers], required)
-
-
-def _case_info(case: Any, backend: str, markers: Sequence[str], fixes: Sequence[RequiredFix]) -> CaseInfo:
-    """A `CaseInfo` from a case's columns (an ORM `Case` or a row of its table) and its related rows."""
-    return CaseInfo(
-        id=case.id,
-        name=case.name,
-        backend=backend,
-        arm=case.arm,
-        model=case.model,
-        markers=tuple(parse_marker_use(text) for text in markers),
-        marker_texts=tuple(markers),
-        payload=dict(case.payload),
-        kv_bound=KvBound.parse(case.kv_bound),
-        startup_timeout_s=case.startup_timeout_s,
-        request_timeout_s=case.request_timeout_s,
-        launch=dict(case.launch),
-        source_dir=case.source_dir,
-        version_constraint=case.version_constraint,
-        required_fixes=tuple(fixes),
-        weights_gib=case.weights_gib,
-        enabled=case.enabled,
-    )
-
-
-def runtime_info(runtime: Runtime) -> RuntimeInfo:
-    return _runtime_info(runtime, runtime.backend.name, {c.name: c.version for c in runtime.components})
-
-
-def _runtime_info(runtime: Any, backend: str, components: Mapping[str, str]) -> RuntimeInfo:
-    """A `RuntimeInfo` from a runtime's columns (an ORM `Runtime` or a row of its table) and its components."""
-    return RuntimeInfo(
-        id=runtime.id,
-        backend=backend,
-        version=runtime.version,
-        tag=runtime.tag,
-        channel=runtime.channel,
-        provider=dict(runtime.provider),
-        components=dict(components),
-        enabled=runtime.enabled,
-        derived=runtime.source == "derived",
-    )
-
-
 def missing_fixes(case: CaseInfo, runtime: RuntimeInfo) -> list[tuple[str, str]]:
     """(fix key, why) for each required fix the runtime's components lack."""
     missing = []
@@ -241,63 +92,6 @@ def missing_fixes(case: CaseInfo, runtime: RuntimeInfo) -> list[tuple[str, str]]
                 (fix.key, f"lacks {fix.key}: {fix.component} {have} predates the fix; expected to fail")
             )
     return missing
-
-
-def load_catalog_view(session: Session) -> tuple[list[CaseInfo], list[RuntimeInfo], set[str], set[str]]:
-    """Active cases and runtimes, plus the names of known markers and backends.
-
-    Read with SQLAlchemy Core from the models' tables: planning wants plain rows, and the ORM's first
-    query in a process configures every mapper of the schema and builds its loaders, about a third of
-    `matrix plan`'s own work. Related rows come in one query per table (no query per case).
-    """
-    backend_t, case_t, case_marker_t = Backend.__table__, Case.__table__, CaseMarker.__table__
-    case_fix_t, fix_t, marker_t = CaseFix.__table__, Fix.__table__, Marker.__table__
-    runtime_t, component_t = Runtime.__table__, RuntimeComponent.__table__
-    backend_names = {id_: name for id_, name in session.execute(select(backend_t.c.id, backend_t.c.name))}
-
-    active_cases = case_t.c.retired.is_(False)
-    markers: dict[int, list[str]] = {}
-    marker_rows = session.execute(
-        select(case_marker_t.c.case_id, case_marker_t.c.text)
-        .join(case_t, case_t.c.id == case_marker_t.c.case_id)
-        .where(active_cases)
-        .order_by(case_marker_t.c.id)  # the order `Case.markers` has
-    )
-    for case_id, text in marker_rows:
-        markers.setdefault(case_id, []).append(text)
-    fixes: dict[int, list[RequiredFix]] = {}
-    fix_rows = session.execute(
-        select(case_fix_t.c.case_id, fix_t.c.key, fix_t.c.component, fix_t.c.fixed_in, fix_t.c.link)
-        .join(fix_t, fix_t.c.id == case_fix_t.c.fix_id)
-        .join(case_t, case_t.c.id == case_fix_t.c.case_id)
-        .where(active_cases)
-        .order_by(case_fix_t.c.id)
-    )
-    for case_id, key, component, fixed_in, link in fix_rows:
-        fixes.setdefault(case_id, []).append(RequiredFix(key, component, tuple(fixed_in), link))
-    cases = [
-        _case_info(row, backend_names[row.backend_id], markers.get(row.id, []), fixes.get(row.id, []))
-        for row in session.execute(select(case_t).where(active_cases).order_by(case_t.c.name))
-    ]
-
-    active_runtimes = runtime_t.c.retired.is_(False)
-    components: dict[int, dict[str, str]] = {}
-    component_rows = session.execute(
-        select(component_t.c.runtime_id, component_t.c.name, component_t.c.version)
-        .join(runtime_t, runtime_t.c.id == component_t.c.runtime_id)
-        .where(active_runtimes)
-        .order_by(component_t.c.name)  # the order `Runtime.components` has
-    )
-    for runtime_id, name, version in component_rows:
-        components.setdefault(runtime_id, {})[name] = version
-    runtimes = [
-        _runtime_info(row, backend_names[row.backend_id], components.get(row.id, {}))
-        for row in session.execute(select(runtime_t).where(active_runtimes).order_by(runtime_t.c.id))
-    ]
-
-    known_markers = set(session.scalars(select(marker_t.c.name).where(marker_t.c.retired.is_(False))))
-    known_backends = set(session.scalars(select(backend_t.c.name).where(backend_t.c.retired.is_(False))))
-    return cases, runtimes, known_markers, known_backends
 
 
 def _check_names(kind: str, wanted: Sequence[str], known: set[str]) -> None:
@@ -335,7 +129,7 @@ def make_plan(
     known_markers: set[str],
     known_backends: set[str],
 ) -> Plan:
-    """Pure planning: no database, no processes."""
+    """Pure planning: no database, no processes (`matrix.catalog.queries.plan_from_db` reads the catalog for it)."""
     expression = None
     if selection.marker_expression is not None:
         expression = Expression.compile(selection.marker_expression)
@@ -405,8 +199,3 @@ def _exclusion_reason(
     if not runtime.enabled:
         return "runtime is disabled"
     return None
-
-
-def plan_from_db(session: Session, selection: Selection) -> Plan:
-    cases, runtimes, markers, backends = load_catalog_view(session)
-    return make_plan(cases, runtimes, selection, known_markers=markers, known_backends=backends)

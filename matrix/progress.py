@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from matrix.report.text import clean
+from matrix.text import clean
 
 if TYPE_CHECKING:  # Rich is imported only for the live panel: it costs start-up time every run pays
     from rich.console import Console, Group

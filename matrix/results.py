@@ -1,19 +1,14 @@
-"""Write cell outcomes back to the database and read them for `matrix show`."""
+"""Write a cell's outcome onto its `cell_run` row: the record stage's one writer (the readers are in
+`matrix/results_read.py`)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from matrix.db.models import Campaign, Case, CellRun, utcnow
-from matrix.errors import ConfigError
+from matrix.db.models import CellRun, utcnow
 from matrix.outcome import STORED_COLUMNS, CellOutcome
-from matrix.owners import owner_alive, owner_gone
-from matrix.report.text import clean_data, store_text
+from matrix.text import clean_data, store_text
 
 
 def _u64(value: int | None) -> str | None:
@@ -43,117 +38,3 @@ def record_outcome(row: CellRun, outcome: CellOutcome) -> None:
         setattr(row, name, convert(value) if convert else dict(value) if isinstance(value, Mapping) else value)
     row.log_dir = outcome.log_dir or row.log_dir
     row.finished_at = utcnow()
-
-
-def find_cell(session: Session, text: str) -> CellRun:
-    """By MATRIX_CELL_ID, by row id, or `CASE@BACKEND-VERSION` (its latest attempt)."""
-    row = session.scalar(select(CellRun).where(CellRun.uid == text))
-    if row is None and text.isdigit():
-        row = session.get(CellRun, int(text))
-    if row is None and "@" in text:
-        case_name, _, label = text.partition("@")
-        candidates = session.scalars(
-            select(CellRun).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
-        )
-        row = next((r for r in candidates if r.runtime.label == label), None)
-    if row is None:
-        raise ConfigError(
-            f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)"
-        )
-    return row
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    """UTC with its zone and every digit the database kept (SQLite hands back naive UTC datetimes)."""
-    if value is None:
-        return None
-    return (value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)).isoformat()
-
-
-def _pass_rate(row: CellRun) -> dict[str, Any] | None:
-    """The pass rate of the row's case on its runtime over every attempt in the database (Wilson 95 %)."""
-    from sqlalchemy.orm import object_session
-
-    from matrix.report.stats import pass_rate
-
-    session = object_session(row)
-    if session is None:
-        return None
-    statuses = session.scalars(
-        select(CellRun.status)
-        .where(CellRun.case_id == row.case_id, CellRun.runtime_id == row.runtime_id)
-        .order_by(CellRun.id)
-    )
-    return pass_rate(list(statuses)).as_dict()
-
-
-def describe_cell(row: CellRun) -> dict[str, Any]:
-    from pathlib import Path
-
-    log_dir = Path(row.log_dir) if row.log_dir else None
-    logs = {p.stem: str(p) for p in sorted(log_dir.glob("*.log"))} if log_dir and log_dir.is_dir() else {}
-    # Every stored column of the outcome (`STORED_COLUMNS`), between the attempt's identity and where it ran.
-    return {
-        "cell": row.cell_key,
-        "id": row.uid,
-        "campaign": row.campaign_id,
-        "attempt": row.attempt,
-        "started_at": _iso(row.started_at),
-        "finished_at": _iso(row.finished_at),
-        **{name: getattr(row, name) for name in STORED_COLUMNS},
-        "pass_rate": _pass_rate(row),
-        "log_dir": row.log_dir,
-        "logs": logs,
-    }
-
-
-def shown_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
-    """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
-    `interrupted` (the next `matrix run` records that; listing changes nothing)."""
-    if campaign.status != "running":
-        return campaign.status
-    running = list(
-        session.scalars(select(CellRun).where(CellRun.campaign_id == campaign.id, CellRun.status == "running"))
-    )
-    if any(not owner_gone(row, now) for row in running):
-        return "running"  # a live runner (the owner, or one that joined) still runs a cell
-    alive = owner_alive(campaign.host, campaign.owner_pid)
-    # Its owner's pid is gone on this host, or on another host every running row's heartbeat is stale.
-    return "interrupted" if alive is False or (alive is None and running) else "running"
-
-
-def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
-    """The latest `limit` campaigns, newest first, with their cells counted by latest-attempt status.
-
-    What a user needs to pick a campaign for `--resume`, `--join` or `--rerun-failed`.
-    """
-    campaigns = list(session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(limit)))
-    latest: dict[int, dict[tuple[int, int], tuple[int, str]]] = {c.id: {} for c in campaigns}
-    if campaigns:
-        rows = session.execute(
-            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
-            .where(CellRun.campaign_id.in_(latest))
-            .order_by(CellRun.attempt)
-        )
-        for campaign_id, case_id, runtime_id, attempt, status in rows:
-            latest[campaign_id][(case_id, runtime_id)] = (attempt, status)
-    out = []
-    now = utcnow()
-    for campaign in campaigns:
-        counts: dict[str, int] = {}
-        for _, status in latest[campaign.id].values():
-            counts[status] = counts.get(status, 0) + 1
-        out.append(
-            {
-                "id": campaign.id,
-                "status": shown_status(session, campaign, now),
-                "started_at": _iso(campaign.started_at),
-                "finished_at": _iso(campaign.finished_at),
-                "executor": campaign.executor,
-                "host": campaign.host,
-                "key": str(campaign.selection.get("campaign_key", "")),
-                "cells": len(campaign.selection.get("cells", ())),
-                "outcomes": dict(sorted(counts.items())),
-            }
-        )
-    return out

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from matrix.cells import Cell
 from matrix.check import ledger, metrics, oracle
 from matrix.check.client import send_chat
-from matrix.check.specs import OracleSpec
-from matrix.check.validate import CheckFailure, validate_chat_response
+from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.check.validate import validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
@@ -37,16 +38,20 @@ from matrix.launch.providers import (
 from matrix.launch.supervisor import Supervisor, TeardownReport
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
+    PASSED,
     CellOutcome,
-    FailureKind,
-    Status,
     after_teardown,
+    as_error,
     checked,
     checked_again,
+    error,
+    failure,
     judge_control,
     judge_expectation,
+    not_ready,
+    passed,
+    skipped,
 )
-from matrix.plan import Cell
 from matrix.telemetry import PeakSampler
 
 
@@ -139,15 +144,15 @@ def _run(
         arm = get_arm(case.arm)
         cpu_ok = arm.runs_on_cpu(case)
     except MatrixError as exc:
-        return CellOutcome("error", "config", str(exc))
+        return error("config", str(exc))
     gpus_needed = case.gpus_needed
     if gpus_needed > len(resources.gpu_ids) and not cpu_ok:
-        return CellOutcome("skipped", message=f"needs {gpus_needed} GPU, host has {resources.host_gpus}")
+        return skipped(f"needs {gpus_needed} GPU, host has {resources.host_gpus}")
     environment = prepare(cell.runtime)
     if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
-        return CellOutcome("failed", "config", environment.reason)
+        return failure("config", environment.reason)
     if isinstance(environment, Unavailable):
-        return CellOutcome("skipped", message=environment.reason)
+        return skipped(environment.reason)
     # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable
     # the runtime's provider sets itself is the catalog's choice and stays.
     caches = cache_env(cell.runtime) if environment.container is None else {}
@@ -155,12 +160,12 @@ def _run(
     try:
         ports = allocator.allocate(cell_id, arm.port_requests(case))
     except MatrixError as exc:
-        return CellOutcome("error", "infra", f"port allocation failed: {exc}")
+        return error("infra", f"port allocation failed: {exc}")
     try:
         try:
             model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
         except MatrixError as exc:
-            return CellOutcome("failed", "config", str(exc), ports=ports)
+            return failure("config", str(exc), ports=ports)
         context = LaunchContext(
             cell_id=cell_id,
             case=case,
@@ -177,7 +182,7 @@ def _run(
         try:
             plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
         except MatrixError as exc:
-            return CellOutcome("error", "config", str(exc), ports=ports)
+            return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
             Path(scratch).mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, log_dir)
@@ -187,7 +192,7 @@ def _run(
             outcome = _supervise(supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers))
         finally:
             live.remove(cell_id)
-        if plan.oracle is not None and outcome.status == "passed":
+        if plan.oracle is not None and outcome.status == PASSED:
             outcome = _equivalence(
                 outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
             )
@@ -234,17 +239,14 @@ def _start_and_query(
             sampler.start()
             ready = supervisor.wait_ready()
     except MatrixError as exc:
-        return CellOutcome("failed", "startup", str(exc))
+        return failure("startup", str(exc))
     if not ready.ok:
-        status: Status = "timeout" if ready.kind == "timeout" else "failed"
-        kind: FailureKind = "startup" if ready.kind == "startup" else "health"
         message = (
             ready.message
             + (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "")
             + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
         )
-        # No ready time: the pair never got ready (a timeout would otherwise read as a 120 s start-up).
-        return CellOutcome(status, kind, message)
+        return not_ready(ready.kind, message)
     return query(plan, ready.ready_s)
 
 
@@ -253,8 +255,7 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
     before = metrics.baseline(plan.metrics_checks, scraped_before) if plan.metrics_checks else []
     response = send_chat(plan.request)
     if response.error is not None and response.error_kind != "oversized":
-        return CellOutcome(
-            "failed",
+        return failure(
             "request",
             f"request failed ({response.error_kind}): {response.error}",
             checks=(CheckFailure("request", response.error),),
@@ -262,8 +263,7 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
             request_s=response.request_s,
         )
     if response.error_kind == "oversized":
-        return CellOutcome(
-            "failed",
+        return failure(
             "request",
             response.error or "response too large",
             checks=(CheckFailure("response_size", response.error or "response too large"),),
@@ -313,7 +313,7 @@ def _equivalence(
     instance's time into the message and that file, its peaks under `peaks["aggregated"]`."""
     if not isinstance(arm, AggregatedArm):
         message = f"arm {context.case.arm} cannot launch an aggregated instance: remove launch.equivalence"
-        return replace(pair, status="error", failure_kind="config", message=message)
+        return as_error(pair, "config", message)
     owner = f"{context.cell_id}/aggregated"
     started = time.monotonic()
     answers: list[oracle.Completion | str] = []
@@ -322,14 +322,14 @@ def _equivalence(
         # The same prompts and options as the pair's; only the endpoint is the aggregated instance's.
         target = replace(spec, url=plan.oracle.url) if plan.oracle is not None else None
         if target is None:
-            return CellOutcome("error", "config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
+            return error("config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
         answers.extend(oracle.ask(target, oracle.oracle_prompts(spec.prompts, spec.seed)))
-        return CellOutcome("passed", ready_s=ready_s)
+        return passed(ready_s=ready_s)
 
     try:
         ports = allocator.allocate(owner, arm.aggregated_port_requests(context.case))
     except MatrixError as exc:
-        return replace(pair, status="error", failure_kind="infra", message=f"aggregated instance: {exc}")
+        return as_error(pair, "infra", f"aggregated instance: {exc}")
     try:
         try:
             plan = wrap_plan(
@@ -337,7 +337,7 @@ def _equivalence(
                 runtime=context.runtime, workspace=context.work_dir,
             )  # fmt: skip
         except MatrixError as exc:
-            return replace(pair, status="error", failure_kind="config", message=f"aggregated instance: {exc}")
+            return as_error(pair, "config", f"aggregated instance: {exc}")
         for scratch in plan.scratch_dirs:
             Path(scratch).mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, context.work_dir)
@@ -356,7 +356,7 @@ def _equivalence(
         peaks={**pair.peaks, "aggregated": dict(agg.peaks)} if agg.peaks else pair.peaks,
     )
     timing = f"aggregated instance {aggregated_s:.1f} s (ready {agg.ready_s or 0:.1f} s)"
-    if agg.status != "passed":
+    if agg.status != PASSED:
         message = f"aggregated instance (the equivalence baseline): {agg.message}"
         return replace(merged, status=agg.status, failure_kind=agg.failure_kind, message=message, checks=agg.checks)
     prompts = oracle.oracle_prompts(spec.prompts, spec.seed)

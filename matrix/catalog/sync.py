@@ -32,8 +32,7 @@ from matrix.db.models import (
     Waiver,
 )
 from matrix.errors import ConfigError
-from matrix.launch.arms import get_arm, known_arms
-from matrix.launch.arms.base import AggregatedArm, check_equivalence
+from matrix.launch.options import AGGREGATED_ARMS, ARMS, check_equivalence
 from matrix.markers import Expression, check_known, parse_marker_use
 
 RowT = TypeVar("RowT")
@@ -175,13 +174,13 @@ class _Syncer:
 
     def cases(self, backends: Mapping[str, Backend], markers: Mapping[str, Marker], fixes: Mapping[str, Fix]) -> None:
         rows = {c.name: c for c in self.session.scalars(select(Case))}
-        arms = known_arms()
+        arms = ARMS
         for c in self.spec.cases:
             where = f"case {c.name!r}"
             backend = _lookup(backends, c.backend, "backend", where)
             if c.arm not in arms:
                 raise ConfigError(f"{where}: unknown arm {c.arm!r}; known arms: {', '.join(sorted(arms))}")
-            if check_equivalence(c.name, c.launch) is not None and not isinstance(get_arm(c.arm), AggregatedArm):
+            if check_equivalence(c.name, c.launch) is not None and c.arm not in AGGREGATED_ARMS:
                 raise ConfigError(
                     f"{where}: arm {c.arm} cannot launch an aggregated instance for launch.equivalence; "
                     "use an arm that can (reference, vllm_native) or remove launch.equivalence"

@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 
 from matrix.check.http import loopback_client
-from matrix.check.specs import MetricsCheck
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure, MetricsCheck
 
 CHECK_NAME = "kv_transfer"
 

@@ -25,8 +25,7 @@ from typing import Any, Literal
 import httpx
 
 from matrix.check.http import loopback_client
-from matrix.check.specs import OracleSpec
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure, OracleSpec
 
 __all__ = [
     "CHECK_NAME",

@@ -1,11 +1,20 @@
 """What the check stage is asked to do: the one request sent to a ready deployment and the metrics checks
-around it. Pure data; an arm puts them into its `LaunchPlan` (the launch stage depends on check, never the
-reverse).
+around it, and the `CheckFailure` it answers with. Pure data, importing nothing: an arm puts the specs into
+its `LaunchPlan` (the launch stage depends on check, never the reverse) and an outcome carries the failures,
+so this is the one module of check that every stage may reach.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CheckFailure:
+    """One failed check: its name (one of `matrix.check.validate.CHECK_NAMES`) and what was seen."""
+
+    name: str
+    message: str
 
 
 @dataclass(frozen=True)

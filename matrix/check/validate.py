@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeGuard
 
+from matrix.check.specs import CheckFailure
+
 __all__ = [
     "CHECK_DESCRIPTIONS",
     "CHECK_NAMES",
@@ -59,14 +61,6 @@ CHECK_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
 
 CHECK_NAMES: tuple[str, ...] = tuple(CHECK_DESCRIPTIONS)
 """Every check name, in evaluation order (see `CHECK_DESCRIPTIONS` for what each one demands)."""
-
-
-@dataclass(frozen=True)
-class CheckFailure:
-    """One failed check: its name (one of `CHECK_NAMES`) and what was seen."""
-
-    name: str
-    message: str
 
 
 @dataclass(frozen=True)

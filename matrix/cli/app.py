@@ -85,7 +85,7 @@ class MatrixGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MatrixError as exc:
-            from matrix.report.text import clean
+            from matrix.text import clean
 
             click.secho(f"error: {clean(str(exc))}", err=True, fg="red")
             ctx.exit(exc.exit_code)

@@ -110,7 +110,7 @@ def campaigns() -> None:
 def campaigns_list_cmd(session: Session, limit: int, as_json: bool) -> None:
     """List the latest campaigns with their cells counted by the status of their latest attempt."""
     from matrix.output import print_json, print_table
-    from matrix.results import campaign_rows
+    from matrix.results_read import campaign_rows
 
     rows = campaign_rows(session, limit)
     if as_json:

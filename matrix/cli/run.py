@@ -35,8 +35,8 @@ def plan_cmd(
     Cells whose runtime lacks a required fix are kept and annotated: they are expected to fail.
     `--format github-matrix` prints the shards for a CI fan-out (see docs/scale-out.md).
     """
+    from matrix.catalog.queries import plan_from_db
     from matrix.output import print_json, print_table
-    from matrix.plan import plan_from_db
 
     if as_json and output_format not in (None, "json"):
         raise click.UsageError("--json is --format json; give one of them")
@@ -228,8 +228,8 @@ def gpus_cmd(as_json: bool) -> None:
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
     """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
-    from matrix.report.text import clean_data
-    from matrix.results import describe_cell, find_cell
+    from matrix.results_read import describe_cell, find_cell
+    from matrix.text import clean_data
 
     row = find_cell(session, cell)
     # Redacted and printable like every other exit: the row may predate redaction, or come from a shard.

@@ -17,8 +17,8 @@ from matrix.errors import ConfigError, MatrixError
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from matrix.cells import CaseInfo, RuntimeInfo
     from matrix.launch.providers.wheelhouse import ProvisionSource
-    from matrix.plan import CaseInfo, RuntimeInfo
 
 CatalogView = tuple[list["CaseInfo"], list["RuntimeInfo"], set[str], set[str]]
 
@@ -26,8 +26,8 @@ CatalogView = tuple[list["CaseInfo"], list["RuntimeInfo"], set[str], set[str]]
 def _catalog(app: App) -> CatalogView:
     """Cases, runtimes, marker and backend names, read in one short transaction (detached dataclasses,
     so no database transaction stays open during a long build)."""
+    from matrix.catalog.queries import load_catalog_view
     from matrix.db.engine import transaction
-    from matrix.plan import load_catalog_view
 
     with transaction(app.sessions()) as session:
         return load_catalog_view(session)

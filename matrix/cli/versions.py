@@ -46,7 +46,7 @@ def discover_cmd(
     from matrix.db.engine import transaction
     from matrix.discover import discover
     from matrix.output import print_json, print_table
-    from matrix.report.text import clean
+    from matrix.text import clean
 
     with transaction(app.sessions()) as session:
         result = discover(session, backend, package=package, index_url=index_url, channel=channel, dry_run=dry_run)
@@ -122,7 +122,7 @@ def bisect_cmd(
     from matrix.bisect import BisectInterrupted, bisect, stdout_to_stderr
     from matrix.output import print_json, print_table
     from matrix.paths import usable_dir
-    from matrix.report.text import clean
+    from matrix.text import clean
 
     if logs_dir is not None:
         usable_dir(logs_dir, "--logs-dir")

@@ -1,7 +1,7 @@
 """No NUL byte reaches the database: PostgreSQL refuses it in text and JSON, SQLite would keep it.
 
 What processes produce (messages, log tails, component versions) is cleaned before it is stored
-(`matrix.report.text.store_text`); this guard is the net under every other write. Before each flush it
+(`matrix.text.store_text`); this guard is the net under every other write. Before each flush it
 looks at the string values of new and changed rows (JSON values too): in the execution record
 (`campaign`, `cell_run`) a NUL becomes the visible escape ``\\x00``, because evidence must be kept; in the
 catalog, which a person wrote, it is an error naming the table and column (exit 2, nothing written).

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.launch.arms import get_arm
 from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.supervisor import kill_cell_processes
-from matrix.plan import CaseInfo, RuntimeInfo
 
 
 class LocalHooks:

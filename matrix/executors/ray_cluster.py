@@ -25,7 +25,7 @@ from matrix.errors import ConfigError
 from matrix.executors.remote import RemoteResult, run_remote_cell, write_logs
 from matrix.hardware.gpus import Gpu
 from matrix.launch.supervisor import kill_cell_processes
-from matrix.outcome import CellOutcome
+from matrix.outcome import CellOutcome, error, interruption
 from matrix.schedule.executor import Submission
 
 INSTALL_HINT = "install it with: pip install 'disagg-matrix[ray]'"
@@ -132,7 +132,7 @@ class RayExecutor:
         with self._lock:
             self._results.append(result)
             if self._cancelled:
-                result.set_result(CellOutcome("interrupted", "infra", "cancelled before it started"))
+                result.set_result(interruption("cancelled before it started"))
                 return result
             task = self._remote.options(
                 num_gpus=len(submission.lease.gpu_indices),
@@ -183,7 +183,7 @@ class RayExecutor:
         try:
             outcome = self._outcome(submission, done)
         except Exception as exc:  # the scheduler must always get an outcome
-            outcome = CellOutcome("error", "infra", f"internal error collecting the outcome: {exc!r}")
+            outcome = error("infra", f"internal error collecting the outcome: {exc!r}")
         with self._lock:
             self._running.pop(submission.uid, None)
         result.set_result(replace(outcome, log_dir=str(submission.log_dir)))
@@ -196,15 +196,15 @@ class RayExecutor:
             if submission.uid in self._forced:  # its worker was killed mid-teardown: what it left must go
                 swept = self._sweep_everywhere(submission.uid)
                 note = f"; killed {swept} leftover process(es)" if swept else ""
-                return CellOutcome("interrupted", "infra", f"cancelled by force after {FORCE_CANCEL_AFTER_S:g} s{note}")
-            return CellOutcome("interrupted", "infra", "cancelled before it started on a Ray node")
+                return interruption(f"cancelled by force after {FORCE_CANCEL_AFTER_S:g} s{note}")
+            return interruption("cancelled before it started on a Ray node")
         except exceptions.RayTaskError as exc:  # our code raised on the worker: a bug, keep its traceback
-            return CellOutcome("error", "infra", f"internal error on a Ray worker: {exc}")
+            return error("infra", f"internal error on a Ray worker: {exc}")
         except (exceptions.RayError, OSError) as exc:  # worker or node lost: what the pair left must go
             swept = self._sweep_everywhere(submission.uid)
             note = f"; killed {swept} leftover process(es)" if swept else ""
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return CellOutcome("interrupted", "infra", f"Ray lost the cell's worker or node: {first}{note}")
+            return interruption(f"Ray lost the cell's worker or node: {first}{note}")
         write_logs(submission.log_dir, remote.logs, remote.truncated)
         return remote.outcome
 

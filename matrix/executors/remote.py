@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from matrix import __version__
+from matrix.cells import Cell
 from matrix.executors.local import wait_for_baseline
 from matrix.hardware.gpus import Gpu, inventory, memory_used
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.supervisor import kill_cell_processes
-from matrix.outcome import CellOutcome
+from matrix.outcome import CellOutcome, error, interruption
 from matrix.paths import port_registry_path
-from matrix.plan import Cell
 from matrix.runner import LiveCells, Resources, run_cell
 
 # What of a remote cell's logs travels back: the tail of each file, and at most this much in all.
@@ -47,7 +47,7 @@ def run_remote_cell(
             f"node {node} has matrix {__version__}, the driver has {driver_version}: "
             "install the same matrix version on every Ray node"
         )
-        return RemoteResult(CellOutcome("error", "config", message), node)
+        return RemoteResult(error("config", message), node)
     from matrix.launch.providers import ensure_provisioned
 
     ensure_provisioned([cell.runtime], lambda _line: None)  # a failed build makes run_cell skip the cell
@@ -66,7 +66,7 @@ def run_remote_cell(
             outcome = run_cell(cell, uid, log_dir, PortAllocator(port_registry_path()), resources, LiveCells())
         except KeyboardInterrupt:
             # Ray cancels a running task with KeyboardInterrupt; run_cell has torn the pair down on the way out.
-            outcome = CellOutcome("interrupted", "infra", f"cancelled on node {node}; the pair was torn down")
+            outcome = interruption(f"cancelled on node {node}; the pair was torn down")
         finally:
             kill_cell_processes(uid)  # a last sweep by MATRIX_CELL_ID, whatever happened above
         if indices:

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
 from matrix.errors import ConfigError
 from matrix.fanout.shard_results import OUTCOME_FIELDS, ShardAttempt, ShardCampaign, ShardResults, to_utc
-from matrix.report.text import clean
 from matrix.schedule.scheduler import attempt_log_dir
+from matrix.text import clean
 
 IMPORT_EXECUTOR = "import"
 _CHUNK = 500  # uids per IN (...) query, well under every database's parameter limit

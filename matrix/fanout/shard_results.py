@@ -26,11 +26,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from matrix import __version__
+from matrix.cells import cell_id
 from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
-from matrix.fanout.shards import cell_id, check_campaign_key
-from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
-from matrix.report.text import clean, clean_data
+from matrix.fanout.shards import check_campaign_key
+from matrix.outcome import FINISHED_STATUSES, PASSED, SKIPPED, STORED_COLUMNS
+from matrix.text import clean, clean_data
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
@@ -141,7 +142,7 @@ def _cell_entry(row: CellRun) -> dict[str, Any]:
         entry[name] = _iso(value) if name in _TIME_FIELDS else value
     entry.update(clean_outcome_text(entry))  # rows stored before redaction existed are cleaned here
     entry["source_log_dir"] = row.log_dir
-    entry["logs"] = log_tails(row.log_dir, LOG_TAIL_BYTES_OK if row.status in ("passed", "skipped") else LOG_TAIL_BYTES)
+    entry["logs"] = log_tails(row.log_dir, LOG_TAIL_BYTES_OK if row.status in (PASSED, SKIPPED) else LOG_TAIL_BYTES)
     return entry
 
 

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from matrix.cells import Cell, cell_id
 from matrix.errors import ConfigError
-from matrix.plan import Cell, Plan
-from matrix.plan import cell_id as cell_id  # lives with the cell; re-exported for fan-out's users
+from matrix.plan import Plan
 
 GITHUB_MAX_JOBS = 256
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from matrix.cells import RuntimeInfo
 from matrix.paths import data_dir
-from matrix.plan import RuntimeInfo
 
 SWITCH_ENV = "MATRIX_ENGINE_CACHES"
 _OFF = {"0", "off", "false", "no"}

@@ -6,7 +6,8 @@ so a misspelled launch key, a bound in a unit the case's engine does not read, o
 bound with another value is refused with the fix, instead of being ignored at run time. The arms read the
 same tables (`kv_arg`), so what is checked is what is launched.
 
-Pure data and checks: this module imports nothing of the launch machinery, so the catalog may import it.
+Pure data and checks: this module imports nothing of the launch machinery (of check only its pure-data
+`specs`), so the catalog may import it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound, KvUnit
 from matrix.markers import parse_marker_use
@@ -146,3 +148,48 @@ def check_case_options(
                 f"write {use.name}({value}) (the engine is launched with the bound)"
             )
     return bound
+
+
+# The arms the registry (`matrix.launch.arms`) holds, and those that can also launch their deployment
+# aggregated (`AggregatedArm`, the baseline of `launch.equivalence`). Named here so that catalog sync checks a
+# case's arm without importing the arms; a unit test keeps these equal to the registry.
+ARMS = frozenset(LAUNCH_KEYS)
+AGGREGATED_ARMS = frozenset({"reference", "vllm_native"})
+
+# `launch.equivalence` keys and their defaults: K prompts of T greedy tokens, the near-tie threshold (nats
+# between the aggregated run's top-1 and top-2 logprobs) and the engines' seed.
+EQUIVALENCE_DEFAULTS: dict[str, int | float] = {
+    "prompts": 16,
+    "tokens": 64,
+    "near_tie_gap": DEFAULT_NEAR_TIE_GAP,
+    "seed": 0,
+}
+
+
+def check_equivalence(name: str, launch: Mapping[str, object]) -> dict[str, int | float] | None:
+    """The case's `launch.equivalence` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked; None when the
+    case does not opt in. Raises ConfigError naming the bad key and the fix. Catalog sync checks it from a case's
+    name and launch table; the arms read it through `equivalence_options`."""
+    raw = launch.get("equivalence")
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return dict(EQUIVALENCE_DEFAULTS)
+    where = f"case {name}: launch.equivalence"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be true or a table with keys {', '.join(EQUIVALENCE_DEFAULTS)}")
+    unknown = sorted(set(raw) - set(EQUIVALENCE_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(EQUIVALENCE_DEFAULTS)}")
+    options = {**EQUIVALENCE_DEFAULTS, **raw}
+    for key in ("prompts", "tokens"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+            raise ConfigError(f"{where}.{key} must be an integer from 1 to 4096, got {value!r}")
+    gap = options["near_tie_gap"]
+    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap >= 0:
+        raise ConfigError(f"{where}.near_tie_gap must be a number >= 0 (nats), got {gap!r}")
+    seed = options["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"{where}.seed must be an integer >= 0, got {seed!r}")
+    return options

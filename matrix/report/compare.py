@@ -19,9 +19,8 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES
 from matrix.report.data import (
-    UNINFORMATIVE_STATUSES,
     AttemptRow,
     CaseView,
     RuntimeView,
@@ -125,7 +124,7 @@ def _klass(outcome: Outcome | None) -> str:
     """pass, fail, or none (no attempt, skipped, not run, still running)."""
     if outcome is None:
         return "none"
-    if outcome.status == "passed":
+    if outcome.status == PASSED:
         return "pass"
     return "fail" if outcome.status in FAILED_STATUSES else "none"
 

@@ -17,12 +17,14 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from packaging.version import Version
 from sqlalchemy import Select, String, select, type_coerce
 from sqlalchemy.orm import Session, selectinload
 
+from matrix.catalog.queries import case_info, runtime_info
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.db.models import (
     Backend,
     Campaign,
@@ -33,8 +35,8 @@ from matrix.db.models import (
     Marker,
     Runtime,
 )
-from matrix.outcome import FINISHED_STATUSES, STORED_COLUMNS
-from matrix.plan import CaseInfo, RuntimeInfo, Selection, case_info, make_plan, missing_fixes, runtime_info
+from matrix.outcome import FINISHED_STATUSES, SKIPPED, STORED_COLUMNS, later_skip, standing_attempt
+from matrix.plan import Selection, make_plan, missing_fixes
 from matrix.versions import parse_version
 
 __all__ = [
@@ -45,7 +47,6 @@ __all__ = [
     "ResultCell",
     "Results",
     "RuntimeView",
-    "latest",
     "load_details",
     "load_results",
     "load_skip_reasons",
@@ -261,45 +262,6 @@ def _aware(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
-A = TypeVar("A", AttemptRow, AttemptDetail)
-
-
-# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
-# never started. A later one never hides an earlier pass or failure.
-UNINFORMATIVE_STATUSES = frozenset({"skipped", "not-run"})
-
-
-def latest(attempts: Sequence[A]) -> A | None:
-    """The attempt that stands for a cell: the newest informative finished one (a pass or a failure), else
-    the newest finished one (a skip), else the newest (still running).
-
-    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
-    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
-    """
-    fallback: A | None = None
-    for index in range(len(attempts) - 1, -1, -1):
-        attempt: A = attempts[index]
-        if attempt.status in FINISHED_STATUSES:
-            if attempt.status not in UNINFORMATIVE_STATUSES:
-                return attempt
-            fallback = fallback or attempt
-    if fallback is not None:
-        return fallback
-    return attempts[len(attempts) - 1] if attempts else None  # still running (or pending)
-
-
-def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
-    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
-    if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
-        return None
-    for index in range(len(attempts) - 1, -1, -1):
-        attempt: A = attempts[index]
-        if attempt is chosen:
-            return None
-        if attempt.status in UNINFORMATIVE_STATUSES:
-            return attempt
-    return None
-
 
 @dataclass
 class ResultCell:
@@ -314,7 +276,7 @@ class ResultCell:
     @functools.cached_property
     def latest(self) -> AttemptRow | None:
         """The attempt that stands for the cell (computed once: attempts are complete after loading)."""
-        return latest(self.attempts)
+        return standing_attempt(self.attempts)
 
     @functools.cached_property
     def later_skip(self) -> AttemptRow | None:
@@ -324,6 +286,12 @@ class ResultCell:
     @property
     def key(self) -> str:
         return f"{self.case.name}@{self.runtime.label}"
+
+    def expected_failure(self, attempt: AttemptRow | AttemptDetail | None) -> str:
+        """Why the cell is expected to fail, as a reader shows it: what the attempt stored (the catalog when it
+        ran) when it stored anything, else today's catalog (`missing`), so a fix added since still shows."""
+        stored = attempt.expected_failure if attempt is not None else ""
+        return stored or "; ".join(self.missing)
 
 
 @dataclass
@@ -435,12 +403,12 @@ def load_skip_reasons(session: Session, results: Results) -> dict[int, str]:
 
     Summaries carry no messages (they would weigh on a 100,000-attempt report); skips are few and each one
     must say why wherever it is shown."""
-    wanted = {a.id for cell in results.cells.values() for a in cell.attempts if a.status == "skipped"}
+    wanted = {a.id for cell in results.cells.values() for a in cell.attempts if a.status == SKIPPED}
     if not wanted:
         return {}
     found = {}
     for attempt_id, message in session.execute(
-        select(CellRun.id, CellRun.message).where(CellRun.status == "skipped")
+        select(CellRun.id, CellRun.message).where(CellRun.status == SKIPPED)
     ):
         if attempt_id in wanted:
             found[attempt_id] = (str(message or "").strip().splitlines() or [""])[0]

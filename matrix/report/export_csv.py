@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from matrix.report.data import Results
 from matrix.report.perf import METRICS, load_samples
 from matrix.report.stats import pass_rate
-from matrix.report.text import clean
+from matrix.text import clean
 
 __all__ = ["COLUMNS", "export_csv"]
 

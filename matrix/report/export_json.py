@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from matrix.outcome import STORED_COLUMNS
-from matrix.report.data import AttemptDetail, ResultCell, Results, latest, load_details
+from matrix.outcome import STORED_COLUMNS, standing_attempt
+from matrix.report.data import AttemptDetail, ResultCell, Results, load_details
 from matrix.report.stats import pass_rate
-from matrix.report.text import clean
+from matrix.text import clean
 
 __all__ = ["export_json", "iter_cell_dicts"]
 
@@ -49,7 +49,7 @@ def attempt_dict(a: AttemptDetail) -> dict[str, Any]:
 
 
 def _cell_dict(cell: ResultCell, attempts: list[AttemptDetail]) -> dict[str, Any]:
-    last = latest(attempts)
+    last = standing_attempt(attempts)
     return {
         "cell": cell.key,
         "case": cell.case.name,

@@ -48,22 +48,19 @@ from sqlalchemy.orm import Session, selectinload
 from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError
 from matrix.markers import Expression, matches
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
 from matrix.plan import missing_fixes
 from matrix.report.data import (
-    UNINFORMATIVE_STATUSES,
     AttemptRow,
     CaseView,
     RuntimeView,
     iter_attempt_rows,
-    later_skip,
-    latest,
     load_cases,
     load_runtimes,
 )
 from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
 from matrix.report.stats import PassRate, pass_rate
-from matrix.report.text import clean, printable
+from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
 __all__ = [
@@ -188,7 +185,7 @@ class GateResult:
 
     @property
     def passed(self) -> int:
-        return sum(1 for c in self.cells if c.status == "passed")
+        return sum(1 for c in self.cells if c.status == PASSED)
 
     @property
     def caveat(self) -> str:
@@ -337,8 +334,8 @@ def evaluate_gate(
     cells: list[GateCell] = []
     for case in required:
         attempts = history.get((case.id, runtime.id), [])
-        now = latest(attempts)
-        before = latest(history.get((case.id, previous.id), [])) if previous else None
+        now = standing_attempt(attempts)
+        before = standing_attempt(history.get((case.id, previous.id), [])) if previous else None
         applicable = [w for w in waivers.get(case.id, []) if w.admits(runtime.version)]
         valid = next((w for w in applicable if not w.expired(today)), None)
         expired = tuple(w for w in applicable if w.expired(today))
@@ -380,7 +377,7 @@ def _judge(
     found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
     for w in expired:
         found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
-    if now is None or (now.status != "passed" and now.status not in FAILED_STATUSES):
+    if now is None or (now.status != PASSED and now.status not in FAILED_STATUSES):
         if now is None:
             what = "never run"
         elif now.status in UNINFORMATIVE_STATUSES:
@@ -389,7 +386,7 @@ def _judge(
             what = f"latest attempt is {now.status} (campaign {now.campaign_id})"
         found.append(Reason("not-run", name, f"not run on {runtime.label}: {what}", True))
         return found
-    if now.status == "passed":
+    if now.status == PASSED:
         if now.flaky:
             rule = "blocks under flaky_blocks" if policy.flaky_blocks else "reported, not blocking"
             found.append(
@@ -400,7 +397,7 @@ def _judge(
                                 "fix's fixed_in versions in the catalog", False))  # fmt: skip
         return found
     failure = _failure_text(now)
-    regression = previous is not None and before is not None and before.status == "passed"
+    regression = previous is not None and before is not None and before.status == PASSED
     if waiver is None:
         found.append(Reason("failed", name, f"{failure} on {runtime.label} (campaign {now.campaign_id})", True))
     else:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from matrix.outcome import FAILED_STATUSES
-from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, latest, load_details
+from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
+from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, load_details
 from matrix.report.fmt import fmt_time
-from matrix.report.text import clean, log_tails, printable, shorten
+from matrix.text import clean, log_tails, printable, shorten
 
 __all__ = ["junit_xml"]
 
@@ -59,8 +59,8 @@ def _failure_text(attempt: AttemptDetail, cell: ResultCell) -> str:
     lines = [f"{c.get('name', '')}: {c.get('message', '')}" for c in attempt.checks]
     if attempt.message:
         lines.append(attempt.message)
-    if attempt.expected_failure or cell.missing:
-        lines.append("expected to fail: " + (attempt.expected_failure or "; ".join(cell.missing)))
+    if expected := cell.expected_failure(attempt):
+        lines.append("expected to fail: " + expected)
     return clean("\n".join(lines))
 
 
@@ -82,7 +82,7 @@ def _system_out(attempt: AttemptDetail, cell: ResultCell) -> str:
 
 def _testcase(suite: ET.Element, cell: ResultCell, attempts: Sequence[AttemptDetail]) -> str:
     """Add the cell's testcase; return its outcome: passed, failed or skipped."""
-    last = latest(attempts)
+    last = standing_attempt(attempts)
     case = ET.SubElement(
         suite, "testcase", classname=clean(cell.runtime.label), name=clean(cell.case.name),
         time=_seconds(last.total_s if last else None),
@@ -98,7 +98,7 @@ def _testcase(suite: ET.Element, cell: ResultCell, attempts: Sequence[AttemptDet
             message=shorten(clean(_failure_summary(last)), MESSAGE_ATTR_LIMIT),
         )  # fmt: skip
         failure.text = _failure_text(last, cell)
-    elif last.status != "passed":
+    elif last.status != PASSED:
         outcome = "skipped"
         reason = clean(last.message) or last.status
         ET.SubElement(case, "skipped", type=clean(last.status), message=shorten(reason, MESSAGE_ATTR_LIMIT))
@@ -133,7 +133,7 @@ def junit_xml(session: Session, results: Results) -> bytes:
         for cell in cells:
             attempts = details.get(cell.case.id, [])
             counts[_testcase(suite, cell, attempts)] += 1
-            last = latest(attempts)
+            last = standing_attempt(attempts)
             if last is not None:
                 suite_time += last.total_s or 0.0
                 host = host or last.owner_host

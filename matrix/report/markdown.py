@@ -14,8 +14,8 @@ from collections import Counter
 from matrix.outcome import FAILED_STATUSES
 from matrix.report.data import ResultCell, Results
 from matrix.report.gate import GateResult
-from matrix.report.text import clean, shorten
 from matrix.report.views import STATUS_LABELS, status_label
+from matrix.text import clean, shorten
 
 __all__ = ["gate_markdown", "md", "results_markdown"]
 
@@ -90,7 +90,7 @@ def _status(cell: ResultCell) -> str:
 def _failure_row(cell: ResultCell) -> list[str]:
     last = cell.latest
     assert last is not None
-    note = last.expected_failure or "; ".join(cell.missing)
+    note = cell.expected_failure(last)
     return [
         md(cell.key),
         status_label(last.status),

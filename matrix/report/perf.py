@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
+from matrix.outcome import PASSED
 from matrix.report.stats import DEFAULT_ALPHA, DEFAULT_THRESHOLD, MetricComparison, compare_samples
 
 __all__ = [
@@ -82,7 +83,7 @@ def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
                CellRun.completion_tokens, CellRun.kv_ledger)
-        .where(CellRun.runtime_id.in_(ids), CellRun.status == "passed")
+        .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED)
         .order_by(CellRun.id)
     )  # fmt: skip
     for case_id, runtime_id, ready, ttft, request, tokens, ledger in session.execute(stmt):

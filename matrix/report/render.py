@@ -19,13 +19,12 @@ from sqlalchemy.orm import Session
 
 from matrix import __version__
 from matrix.plan import Selection
+from matrix.redact import redact_pair
 from matrix.report import links
 from matrix.report.compare import Comparison, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, evaluate_gate
-from matrix.report.redact import redact_pair
-from matrix.report.text import clean, log_tails, printable
 from matrix.report.views import (
     STATUS_LABELS,
     CampaignSummary,
@@ -37,6 +36,7 @@ from matrix.report.views import (
     status_label,
 )
 from matrix.resources import resource_dir
+from matrix.text import clean, log_tails, printable
 
 __all__ = ["environment", "render_compare", "render_gate", "write_report"]
 

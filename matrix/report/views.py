@@ -13,13 +13,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, standing_attempt
 from matrix.report import links
-from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView, latest
+from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
 from matrix.report.fmt import flatten, fmt_seconds, fmt_time
 from matrix.report.stats import pass_rate
-from matrix.report.text import clean, printable, shorten
 from matrix.report.trend import Trend, trend
+from matrix.text import clean, printable, shorten
 
 __all__ = [
     "STATUS_LABELS",
@@ -144,7 +144,7 @@ def _grid_cell(
         checks = ", ".join(last.check_names)
         notes.append(shorten(f"{last.failure_kind}: {checks}" if checks else last.failure_kind, NOTE_LIMIT))
     reason = reasons.get(last.id, "")
-    if last.status == "skipped" and reason:
+    if last.status == SKIPPED and reason:
         notes.append(shorten(reason, NOTE_LIMIT))
         detail += f": {reason}"
     if last.attempt > 1:
@@ -168,7 +168,7 @@ def _grid_cell(
         detail += f"; later {skip.status} in campaign {skip.campaign_id} (proves nothing)"
     runs = len(cell.attempts)
     # A plain first-try pass needs no tooltip; leaving it out keeps a 100,000-cell grid a third smaller.
-    plain = last.status == "passed" and runs == 1 and not notes
+    plain = last.status == PASSED and runs == 1 and not notes
     title = "" if plain else f"{key}: {detail}; attempt {last.attempt}; {runs} run(s) in all"
     return GridCell(last.status, status_label(last.status), status_css(last.status), href, title, tuple(notes))
 
@@ -359,7 +359,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
     """The cells of one runtime page, built one at a time as the template streams them."""
     for cell in cells:
         attempts = details.get(cell.case.id, [])
-        last = latest(attempts)
+        last = standing_attempt(attempts)
         status = last.status if last else "none"
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),
@@ -407,7 +407,7 @@ def campaign_summaries(results: Results, reasons: Mapping[int, str] | None = Non
             summary.attempts += 1
             summary.counts[attempt.status] += 1
             summary.by_runtime.setdefault(cell.runtime.label, Counter())[attempt.status] += 1
-            if attempt.status != "passed" or attempt.flaky:
+            if attempt.status != PASSED or attempt.flaky:
                 href = links.cell_href(cell.runtime.backend, cell.runtime.version, cell.case.name)
                 label, css = status_label(attempt.status), status_css(attempt.status)
                 reason = reasons.get(attempt.id, "")

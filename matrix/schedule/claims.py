@@ -25,10 +25,11 @@ from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.cells import Cell
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
+from matrix.outcome import highest_attempts
 from matrix.owners import owner_gone
-from matrix.plan import Cell
 
 # Latest-attempt statuses that leave a campaign unfinished (resumable).
 UNFINISHED_STATUSES = frozenset({"pending", "running", "interrupted"})
@@ -143,16 +144,13 @@ def pending_attempts(session: Session, campaign_id: int) -> dict[tuple[int, int]
 
 
 def latest_statuses(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:
-    """(case id, runtime id) -> (latest attempt, its status) within a campaign."""
-    state: dict[tuple[int, int], tuple[int, str]] = {}
+    """(case id, runtime id) -> (its highest attempt, that one's status) within a campaign (`highest_attempts`)."""
     rows = session.execute(
         select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
         .where(CellRun.campaign_id == campaign_id)
         .order_by(CellRun.attempt)
     )
-    for case_id, runtime_id, attempt, status in rows:
-        state[(case_id, runtime_id)] = (attempt, status)
-    return state
+    return highest_attempts(((case_id, runtime_id), attempt, status) for case_id, runtime_id, attempt, status in rows)
 
 
 def leave_campaign(factory: sessionmaker[Session], campaign_id: int, *, interrupted: bool) -> str:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from matrix.cells import Cell
 from matrix.outcome import CellOutcome
-from matrix.plan import Cell
 from matrix.schedule.slots import Lease
 
 

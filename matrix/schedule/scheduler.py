@@ -15,11 +15,22 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from matrix.cells import Cell
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
-from matrix.outcome import CELL_FAULT_STATUSES, FAILED_STATUSES, CellOutcome, interrupted, retryable, with_flaky
-from matrix.plan import Cell
+from matrix.outcome import (
+    CELL_FAULT_STATUSES,
+    FAILED_STATUSES,
+    PASSED,
+    CellOutcome,
+    error,
+    interrupted,
+    not_run,
+    retryable,
+    skipped,
+    with_flaky,
+)
 from matrix.progress import Event, Reporter
 from matrix.results import record_outcome
 from matrix.schedule.claims import claim_attempt
@@ -156,7 +167,7 @@ class Scheduler:
                 continue
             claimed = self._claim(job)
             if claimed is not None:
-                outcome = CellOutcome("skipped", message=reason)
+                outcome = skipped(reason)
                 self._write(claimed[1], outcome)
                 self.tally.add("skipped")
                 self._reporter.emit(Event("cell-end", job.cell.key, claimed[0], job.attempt, "skipped", reason))
@@ -172,7 +183,7 @@ class Scheduler:
         try:
             outcome = future.result()
         except Exception as exc:  # a bug in our own code path: record it, keep the campaign going
-            outcome = CellOutcome("error", "infra", f"internal error: {exc!r}")
+            outcome = error("infra", f"internal error: {exc!r}")
         if self._executor.cancelled:
             why = f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down"
             outcome = interrupted(outcome, why)
@@ -213,14 +224,14 @@ class Scheduler:
         claimed = self._claim(job)
         if claimed is None:
             return
-        self._write(claimed[1], CellOutcome("not-run", message="not started: fail-fast stopped the campaign"))
+        self._write(claimed[1], not_run("not started: fail-fast stopped the campaign"))
         self.tally.add("not-run")
         self._reporter.emit(Event("cell-end", job.cell.key, claimed[0], job.attempt, "not-run", "fail-fast"))
 
 
 def _detail(outcome: CellOutcome) -> str:
     parts = []
-    if outcome.status == "passed" and outcome.ready_s is not None and outcome.request_s is not None:
+    if outcome.status == PASSED and outcome.ready_s is not None and outcome.request_s is not None:
         parts.append(f"ready {outcome.ready_s:.2f}s, request {outcome.request_s * 1000:.0f} ms")
     if outcome.failure_kind:
         first = outcome.message.splitlines()[0] if outcome.message else ""

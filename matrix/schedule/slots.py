@@ -27,13 +27,10 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import count
-from typing import TYPE_CHECKING
 
+from matrix.cells import Cell
 from matrix.hardware.gpus import GIB, Gpu
-
-if TYPE_CHECKING:  # only for annotations: keeps this module free of the database layer plan.py pulls in
-    from matrix.kv_bound import KvBound
-    from matrix.plan import Cell
+from matrix.kv_bound import KvBound
 
 # KV cache per token when a case bounds its cache in tokens rather than bytes. Sized for the ~0.6B
 # models the matrix uses by default (Qwen3-0.6B: 28 layers x 8 KV heads x 128 head dim x 2 for K and V

@@ -54,10 +54,11 @@ def _catalog(home: Path, engine: str, dynamo_python: str | None) -> list[Path]:
 def _setup(home: Path, engine: str, dynamo_python: str | None) -> Any:
     """Sync the catalog into a fresh database in `home` and return the one cell."""
     from matrix.catalog.load import load_catalog
+    from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
-    from matrix.plan import Selection, plan_from_db
+    from matrix.plan import Selection
 
     db = create_db_engine(f"sqlite:///{home / 'bench.db'}")
     ensure_schema(db)

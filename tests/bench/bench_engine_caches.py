@@ -36,6 +36,7 @@ def main() -> None:
     os.environ["MATRIX_HOME"] = str(home)
 
     from matrix.catalog.load import default_catalog_files, load_catalog
+    from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
@@ -43,7 +44,7 @@ def main() -> None:
     from matrix.hardware.ports import PortAllocator
     from matrix.launch import caches
     from matrix.paths import port_registry_path
-    from matrix.plan import Selection, plan_from_db
+    from matrix.plan import Selection
     from matrix.runner import Resources, run_cell
     from tests.bench.results import append_section
 

@@ -66,12 +66,13 @@ def _catalog(directory: Path) -> list[Path]:
 def run_oracle_cells(home: Path, runs: int) -> list[Run]:
     """`runs` attempts of each case, alternating, through `run_cell`; MATRIX_HOME must already be `home`."""
     from matrix.catalog.load import load_catalog
+    from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
     from matrix.hardware.ports import PortAllocator
     from matrix.paths import port_registry_path
-    from matrix.plan import Selection, plan_from_db
+    from matrix.plan import Selection
     from matrix.runner import run_cell
 
     engine = create_db_engine(f"sqlite:///{home / 'oracle.db'}")

@@ -132,10 +132,11 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="matrix-bench-fanout-"))
     os.environ["MATRIX_HOME"] = str(root / "planner")
     from matrix.campaign import expected_durations
+    from matrix.catalog.queries import plan_from_db
     from matrix.db.engine import transaction
     from matrix.fanout.shard_results import write_results
     from matrix.fanout.shards import expected_seconds, github_matrix, shard_cells
-    from matrix.plan import Selection, plan_from_db
+    from matrix.plan import Selection
 
     spec = synthetic_catalog(args.cases, args.runtimes, args.seed)
     planner = root / "planner"

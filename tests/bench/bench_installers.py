@@ -33,7 +33,7 @@ INSTALLERS = ("pip", "uv")
 
 
 def catalog_runtime(spec: str) -> Any:
-    from matrix.plan import RuntimeInfo
+    from matrix.cells import RuntimeInfo
 
     backend, version = spec.split("=", 1)
     for entry in tomllib.loads((REPO / "data" / "runtimes.toml").read_text())["runtime"]:

@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from matrix.cells import CaseInfo, Cell, RuntimeInfo  # noqa: E402
 from matrix.executors.local import LocalExecutor  # noqa: E402
 from matrix.hardware.gpus import GIB, Gpu  # noqa: E402
 from matrix.hardware.ports import PortAllocator  # noqa: E402
@@ -30,7 +31,6 @@ from matrix.kv_bound import KvBound  # noqa: E402
 from matrix.launch.arms import get_arm  # noqa: E402
 from matrix.markers import parse_marker_use  # noqa: E402
 from matrix.outcome import CellOutcome  # noqa: E402
-from matrix.plan import CaseInfo, Cell, RuntimeInfo  # noqa: E402
 from matrix.schedule import SlotPool, demand_for  # noqa: E402
 from matrix.schedule.executor import Submission  # noqa: E402
 from tests.bench.results import append_section  # noqa: E402

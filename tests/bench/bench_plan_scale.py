@@ -142,8 +142,8 @@ def synthetic_catalog(n_cases: int, n_runtimes: int, seed: int) -> Any:
 
 def infos(spec: Any) -> tuple[list[Any], list[Any]]:
     """The catalog as the pure planner sees it (what `load_catalog_view` builds from rows)."""
+    from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo
     from matrix.markers import parse_marker_use
-    from matrix.plan import CaseInfo, RequiredFix, RuntimeInfo
 
     fixes = {f.key: f for f in spec.fixes}
     cases = [
@@ -246,10 +246,11 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="matrix-bench-"))
     os.environ["MATRIX_HOME"] = str(home)
+    from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
-    from matrix.plan import Selection, make_plan, plan_from_db
+    from matrix.plan import Selection, make_plan
 
     spec = synthetic_catalog(args.cases, args.runtimes, args.seed)
     combos = args.cases * args.runtimes

@@ -40,6 +40,7 @@ def main() -> None:
     import httpx
 
     from matrix.catalog.load import default_catalog_files, load_catalog
+    from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
     from matrix.check.client import build_payload
     from matrix.db.engine import create_db_engine, resolve_url, session_factory, transaction
@@ -51,7 +52,7 @@ def main() -> None:
     from matrix.launch.supervisor import Supervisor
     from matrix.model_files import resolve_model_dir
     from matrix.paths import data_dir, port_registry_path
-    from matrix.plan import Selection, plan_from_db
+    from matrix.plan import Selection
 
     engine = create_db_engine(resolve_url(None))
     ensure_schema(engine)

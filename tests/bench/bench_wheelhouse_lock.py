@@ -34,7 +34,10 @@ import json, sys, time, tomllib
 from pathlib import Path
 from matrix.launch.providers.wheelresolve import plan_runtime
 from matrix.launch.providers.wheeltarget import WheelTarget
-from matrix.plan import RuntimeInfo
+try:
+    from matrix.cells import RuntimeInfo
+except ImportError:  # a revision before the core types left matrix.plan
+    from matrix.plan import RuntimeInfo
 specs = json.loads(sys.argv[1])
 entries = tomllib.loads(Path(sys.argv[2]).read_text())["runtime"]
 target = WheelTarget.of("3.12", ["manylinux_2_39_x86_64"])

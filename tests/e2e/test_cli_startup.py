@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix.campaign import expected_durations
+from matrix.catalog.queries import case_info, load_catalog_view, runtime_info
 from matrix.cli.app import App, pause_gc, resume_gc
 from matrix.db.engine import create_db_engine
 from matrix.db.models import Case, Runtime
-from matrix.plan import case_info, load_catalog_view, runtime_info
 from tests.conftest import Matrix
 from tests.unit.campaign_rows import add_campaign
 
@@ -46,7 +46,8 @@ def test_plan_reads_the_catalog_without_configuring_the_orm(seeded: Matrix) -> N
     code = (
         "from matrix.db.engine import create_db_engine, session_factory\n"
         "from matrix.db.models import Case\n"
-        "from matrix.plan import Selection, plan_from_db\n"
+        "from matrix.catalog.queries import plan_from_db\n"
+        "from matrix.plan import Selection\n"
         f"factory = session_factory(create_db_engine({seeded.url!r}))\n"
         "with factory() as session:\n"
         "    plan = plan_from_db(session, Selection(cases=('reference_disaggregated',)))\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.executors.local import LocalExecutor
 from matrix.hardware.gpus import GIB, Gpu
 from matrix.hardware.ports import PortAllocator
@@ -19,7 +20,6 @@ from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.markers import parse_marker_use
 from matrix.outcome import CellOutcome
-from matrix.plan import CaseInfo, Cell, RuntimeInfo
 from matrix.schedule import SlotPool, demand_for
 from matrix.schedule.executor import Submission
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.doctor import host_facts, host_lines
 from matrix.hardware.ports import PortAllocator
 from matrix.kv_bound import KvBound
@@ -18,7 +19,6 @@ from matrix.launch import caches
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.markers import parse_marker_use
-from matrix.plan import CaseInfo, Cell, RuntimeInfo
 from matrix.runner import run_cell
 
 

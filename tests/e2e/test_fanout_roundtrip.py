@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from matrix.fanout.shards import cell_id
+from matrix.cells import cell_id
 from tests.conftest import DATA, Matrix
 from tests.unit.test_fanout import assert_github_include_matrix
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, NotProvisioned, ensure_provisioned, prepare
 from matrix.launch.providers.recipe import parse_venv
 from matrix.launch.providers.venv import resolve_target
 from matrix.launch.providers.venv.installer import find_uv
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.providers.wheeltarget import this_host
-from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, NotProvisioned, prepare
 from matrix.launch.providers.store import list_envs, prune
 from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
-from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -67,7 +67,7 @@ BROKEN: dict[str, Any] = {
 PROVISION = """
 import json, sys
 from matrix.launch.providers.venv import provision_target
-from matrix.plan import RuntimeInfo
+from matrix.cells import RuntimeInfo
 result = provision_target(RuntimeInfo(**json.loads(sys.argv[1])), echo=lambda line: print(line, flush=True))
 print(json.dumps({"built": result.built, "waited": result.waited}), flush=True)
 """

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers import Environment, prepare
 from matrix.launch.providers.recipe import AliasStep, ExposeStep, ExtractStep, parse_venv
 from matrix.launch.providers.venv import ProvisionError, provision_target
-from matrix.plan import RuntimeInfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

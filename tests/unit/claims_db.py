@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from matrix.campaign import RunOptions, _selected_cells
 from matrix.catalog.load import default_catalog_files, load_catalog
+from matrix.catalog.queries import plan_from_db
 from matrix.catalog.sync import sync_catalog
+from matrix.cells import Cell
 from matrix.db.engine import create_db_engine, session_factory, transaction
 from matrix.db.migrate import ensure_schema
-from matrix.plan import Cell, Selection, plan_from_db
+from matrix.plan import Selection
 
 REFERENCE = Selection(backends=("reference",))
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm, known_arms
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import ENGINE_PORTS, SYSTEM_PORT_MAX
 from matrix.markers import parse_marker_use
-from matrix.plan import CaseInfo, RuntimeInfo
 
 
 def _case(arm: str, launch: dict[str, object], **kw: object) -> CaseInfo:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from matrix import doctor as doctor_module
+from matrix.catalog.queries import load_catalog_view
 from matrix.doctor import runtime_readiness
 from matrix.launch.providers import container as container_module
-from matrix.plan import load_catalog_view
 from tests.conftest import Matrix
 
 

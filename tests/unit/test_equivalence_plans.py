@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
-from matrix.launch.arms.base import EQUIVALENCE_DEFAULTS, AggregatedArm, LaunchContext, equivalence_options
+from matrix.launch.arms.base import AggregatedArm, LaunchContext, equivalence_options
 from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.options import EQUIVALENCE_DEFAULTS
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import ProxyApp
-from matrix.plan import CaseInfo, RuntimeInfo
 from tests.conftest import Matrix
 
 
@@ -146,3 +147,11 @@ def test_catalog_sync_refuses_bad_equivalence_and_changes_nothing(
     assert result.exit_code == 2, result.output
     assert needle in result.output and "eq_bad" in result.output
     assert seeded.dump() == before
+
+
+def test_the_arm_names_catalog_sync_checks_are_the_registry() -> None:
+    from matrix.launch.arms import known_arms
+    from matrix.launch.options import AGGREGATED_ARMS, ARMS
+
+    assert known_arms() == ARMS
+    assert {name for name in ARMS if isinstance(get_arm(name), AggregatedArm)} == AGGREGATED_ARMS

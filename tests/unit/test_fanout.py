@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.fanout.shards import (
     GITHUB_MAX_JOBS,
@@ -26,7 +27,7 @@ from matrix.fanout.shards import (
     split_cell_args,
 )
 from matrix.markers import parse_marker_use
-from matrix.plan import CaseInfo, Cell, RuntimeInfo, Selection, make_plan
+from matrix.plan import Selection, make_plan
 from tests.conftest import Matrix
 
 

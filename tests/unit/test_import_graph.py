@@ -1,14 +1,19 @@
-"""No import cycle between the packages of `matrix` (read from the source with `ast`, nothing imported).
+"""No import cycle between the packages of `matrix`, and no stage reaching what it may not import (read from
+the source with `ast`, nothing imported).
 
 A unit is a subpackage (`matrix.schedule`) or a top-level module (`matrix.results`); every import counts,
 also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. Inside the
-`matrix.cli` package the modules themselves must not form a cycle either.
+`matrix.cli` package the modules themselves must not form a cycle either. The stage rules hold for what a
+stage reaches through other modules too (the transitive closure of the module graph, with the `__init__`
+of every package an import runs), and they are the table of `docs/architecture.md`, which a test reads.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,32 +140,164 @@ def test_the_walk_finds_a_cycle_through_a_function_level_import(tmp_path: Path) 
 
 
 # What each stage may not import (docs/architecture.md, "Stages"): unit -> units it must never import.
-FORBIDDEN: dict[str, set[str]] = {
-    "catalog": {"plan", "schedule", "executors", "runner", "check", "outcome", "results", "fanout", "report",
-                "campaign"},
-    "plan": {"launch", "schedule", "executors", "runner", "check", "results", "outcome", "report", "campaign"},
-    "schedule": {"executors", "runner", "launch", "check", "campaign"},
-    "executors": {"db", "results", "fanout", "report", "campaign"},
-    "runner": {"db", "schedule", "executors", "results", "fanout", "report", "campaign"},
-    "telemetry": {"db", "results", "report", "campaign"},
-    "launch": {"runner", "schedule", "executors", "results", "outcome", "report", "db", "campaign"},
-    "check": {"launch", "runner", "schedule", "executors", "db", "results", "outcome", "report", "plan",
-              "campaign", "catalog"},
-    "outcome": {"runner", "launch", "executors", "schedule", "db", "results", "report"},
-    "results": {"runner", "launch", "executors", "schedule", "campaign"},
-    "fanout": {"runner", "launch", "executors", "campaign"},
-    "report": {"launch", "runner", "schedule", "executors", "check", "results", "campaign"},
-    # The campaign reaches the launch machinery through its hooks (`HostHooks`, `matrix.executors.hooks`).
-    "campaign": {"launch", "runner"},
-}  # fmt: skip
+DOC = ROOT.parent / "docs" / "architecture.md"
+
+
+def _names(cell: str) -> set[str]:
+    return set(re.findall(r"`([\w.]+)`", cell))
+
+
+@functools.cache
+def doc_rules() -> tuple[dict[str, set[str]], dict[str, set[str]], frozenset[str], frozenset[str], dict[str, str]]:
+    """(may not reach, may not import directly, leaves, shared modules, unit -> its modules) from the
+    "Import rules" section of docs/architecture.md: the doc is the rule, so the two cannot drift apart."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Import rules (checked)") :]
+    section = section[: section.index("\n## ", 1)]
+    forbidden, modules = {}, {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 4:
+            (unit,) = _names(cells[0])
+            forbidden[unit], modules[unit] = _names(cells[3]), cells[2].strip("`")
+    direct = re.search(r"\*\*Direct only\*\*: `(\w+)` may not import (.+?) itself", section, re.S)
+    leaves = re.search(r"\*\*Leaves\*\*: (.+?)\.", section, re.S)
+    shared = re.search(r"\*\*Shared\*\*: (.+?)\. ", section, re.S)
+    assert forbidden and direct and leaves and shared, "docs/architecture.md lost its import rules"
+    return (
+        forbidden,
+        {direct.group(1): _names(direct.group(2))},
+        frozenset(_names(leaves.group(1))),
+        frozenset(_names(shared.group(1))),
+        modules,
+    )
+
+
+# What each stage may not reach (docs/architecture.md, "Import rules"): unit -> units it must never import,
+# directly or through another module.
+FORBIDDEN, FORBIDDEN_DIRECT, LEAVES, SHARED, MODULES = doc_rules()
+
+
+@functools.cache  # parsed once per session: several tests walk the same package
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules importing it runs: each named module (`from a.b import c` is `a.b.c` when `c`
+    is a module), and the `__init__` of every package above it."""
+    package = root.name
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def with_parents(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(modules)
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                if name == package or name.startswith(package + "."):
+                    targets |= with_parents(name)
+        graph[module] = targets - {module}
+    return graph
+
+
+def unit_of(module: str) -> str:
+    return _unit(module, module.split(".")[0])
+
+
+def reach_violations(
+    graph: dict[str, set[str]],
+    forbidden: dict[str, set[str]],
+    unit: Callable[[str], str] = unit_of,
+    shared: frozenset[str] = frozenset(),
+) -> list[str]:
+    """For each stage and each unit it may not import: the shortest chain of imports by which a module of
+    the stage reaches a module of that unit (breadth-first from all the stage's modules at once)."""
+    broken = []
+    for stage, banned in sorted(forbidden.items()):
+        starts = sorted(m for m in graph if unit(m) == stage)
+        parent: dict[str, str | None] = dict.fromkeys(starts)
+        queue = deque(starts)
+        found: dict[str, str] = {}
+        while queue:
+            module = queue.popleft()
+            for target in sorted(graph[module]):
+                if target in parent or target in shared:
+                    continue
+                parent[target] = module
+                if unit(target) in banned:
+                    found.setdefault(unit(target), target)
+                    continue  # the chain ends at the first forbidden module
+                queue.append(target)
+        for banned_unit, target in sorted(found.items()):
+            chain = [target]
+            while (up := parent[chain[-1]]) is not None:
+                chain.append(up)
+            broken.append(f"{stage} -> {banned_unit}: {' -> '.join(reversed(chain))}")
+    return broken
 
 
 def test_no_stage_imports_what_the_architecture_forbids() -> None:
     graph = import_graph(ROOT)
     assert set(FORBIDDEN) <= set(graph) | {"check"}  # every named stage exists (check imports nothing)
+    rules = {unit: FORBIDDEN.get(unit, set()) | FORBIDDEN_DIRECT.get(unit, set()) for unit in FORBIDDEN}
     broken = [
         f"{unit} -> {target} (from {', '.join(sorted(graph[unit][target]))})"
-        for unit, targets in FORBIDDEN.items()
+        for unit, targets in rules.items()
         for target in sorted(targets & set(graph.get(unit, {})))
     ]
     assert not broken, "imports docs/architecture.md forbids:\n" + "\n".join(broken)
+
+
+def test_no_stage_reaches_what_it_may_not_import_through_another_module() -> None:
+    graph = module_graph(ROOT)
+    # The walk saw the parents an import runs: the arm registry runs with any arm's module.
+    assert "matrix.launch.arms" in graph["matrix.runner"] and "matrix.launch" in graph["matrix.catalog.load"]
+    broken = reach_violations(graph, FORBIDDEN, shared=SHARED)
+    assert not broken, "stages reaching what docs/architecture.md forbids:\n" + "\n".join(broken)
+
+
+def test_the_closure_finds_a_forbidden_unit_two_modules_away(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    for sub in ("a", "b", "c"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from pkg.b import y\n")  # a may import b ...
+    (pkg / "b" / "y.py").write_text("def f():\n    from pkg.c.z import g\n")  # ... but b reaches c
+    (pkg / "c" / "z.py").write_text("def g():\n    pass\n")
+    graph = module_graph(pkg)
+    assert reach_violations(graph, {"a": {"c"}}) == ["a -> c: pkg.a.x -> pkg.b.y -> pkg.c"]
+    assert reach_violations(graph, {"a": {"b"}}) == ["a -> b: pkg.a.x -> pkg.b"]
+    assert reach_violations(graph, {"b": {"a"}}) == []
+
+
+
+
+def test_leaves_and_shared_modules_import_only_leaves() -> None:
+    graph = module_graph(ROOT)
+    allowed = {"matrix"} | {f"matrix.{leaf}" for leaf in LEAVES}
+    reached = {m: graph[m] - allowed for m in sorted(allowed - {"matrix"})}
+    reached |= {m: graph[m] - {"matrix", "matrix.check"} for m in SHARED}
+    assert not {m: t for m, t in reached.items() if t}, f"a leaf or shared module imports more: {reached}"
+
+
+def test_the_doc_lists_every_rule_unit_with_its_modules_and_the_walk_sees_them() -> None:
+    graph = module_graph(ROOT)
+    units = {unit_of(m) for m in graph}
+    assert set(FORBIDDEN) <= units and set(FORBIDDEN_DIRECT) <= set(FORBIDDEN) and units >= LEAVES
+    for banned in FORBIDDEN.values():
+        assert banned <= units, f"docs/architecture.md forbids units that do not exist: {sorted(banned - units)}"
+    for unit, where in MODULES.items():
+        path = ROOT.parent / where
+        assert path.exists() and (path.is_dir() == (where.endswith("/"))), f"{unit}: {where} is not its module"
+        assert path.stem == unit, f"the row of {unit} names {where}"
+    assert set(graph) >= SHARED

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from matrix.check.validate import CheckFailure
+from matrix.check.specs import CheckFailure
 from matrix.db.models import Backend, Case, CellRun, Runtime
 from matrix.fanout.shard_results import OUTCOME_FIELDS
 from matrix.outcome import (
@@ -27,7 +27,8 @@ from matrix.outcome import (
 )
 from matrix.report.data import AttemptDetail
 from matrix.report.export_json import attempt_dict
-from matrix.results import describe_cell, record_outcome
+from matrix.results import record_outcome
+from matrix.results_read import describe_cell
 
 # `matrix show` predates the flaky column and does not print it (its output is unchanged by M13).
 

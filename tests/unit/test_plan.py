@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo
 from matrix.markers import parse_marker_use
-from matrix.plan import CaseInfo, RequiredFix, RuntimeInfo, Selection, make_plan
+from matrix.plan import Selection, make_plan
 from tests.conftest import Matrix
 
 

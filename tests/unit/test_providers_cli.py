@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.cli import cli
 from matrix.cli.runtime import select_runtimes
 from matrix.errors import ConfigError
-from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix
 
 

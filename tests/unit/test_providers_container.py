@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.launch.launch_plan import LaunchPlan, ProcessSpec, RequestSpec
 from matrix.launch.providers import ContainerSpec, Environment, Mismatch, Unavailable, prepare, wrap_plan
 from matrix.launch.providers import container as container_module
 from matrix.launch.providers.container import container_argv, leftover_argv, shm_gib_for
-from matrix.plan import CaseInfo, RuntimeInfo
 
 DOCKER = ContainerSpec(image="nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.1", engine="docker")
 PODMAN = ContainerSpec(image="nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.1", engine="podman")

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, Mismatch, Unavailable, prepare
 from matrix.launch.providers import components as components_module
 from matrix.launch.providers.components import Detected, mismatches, same_version, version_in_text
-from matrix.plan import RuntimeInfo
 
 CLICK = version("click")
 

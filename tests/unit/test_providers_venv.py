@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, Mismatch, NotProvisioned, Unavailable, ensure_provisioned, prepare
 from matrix.launch.providers.store import list_envs, prune, referenced_names
 from matrix.launch.providers.venv import ProvisionError, Target, envs_dir, provision_target, resolve_target, targets_of
 from matrix.launch.providers.venv import provisioning as venv_module
-from matrix.plan import RuntimeInfo
 from tests.conftest import Matrix
 
 STEPS: list[Any] = [

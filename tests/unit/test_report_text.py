@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from matrix.redact import redact, redact_pair
 from matrix.report.links import external_url, runtime_page, slug
 from matrix.report.markdown import md
-from matrix.report.redact import redact, redact_pair
-from matrix.report.text import clean, printable, read_tail
+from matrix.text import clean, printable, read_tail
 
 
 @pytest.mark.parametrize(

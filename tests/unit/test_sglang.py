@@ -7,6 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.check.metrics import baseline, judge, parse_counters, settle, snapshot
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
@@ -16,7 +17,6 @@ from matrix.launch.arms.sglang_server import KV_COUNTERS
 from matrix.launch.launch_plan import MetricsCheck
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import sglang_request
-from matrix.plan import CaseInfo, RuntimeInfo
 
 DATA = Path(__file__).parent.parent / "data" / "metrics"
 

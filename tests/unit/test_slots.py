@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.hardware.gpus import GIB, Gpu
 from matrix.kv_bound import KvBound
 from matrix.markers import parse_marker_use
-from matrix.plan import CaseInfo, Cell, RuntimeInfo
 from matrix.schedule import Demand, Lease, SlotPool, demand_for
 from matrix.schedule.slots import KV_BYTES_PER_TOKEN_ESTIMATE, PACK_SLOTS_PER_GPU, kv_bytes
 

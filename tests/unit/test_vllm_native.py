@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.check.metrics import judge, parse_counters
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
@@ -12,7 +13,6 @@ from matrix.launch.arms.base import LaunchContext
 from matrix.launch.launch_plan import MetricsCheck
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import decode_request, instance_id, prefill_request
-from matrix.plan import CaseInfo, RuntimeInfo
 
 
 def _plan(tmp_path: Path, launch: dict[str, object], gpu_ids: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from matrix.check.specs import DEFAULT_NEAR_TIE_GAP, OracleSpec
-from matrix.errors import ConfigError
+from matrix.cells import CaseInfo, RuntimeInfo
+from matrix.check.specs import OracleSpec
 from matrix.hardware.gpus import CHILD_ENV
 from matrix.hardware.ports import PortRequest
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
-from matrix.plan import CaseInfo, RuntimeInfo
+from matrix.launch.options import check_equivalence
 
 DEFAULT_PROMPT = (
     "Disaggregated serving splits inference into two phases. The prefill worker reads this whole prompt, "
@@ -88,47 +88,10 @@ class AggregatedArm(Arm, Protocol):
         ...
 
 
-# `launch.equivalence` keys and their defaults: K prompts of T greedy tokens, the near-tie threshold (nats
-# between the aggregated run's top-1 and top-2 logprobs) and the engines' seed.
-EQUIVALENCE_DEFAULTS: dict[str, int | float] = {
-    "prompts": 16,
-    "tokens": 64,
-    "near_tie_gap": DEFAULT_NEAR_TIE_GAP,
-    "seed": 0,
-}
-
-
 def equivalence_options(case: CaseInfo) -> dict[str, int | float] | None:
     """The case's `launch.equivalence` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked; None when
     the case does not opt in. Raises ConfigError naming the bad key and the fix."""
     return check_equivalence(case.name, case.launch)
-
-
-def check_equivalence(name: str, launch: Mapping[str, object]) -> dict[str, int | float] | None:
-    """`equivalence_options` from a case's name and launch table (what catalog sync has)."""
-    raw = launch.get("equivalence")
-    if raw is None or raw is False:
-        return None
-    if raw is True:
-        return dict(EQUIVALENCE_DEFAULTS)
-    where = f"case {name}: launch.equivalence"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be true or a table with keys {', '.join(EQUIVALENCE_DEFAULTS)}")
-    unknown = sorted(set(raw) - set(EQUIVALENCE_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(EQUIVALENCE_DEFAULTS)}")
-    options = {**EQUIVALENCE_DEFAULTS, **raw}
-    for key in ("prompts", "tokens"):
-        value = options[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-            raise ConfigError(f"{where}.{key} must be an integer from 1 to 4096, got {value!r}")
-    gap = options["near_tie_gap"]
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap >= 0:
-        raise ConfigError(f"{where}.near_tie_gap must be a number >= 0 (nats), got {gap!r}")
-    seed = options["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"{where}.seed must be an integer >= 0, got {seed!r}")
-    return options
 
 
 def oracle_spec(ctx: LaunchContext, port: int) -> OracleSpec | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matrix.cells import CaseInfo
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
@@ -26,7 +27,6 @@ from matrix.launch.arms.vllm_sidecar import (
 )
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import KV_FLAGS, kv_arg
-from matrix.plan import CaseInfo
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
 SYSTEM_PORT_MAX = 32767

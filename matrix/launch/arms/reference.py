@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from matrix.cells import CaseInfo
 from matrix.check.specs import MetricsCheck
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
@@ -13,7 +14,6 @@ from matrix.launch.arms.base import (
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.plan import CaseInfo
 
 DEFAULT_KV_CACHE_BYTES = 8 * 1024 * 1024
 PORTS = ("frontend", "prefill_http", "prefill_side_channel", "decode_http", "decode_side_channel")

@@ -8,11 +8,11 @@ them, and only the kv_transfer check can tell.
 
 from __future__ import annotations
 
+from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import LaunchContext, gpu_env, pd_proxy, served_plan
 from matrix.launch.launch_plan import LaunchPlan
-from matrix.plan import CaseInfo
 
 
 class SglangNativeArm:

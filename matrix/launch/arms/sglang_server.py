@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.plan import CaseInfo
 
 ROLES = ("prefill", "decode")
 DEFAULT_KV_TOKENS = 2048

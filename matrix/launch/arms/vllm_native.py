@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LaunchContext,
@@ -27,7 +28,6 @@ from matrix.launch.arms.base import (
 )  # fmt: skip
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
-from matrix.plan import CaseInfo
 
 CPU_KV_CACHE_BYTES = 268_435_456
 # Counters on the decode instance that must grow during the request (vLLM's NIXL connector metrics).

@@ -21,9 +21,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from matrix.cells import RuntimeInfo
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, NotProvisioned, Unavailable
 from matrix.launch.providers.container import remove_cell_containers, wrap_plan
-from matrix.plan import RuntimeInfo
 
 if TYPE_CHECKING:
     from matrix.launch.providers.recipe import check_provider

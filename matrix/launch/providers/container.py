@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, Unavailable
-from matrix.plan import CaseInfo, RuntimeInfo
 
 INFO_TIMEOUT_S = 5.0
 # `docker info` costs a round trip to the daemon; every cell of a campaign asks, so answers are kept a while.

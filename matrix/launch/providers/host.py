@@ -13,11 +13,11 @@ import shutil
 import sys
 from collections.abc import Mapping
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.base import Environment, Mismatch, Unavailable
 from matrix.launch.providers.components import ProbeError, detect, mismatches
 from matrix.launch.providers.recipe import HostConfig, parse_host
-from matrix.plan import RuntimeInfo
 
 
 def resolve_interpreter(python: str, path: str | None = None) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import MatrixError
 from matrix.launch.providers.venv import (
     TMP_PREFIX,
@@ -23,7 +24,6 @@ from matrix.launch.providers.venv import (
     targets_of,
     tree_size,
 )
-from matrix.plan import RuntimeInfo
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.recipe import (
     ExtractStep,
@@ -57,7 +58,6 @@ from matrix.launch.providers.wheelhouse import (
     write_pylock,
 )
 from matrix.launch.providers.wheeltarget import WheelTarget
-from matrix.plan import RuntimeInfo
 
 Echo = Callable[[str], None]
 RESOLVE_TIMEOUT_S = 900.0

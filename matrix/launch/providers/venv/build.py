@@ -56,7 +56,7 @@ from matrix.launch.providers.wheelhouse import (
     wheelhouse_command,
 )
 from matrix.launch.providers.wheeltarget import this_host
-from matrix.plan import RuntimeInfo
+from matrix.cells import RuntimeInfo
 
 Echo = Callable[[str], None]
 

@@ -33,7 +33,7 @@ from matrix.launch.providers.venv.target import (
 from matrix.launch.providers.wheelhouse import (
     ProvisionSource,
 )
-from matrix.plan import RuntimeInfo
+from matrix.cells import RuntimeInfo
 
 Echo = Callable[[str], None]
 

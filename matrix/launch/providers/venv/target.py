@@ -27,7 +27,7 @@ from matrix.launch.providers.recipe import (
 )
 from matrix.launch.providers.venv.installer import INSTALLERS, choose_installer
 from matrix.paths import data_dir
-from matrix.plan import RuntimeInfo
+from matrix.cells import RuntimeInfo
 
 # Directory names use this many hex digits of the key (80 bits): short paths keep `#!` lines well under
 # the kernel's limit, and env.json holds the full key, which is checked on every use.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from matrix.report.redact import redact
+from matrix.redact import redact
 
 __all__ = ["LogTail", "clean", "clean_data", "log_tails", "printable", "read_tail", "shorten", "store_text"]
 

@@ -1,0 +1,116 @@
+"""The cell and what it is made of: a case, a runtime, the fixes a case requires, the cell's stable id.
+
+A leaf: it imports nothing of matrix but other leaves (`kv_bound`, `markers`, `versions`, `errors`), so every
+stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from matrix.kv_bound import KvBound
+from matrix.markers import MarkerUse
+from matrix.versions import parse_version
+
+_GPU_MARKER = re.compile(r"^gpu_(\d+)$")
+# A cell's stable id: 12 hex digits (48 bits) of its key's hash. A collision among 10,000 cells has odds of
+# about 1 in 5 million, and is detected (`matrix.fanout.shards.index_cells`) rather than silently merging two cells.
+_ID_HEX = 12
+
+
+def cell_id(key: str) -> str:
+    """The stable id of a cell key `CASE@BACKEND-VERSION` (database ids change between databases; keys do not)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:_ID_HEX]
+
+
+@dataclass(frozen=True)
+class RequiredFix:
+    key: str
+    component: str
+    fixed_in: tuple[str, ...]
+    link: str = ""
+
+
+@dataclass(frozen=True)
+class CaseInfo:
+    """The parts of a case that planning and launching need, detached from the database."""
+
+    name: str
+    backend: str
+    arm: str
+    model: str
+    markers: tuple[MarkerUse, ...]
+    marker_texts: tuple[str, ...] = ()
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    kv_bound: KvBound = field(default_factory=KvBound)
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 60.0
+    launch: Mapping[str, Any] = field(default_factory=dict)
+    source_dir: str = ""
+    version_constraint: str = ""
+    required_fixes: tuple[RequiredFix, ...] = ()
+    weights_gib: float = 0.0
+    enabled: bool = True
+    id: int | None = None
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs the case needs, from its `gpu_N` marker (0 when it has none)."""
+        for use in self.markers:
+            if m := _GPU_MARKER.match(use.name):
+                return int(m.group(1))
+        return 0
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    backend: str
+    version: str
+    tag: str
+    channel: str = "release"
+    provider: Mapping[str, Any] = field(default_factory=dict)
+    components: Mapping[str, str] = field(default_factory=dict)
+    enabled: bool = True
+    id: int | None = None
+    # A variant made by `matrix bisect --component` (source "derived"): planned only when named by --runtime.
+    derived: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}-{self.version}"
+
+    @property
+    def parsed_version(self) -> Version:
+        return parse_version(self.version)
+
+
+@dataclass(frozen=True)
+class Cell:
+    case: CaseInfo
+    runtime: RuntimeInfo
+    # Required fixes this runtime lacks, e.g. ("vllm#54814",): the cell is expected to fail.
+    missing_fixes: tuple[str, ...] = ()
+    missing_reasons: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.case.name}@{self.runtime.label}"
+
+    @property
+    def expected_failure(self) -> str:
+        return "; ".join(self.missing_reasons)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The cell as `matrix plan --json` prints it."""
+        return {
+            "cell": self.key, "id": cell_id(self.key), "case": self.case.name, "backend": self.runtime.backend,
+            "version": self.runtime.version, "tag": self.runtime.tag, "arm": self.case.arm,
+            "gpus": self.case.gpus_needed, "markers": list(self.case.marker_texts),
+            "missing_fixes": list(self.missing_fixes), "note": self.expected_failure,
+        }  # fmt: skip
