@@ -20,7 +20,7 @@ gets), `installer` (the commands of uv or pip, and the user's pip configuration)
 use is re-exported here.
 """
 
-from matrix.launch.providers.venv.build import HOST_SITE_PTH, STEP_TIMEOUT_S, Builder, build_env
+from matrix.launch.providers.venv.build import HOST_SITE_PTH, STEP_TIMEOUT_S, Builder, Echo, build_env
 from matrix.launch.providers.venv.installer import INSTALLER_VARIABLE, Installer, choose_installer, uv_path
 from matrix.launch.providers.venv.locks import locked
 from matrix.launch.providers.venv.provisioning import (
@@ -63,6 +63,7 @@ __all__ = [
     "TRASH_PREFIX",
     "INSTALLER_VARIABLE",
     "Builder",
+    "Echo",
     "Installer",
     "choose_installer",
     "targets_of",
