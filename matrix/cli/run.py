@@ -81,6 +81,8 @@ def plan_cmd(
     help="Run each cell N times, each a separate attempt (pass rates with Wilson intervals; timing samples).",
 )  # fmt: skip
 @click.option("-x", "--fail-fast", is_flag=True, help="Start no new cell after the first failure.")
+@click.option("--loopback-only", is_flag=True,
+              help="Fail a cell whose processes listen beyond 127.0.0.1/::1 (check loopback_only).")
 @click.option("--resume", type=int, metavar="CAMPAIGN", help="Run the cells of CAMPAIGN that have no finished attempt.")
 @click.option(
     "--rerun-failed",
@@ -118,6 +120,9 @@ def plan_cmd(
 @click.option("--find-links", type=click.Path(path_type=Path), metavar="DIR",
               help="A wheelhouse (`matrix runtime wheelhouse --out DIR`) that provisioning also takes wheels from.")
 @click.option("--offline", is_flag=True, help="Provision venv runtimes from the --find-links wheelhouse only.")
+@click.option("--with", "with_components", multiple=True, metavar="COMPONENT=VERSION",
+              help="Run variants of the selected runtimes with this component changed (e.g. vllm-rs=0.30.0), "
+                   "everything else held equal; repeatable.")
 @click.option("--new", "new_only", is_flag=True,
               help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
 @pass_app
@@ -126,7 +131,7 @@ def run_cmd(
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
-    offline: bool, new_only: bool, **kw: Any,
+    offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -166,13 +171,16 @@ def run_cmd(
     if report and report_dir is not None:
         usable_dir(report_dir, "--report-dir")
     ran: list[int] = []
+    selection = make_selection(**kw)
+    if with_components:
+        selection = _with_variants(app, selection, with_components, resume is not None or join is not None)
     options = RunOptions(
-        selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
+        selection=selection, logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
-        new_only=new_only, repeat=repeat,
+        new_only=new_only, repeat=repeat, loopback_only=loopback_only,
     )  # fmt: skip
     from matrix.output import echo
 
@@ -190,6 +198,19 @@ def run_cmd(
             index = write_report(session, report_dir or data_dir() / "report", options.selection)
         click.echo(f"report: {index}", err=json_events)
     raise SystemExit(exit_code)
+
+
+def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:
+    """--with: derive (or find) the variants of the selected runtimes in one transaction, select those."""
+    from matrix.component_sources import parse_changes
+    from matrix.db.engine import transaction
+    from matrix.variants import derive_selection
+
+    if continuing:
+        raise click.UsageError("--with starts a new campaign of variants; drop --resume/--join")
+    changes = parse_changes(values)
+    with transaction(app.sessions()) as session:
+        return derive_selection(session, selection, changes)
 
 
 def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:
@@ -227,7 +248,9 @@ def gpus_cmd(as_json: bool) -> None:
 @json_option
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
-    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt).
+
+    Formatted like the report (seconds, byte units, words); --json has every stored value and digit."""
     from matrix.results_read import describe_cell, find_cell
     from matrix.text import clean_data
 
@@ -239,16 +262,9 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
         print_json(details)
         return
-    for key, value in details.items():
-        if key == "checks":
-            for check in value:
-                if isinstance(check, dict):
-                    click.echo(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
-        elif key == "logs":
-            for role, path in value.items():
-                click.echo(f"  log {role}: {path}")
-        elif value not in (None, "", {}, []):
-            click.echo(f"{key}: {value}")
+    from matrix.report.show import show_lines
+
+    click.echo("\n".join(show_lines(details)))
 
 
 def register(cli: click.Group) -> None:

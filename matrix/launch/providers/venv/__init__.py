@@ -24,6 +24,7 @@ from matrix.launch.providers.venv.build import HOST_SITE_PTH, STEP_TIMEOUT_S, Bu
 from matrix.launch.providers.venv.installer import INSTALLER_VARIABLE, Installer, choose_installer, uv_path
 from matrix.launch.providers.venv.locks import locked
 from matrix.launch.providers.venv.provisioning import (
+    HOST_CANNOT_BUILD,
     Provisioned,
     ensure_provisioned,
     provision,
@@ -36,13 +37,14 @@ from matrix.launch.providers.venv.target import (
     NAME_LENGTH,
     TMP_PREFIX,
     TRASH_PREFIX,
+    HostCannotBuild,
     ProvisionError,
     Target,
     check_recorded,
     complete_info,
     envs_dir,
     host_platform,
-    not_provisioned_reason,
+    not_provisioned,
     prepare_venv,
     python_version_of,
     read_info,
@@ -54,6 +56,7 @@ from matrix.launch.providers.venv.target import (
 )
 
 __all__ = [
+    "HOST_CANNOT_BUILD",
     "HOST_SITE_PTH",
     "INFO_NAME",
     "LOG_NAME",
@@ -67,6 +70,7 @@ __all__ = [
     "Installer",
     "choose_installer",
     "targets_of",
+    "HostCannotBuild",
     "ProvisionError",
     "Provisioned",
     "Target",
@@ -77,7 +81,7 @@ __all__ = [
     "envs_dir",
     "host_platform",
     "locked",
-    "not_provisioned_reason",
+    "not_provisioned",
     "prepare_venv",
     "provision",
     "provision_target",

@@ -24,6 +24,7 @@ from matrix.errors import ConfigError
 from matrix.launch.providers.buildprocs import StopCheck, never, run_command
 from matrix.launch.providers.components import ProbeError, detect, distribution_versions, mismatches
 from matrix.launch.providers.host import resolve_interpreter
+from matrix.launch.providers.interpreters import find_python
 from matrix.launch.providers.recipe import (
     AliasStep,
     ExposeStep,
@@ -43,6 +44,7 @@ from matrix.launch.providers.venv.target import (
     LOG_NAME,
     MAJOR_MINOR,
     THIS_PYTHON,
+    HostCannotBuild,
     ProvisionError,
     Target,
     tree_size,
@@ -227,15 +229,18 @@ class Builder:
         if not spec or spec == THIS_PYTHON:
             return sys.executable
         if MAJOR_MINOR.match(spec):
-            found = shutil.which(f"python{spec}")
-            if found is None:
-                raise ProvisionError(
-                    f"no Python {spec} interpreter on PATH (looked for python{spec}); install one"
+            # Each python3.X on PATH is asked for its version: a shim that cannot run (pyenv's, exit 127)
+            # is passed over and named, and uv is handed the path of one that runs.
+            candidates = find_python(f"python{spec}", version=spec)
+            if candidates.path is None:
+                passed = f" ({candidates.why_not()})" if candidates.passed_over else ""
+                raise HostCannotBuild(
+                    f"no Python {spec} interpreter on PATH that runs (looked for python{spec}{passed}); install one"
                 )
-            return found
+            return candidates.path
         found = resolve_interpreter(spec)
         if found is None:
-            raise ProvisionError(f"interpreter {spec} is not on this host")
+            raise HostCannotBuild(f"interpreter {spec} is not on this host")
         return found
 
     @property

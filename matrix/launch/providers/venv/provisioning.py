@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -22,6 +23,7 @@ from matrix.launch.providers.venv.locks import locked
 from matrix.launch.providers.venv.target import (
     TMP_PREFIX,
     TRASH_PREFIX,
+    HostCannotBuild,
     ProvisionError,
     Target,
     check_recorded,
@@ -112,15 +114,50 @@ def provision_target(
             for stale in _stale_temps(target.root, target.name):
                 shutil.rmtree(stale, ignore_errors=True)
             remove_tree(target.path)  # an incomplete or broken environment under the final name
-            info = _buildlocked(runtime, target, installer, echo, source or ProvisionSource(), stop)
+            info = _from_base(runtime, target, echo, source, stop) or _buildlocked(
+                runtime, target, installer, echo, source or ProvisionSource(), stop
+            )
             _require_components(runtime, target, info)
             return Provisioned(target.path, built=True, build_s=float(info.get("build_s", 0.0)))
     _require_components(runtime, target, info)
     return Provisioned(target.path, built=False, waited=bool(waited))
 
 
-def _record_failure(target: Target, runtime: RuntimeInfo, message: str) -> None:
-    target.failure_path.write_text(json.dumps({"at": now(), "runtime": runtime.label, "error": message}))
+def _from_base(
+    runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource | None, stop: StopCheck
+) -> dict[str, Any] | None:
+    """A variant made from a base environment that differs in file steps only (`variant.py`), else None.
+    Never from a wheelhouse: an offline build installs exactly its lock; never with
+    MATRIX_VARIANTS_FROM_BASE=off (a full build, e.g. to measure one against the other)."""
+    if source is not None and (source.offline or source.find_links):
+        return None
+    if os.environ.get("MATRIX_VARIANTS_FROM_BASE", "").lower() in ("0", "off", "no"):
+        return None
+    from matrix.launch.providers.variant import build_from_base
+
+    try:
+        return build_from_base(runtime, target, echo, stop)
+    except ProvisionError as exc:
+        _record_failure(target, runtime, str(exc))
+        raise
+
+
+def _record_failure(target: Target, runtime: RuntimeInfo, message: str, *, host: bool = False) -> None:
+    """Remember why the last build failed; `host`: this host cannot build it (a skip, not a failure)."""
+    record = {"at": now(), "runtime": runtime.label, "error": message, "host": host}
+    target.failure_path.write_text(json.dumps(record))
+
+
+_ERROR_LINE = re.compile(r"^(?:\S+ )?(ERROR|error|Error)\b.*|.*\b(?:No matching distribution|Could not find)\b.*")
+
+
+def error_line(log_tail: str) -> str:
+    """The build log's own error line (pip's `ERROR: ...`, uv's `error: ...`), the last one; "" if none."""
+    found = ""
+    for line in log_tail.splitlines():
+        if _ERROR_LINE.match(line.strip()):
+            found = line.strip()
+    return found
 
 
 def _buildlocked(
@@ -153,10 +190,14 @@ def _buildlocked(
         tail = _tail(builder.log)
         shutil.rmtree(tmp, ignore_errors=True)
         message = f"provisioning {runtime.label} failed at step {builder.step}/{builder.total}: {exc}"
+        line = error_line(tail)
+        if line:
+            message += f"\nbuild error: {line}"
         if tail:
             message += f"\n--- last {TAIL_LINES} lines of the build log ---\n{tail}"
-        _record_failure(target, runtime, message)
-        raise ProvisionError(message) from None
+        host = isinstance(exc, HostCannotBuild)
+        _record_failure(target, runtime, message, host=host)
+        raise (HostCannotBuild if host else ProvisionError)(message) from None
     except BaseException:
         # Interrupted (Ctrl-C, a stop request): no half environment stays behind, and no failure is recorded.
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,13 +213,22 @@ def provision(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | Non
     return provision_target(runtime, echo=echo, source=source).path
 
 
+# The start of a failure message for a runtime this host cannot build (`matrix.campaign.HOST_CANNOT_BUILD`).
+HOST_CANNOT_BUILD = "this host cannot build it: "
+
+
+def _failure_text(exc: MatrixError) -> str:
+    return f"{HOST_CANNOT_BUILD}{exc}" if isinstance(exc, HostCannotBuild) else str(exc)
+
+
 def ensure_provisioned(
     runtimes: Iterable[RuntimeInfo], echo: Echo, source: ProvisionSource | None = None, stop: StopCheck = never
 ) -> dict[str, str]:
     """Provision every venv runtime in `runtimes` (each recipe once); runtime label -> error for failures.
 
-    Cells on a failed runtime are skipped by `prepare` with the recorded reason; the returned messages are
-    for the caller to show.
+    Cells on a runtime whose recipe failed to build fail (`ProvisionFailed`), cells on one this host cannot
+    build are skipped, both by `prepare` from the recorded failure; the returned messages are for the
+    caller to show (those of the second kind start with `HOST_CANNOT_BUILD`).
     """
     failures: dict[str, str] = {}
     failed_keys: dict[str, str] = {}
@@ -190,7 +240,7 @@ def ensure_provisioned(
         try:
             target = resolve_target(runtime)
         except MatrixError as exc:
-            failures[runtime.label] = str(exc)
+            failures[runtime.label] = _failure_text(exc)
             continue
         if target.key in failed_keys:  # the same recipe already failed to build in this call
             failures[runtime.label] = failed_keys[target.key]
@@ -198,7 +248,7 @@ def ensure_provisioned(
         try:
             provision_target(runtime, echo=echo, source=source, stop=stop)
         except MatrixError as exc:
-            failures[runtime.label] = str(exc)
+            failures[runtime.label] = _failure_text(exc)
             if complete_info(target) is None:
-                failed_keys[target.key] = str(exc)
+                failed_keys[target.key] = _failure_text(exc)
     return failures

@@ -8,19 +8,18 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError, MatrixError
-from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
+from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, ProvisionFailed, Unavailable
 from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
 from matrix.launch.providers.host import resolve_interpreter
+from matrix.launch.providers.interpreters import probe
 from matrix.launch.providers.recipe import (
     VenvRecipe,
     parse_venv,
@@ -46,6 +45,11 @@ class ProvisionError(MatrixError):
     exit_code = 1
 
 
+class HostCannotBuild(ProvisionError):
+    """This host lacks what the recipe needs (its Python interpreter): the runtime's cells are skipped
+    here, where a recipe that fails to build fails them."""
+
+
 def envs_dir() -> Path:
     """Where provisioned environments live (not created here)."""
     return data_dir() / "envs"
@@ -56,23 +60,6 @@ def host_platform() -> str:
     return sysconfig.get_platform()
 
 
-@lru_cache(maxsize=64)
-def _interpreter_version(python: str, mtime_ns: int) -> str | None:
-    del mtime_ns  # part of the cache key only: a replaced interpreter is asked again
-    try:
-        done = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    answer = done.stdout.strip()
-    return answer if done.returncode == 0 and MAJOR_MINOR.match(answer) else None
-
-
 def python_version_of(spec: str) -> str:
     """major.minor of the interpreter a recipe asks for: "" is this one, "3.11" is itself, else a path or
     command name that is asked. Raises `ProvisionError` when it is not on this host."""
@@ -81,10 +68,12 @@ def python_version_of(spec: str) -> str:
     if MAJOR_MINOR.match(spec):
         return spec
     path = resolve_interpreter(spec)
-    version = _interpreter_version(path, os.stat(path).st_mtime_ns) if path else None
-    if version is None:
-        raise ProvisionError(f'interpreter {spec} is not on this host (write python = "3.11" or a path)')
-    return version
+    if path is None:
+        raise HostCannotBuild(f'interpreter {spec} is not on this host (write python = "3.11" or a path)')
+    answer = probe(path)
+    if answer.version is None:
+        raise HostCannotBuild(f"interpreter {spec}: this interpreter does not run ({answer.problem})")
+    return answer.version
 
 
 @dataclass(frozen=True)
@@ -159,19 +148,26 @@ def complete_info(target: Target) -> dict[str, Any] | None:
     return info if info is not None and info.get("key") == target.key else None
 
 
-def not_provisioned_reason(runtime: RuntimeInfo, target: Target) -> str:
-    """Why cells of `runtime` are skipped: not built yet, or the last build's error; and what to run."""
+def not_provisioned(runtime: RuntimeInfo, target: Target) -> NotProvisioned:
+    """Why cells of `runtime` cannot run: not built yet or this host cannot build it (a skip), or its
+    recipe failed to build (`ProvisionFailed`: the cells fail, the build's error line first)."""
     command = f"matrix runtime provision --runtime {runtime.backend}={runtime.version}"
     try:
         failure = json.loads(target.failure_path.read_text())
     except (OSError, ValueError):
         failure = None
     if isinstance(failure, dict) and failure.get("error"):
-        return (
-            f"runtime {runtime.backend} {runtime.version} is not provisioned: its last provisioning "
-            f"({failure.get('at', '?')}) failed: {failure['error']}\nretry with `{command}`"
+        error = str(failure["error"])
+        if failure.get("host"):
+            return NotProvisioned(f"runtime {runtime.backend} {runtime.version} cannot be built on this host "
+                                  f"({failure.get('at', '?')}): {error}")  # fmt: skip
+        found = next((line for line in error.splitlines() if line.startswith("build error: ")), "")
+        lead = found.removeprefix("build error: ") or error.splitlines()[0]
+        return ProvisionFailed(
+            f"runtime {runtime.backend} {runtime.version} failed to build ({failure.get('at', '?')}): {lead}\n"
+            f"{error}\nretry with `{command}`"
         )
-    return f"runtime {runtime.backend} {runtime.version} is not provisioned: run `{command}`"
+    return NotProvisioned(f"runtime {runtime.backend} {runtime.version} is not provisioned: run `{command}`")
 
 
 def venv_environment(target: Target) -> dict[str, str]:
@@ -213,7 +209,7 @@ def prepare_venv(runtime: RuntimeInfo) -> Environment | Unavailable:
     # An environment the other installer built serves as well: the recipe is the same.
     built = next(((t, i) for t in targets if (i := complete_info(t)) is not None), None)
     if built is None:
-        return NotProvisioned(not_provisioned_reason(runtime, targets[0]))
+        return not_provisioned(runtime, targets[0])
     target, info = built
     found = check_recorded(runtime, target, info)
     if isinstance(found, Unavailable):
