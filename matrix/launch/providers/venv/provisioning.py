@@ -114,7 +114,7 @@ def provision_target(
             for stale in _stale_temps(target.root, target.name):
                 shutil.rmtree(stale, ignore_errors=True)
             remove_tree(target.path)  # an incomplete or broken environment under the final name
-            info = _from_base(runtime, target, echo, source, stop) or _buildlocked(
+            info = _from_base(runtime, target, installer, echo, source, stop) or _buildlocked(
                 runtime, target, installer, echo, source or ProvisionSource(), stop
             )
             _require_components(runtime, target, info)
@@ -124,7 +124,12 @@ def provision_target(
 
 
 def _from_base(
-    runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource | None, stop: StopCheck
+    runtime: RuntimeInfo,
+    target: Target,
+    installer: Installer,
+    echo: Echo,
+    source: ProvisionSource | None,
+    stop: StopCheck,
 ) -> dict[str, Any] | None:
     """A variant made from a base environment that differs in file steps only (`variant.py`), else None.
     Never from a wheelhouse: an offline build installs exactly its lock; never with
@@ -136,7 +141,7 @@ def _from_base(
     from matrix.launch.providers.variant import build_from_base
 
     try:
-        return build_from_base(runtime, target, echo, stop)
+        return build_from_base(runtime, target, echo, stop, installer)
     except ProvisionError as exc:
         _record_failure(target, runtime, str(exc))
         raise
@@ -151,12 +156,22 @@ def _record_failure(target: Target, runtime: RuntimeInfo, message: str, *, host:
 _ERROR_LINE = re.compile(r"^(?:\S+ )?(ERROR|error|Error)\b.*|.*\b(?:No matching distribution|Could not find)\b.*")
 
 
+# What uv prints under its `error: ...` line to say why ("cause: Because x was not found ..."): the name of
+# what failed is there, not in the error line itself.
+_CAUSE = re.compile(r"^(?:cause:|Caused by:|╰─▶)\s*(.*)")
+
+
 def error_line(log_tail: str) -> str:
-    """The build log's own error line (pip's `ERROR: ...`, uv's `error: ...`), the last one; "" if none."""
+    """The build log's own error line (pip's `ERROR: ...`, uv's `error: ...` with the cause uv prints under
+    it), the last one; "" if none."""
     found = ""
-    for line in log_tail.splitlines():
-        if _ERROR_LINE.match(line.strip()):
-            found = line.strip()
+    lines = [line.strip() for line in log_tail.splitlines()]
+    for index, line in enumerate(lines):
+        if _ERROR_LINE.match(line):
+            found = line
+            cause = _CAUSE.match(lines[index + 1]) if index + 1 < len(lines) else None
+            if cause and cause.group(1):
+                found = f"{line.rstrip(':')}: {cause.group(1)}"
     return found
 
 
