@@ -169,7 +169,11 @@ class _VariantBuild:
             log.flush()
             try:
                 done = run_command(
-                    argv, stdout=log, stderr=log, env={**self.env(), **self.installer.env}, timeout_s=STEP_TIMEOUT_S,
+                    argv,
+                    stdout=log,
+                    stderr=log,
+                    env={**self.env(), **self.installer.env},
+                    timeout_s=STEP_TIMEOUT_S,
                     stop=self.stop,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
