@@ -102,6 +102,7 @@ class VllmNativeLaunch(_ServedLaunch):
     cpu: bool | None = _key("bool")
     decode_without_connector: bool | None = _key("bool")
     gpu_memory_utilization: float | None = _key("number")
+    orphan_decode: bool | None = _key("bool")
 
 
 @dataclass(frozen=True)

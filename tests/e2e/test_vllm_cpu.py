@@ -264,9 +264,26 @@ def test_the_native_pair_streams_frees_a_dropped_stream_and_an_orphaned_decode(c
     assert float(str(cancel["in_flight_during"])) >= 1, cancel  # the request was running when dropped
     _released(cancel, ("prefill", "decode"))
     assert cancel["recovery"]["failed_checks"] == [], cancel  # type: ignore[index]
+    assert "a case of its own" in str(_evidence(m, row, "orphan_decode_released.json")["skipped"])
+
+
+def test_an_orphaned_decode_is_judged_from_decodes_own_gauges(campaign: VersionCampaign) -> None:
+    """[M22] `vllm_native_orphan_decode_cpu`: a decode told to pull KV from a port nobody listens on, dropped after
+    5 s. Whether vLLM frees it is the engine's answer, recorded, not assumed: on vLLM CPU 0.32.0 (2026-12-01)
+    the request left the waiting queue but one KV block stayed allocated, also after a later request
+    (docs/results/cancel-orphan-streaming.md). The verdict must follow the gauges either way."""
+    m = campaign.m
+    row = _row(m, "vllm_native_orphan_decode_cpu")
     orphan = _evidence(m, row, "orphan_decode_released.json")
-    assert orphan["passed"] and orphan["skipped"] is None, orphan
-    _released(orphan, ("decode",))
+    assert orphan["skipped"] is None and orphan["before"] and orphan["after"], orphan
+    before, after = orphan["before"]["decode"], orphan["after"]["decode"]  # type: ignore[index]
+    assert float(orphan["during"]["decode"]["waiting"]) >= 1, orphan  # type: ignore[index]  # it did wait
+    held = float(after["kv_usage"]) > float(before["kv_usage"]) or float(after["waiting"]) > 0
+    failed = _failed_checks(row)
+    assert ("orphan_decode_released" in failed) == held, (failed, orphan)
+    if held:
+        assert row["status"] == "failed" and row["failure_kind"] == "validation", row["message"]
+    print(f"vLLM CPU {campaign.version}: orphaned decode {'held' if held else 'released'}: {before} -> {after}")
 
 
 def test_the_sidecar_system_streams_and_frees_a_dropped_stream(campaign: VersionCampaign) -> None:
