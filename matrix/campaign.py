@@ -47,6 +47,8 @@ from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
 
 HEARTBEAT_S = 5.0
+# How `HostHooks.provision` starts the error of a runtime this host cannot build (no such Python).
+HOST_CANNOT_BUILD = "this host cannot build it: "
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3
 
@@ -85,6 +87,8 @@ class RunOptions:
     new_only: bool = False
     # `--repeat N`: every cell of a new campaign runs N times, each repeat its own attempt (1..N).
     repeat: int = 1
+    # `--loopback-only`: a cell whose processes listen beyond loopback fails (check `loopback_only`).
+    loopback_only: bool = False
 
 
 def _git_sha() -> str:
@@ -112,7 +116,8 @@ class HostHooks(Protocol):
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:
-        """Build the venv runtimes' environments; runtime label -> error for those that failed."""
+        """Build the venv runtimes' environments; runtime label -> error for those that failed, starting
+        with `HOST_CANNOT_BUILD` when this host lacks what the recipe needs (its cells are skipped)."""
         ...
 
     def sweep_orphan_builds(self) -> list[int]: ...
@@ -335,7 +340,19 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
         [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
     )
     for label, error in failures.items():
-        say(f"{label}: not provisioned, its cells will be skipped: {error.splitlines()[0]}")
+        say(f"{label}: not provisioned, its cells will {_consequence(error)}: {_first_error(error)}")
+
+
+def _consequence(error: str) -> str:
+    """A recipe that fails to build fails its cells; a host that cannot build it (no such Python) skips them."""
+    return "be skipped" if error.startswith(HOST_CANNOT_BUILD) else "fail (kind provision)"
+
+
+def _first_error(error: str) -> str:
+    """The build's own error line when the message carries one, else the message's first line."""
+    lines = error.splitlines()
+    found = next((line.removeprefix("build error: ") for line in lines if line.startswith("build error: ")), "")
+    return found or (lines[0] if lines else "")
 
 
 def _check_repeat(options: RunOptions) -> None:
@@ -361,6 +378,21 @@ def _check_executor_options(options: RunOptions) -> None:
         raise ConfigError("--pack is for the local executor: under Ray each cell gets whole GPUs from Ray")
     if options.gpus is not None:
         raise ConfigError("--gpus is for the local executor: under Ray, Ray assigns each cell its GPUs")
+
+
+# The most never-started cells a stopped run names; the rest are counted.
+NOT_STARTED_SHOWN = 20
+
+
+def _stopped_lines(campaign_id: int, not_started: Sequence[str]) -> list[str]:
+    """What a stopped run leaves to do: the cells that never started, and the command that runs them."""
+    lines = []
+    if not_started:
+        names = ", ".join(not_started[:NOT_STARTED_SHOWN])
+        more = f" and {len(not_started) - NOT_STARTED_SHOWN} more" if len(not_started) > NOT_STARTED_SHOWN else ""
+        lines.append(f"not started ({len(not_started)}): {names}{more}")
+    lines.append(f"to finish it (interrupted and never-started cells): matrix run --resume {campaign_id}")
+    return lines
 
 
 def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo) -> int:
@@ -448,7 +480,8 @@ def _run(
     started = time.monotonic()
     scheduler = Scheduler(
         factory, campaign_id, pool, executor, reporter, stop,
-        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast),
+        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
+                         loopback_only=options.loopback_only),
         logs_root,
     )  # fmt: skip
     try:
@@ -464,6 +497,9 @@ def _run(
         Event("campaign-end", status=state, detail=f"campaign {campaign_id} {what} "
               f"{time.monotonic() - started:.1f}s: {summary}", data={"campaign": campaign_id, "counts": tally.counts})
     )  # fmt: skip
+    if stop.requested:
+        for line in _stopped_lines(campaign_id, tally.not_started):
+            reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     reporter.close()
     if stop.requested:
         return EXIT_INTERRUPTED

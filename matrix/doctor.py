@@ -25,8 +25,8 @@ from matrix.errors import MatrixError
 from matrix.hardware.gpus import GIB, inventory
 from matrix.launch import caches
 from matrix.launch.arms import get_arm
-from matrix.launch.providers import Mismatch, NotProvisioned, Unavailable, prepare
-from matrix.launch.providers.container import default_engine, engine_problem
+from matrix.launch.providers import Mismatch, NotProvisioned, ProvisionFailed, Unavailable, prepare
+from matrix.launch.providers.container import default_engine, engine_problem, labelled_containers
 from matrix.launch.providers.recipe import CONTAINER_ENGINES
 from matrix.launch.providers.venv import envs_dir, uv_path
 from matrix.paths import data_dir
@@ -52,6 +52,8 @@ class HostFacts:
     cuda_driver_version: str | None
     container_engines: dict[str, str]
     default_engine: str | None
+    # Containers carrying matrix's cell label on the default engine: a running campaign's, or strays.
+    labelled_containers: tuple[str, ...]
     shm_bytes: int | None
     uv: str | None
     data_dir: str
@@ -68,7 +70,7 @@ class RuntimeReadiness:
 
     runtime: str
     provider: str
-    status: str  # ready | not provisioned | unavailable | mismatch | disabled
+    status: str  # ready | not provisioned | build failed | unavailable | mismatch | disabled
     runnable: str  # yes | partly | no
     cells: int
     runnable_cells: int
@@ -160,6 +162,8 @@ def _installed(distribution: str) -> str | None:
 def host_facts() -> HostFacts:
     """Look at this host (NVML, container engines, /dev/shm, uv, disk); never raises."""
     nvml, driver, cuda = _driver_versions()
+    engines = {name: _engine_status(name) for name in CONTAINER_ENGINES}
+    engine = default_engine()
     gpus = tuple(
         {"index": g.index, "name": g.name, "uuid": g.uuid, "memory_total_gib": round(g.memory_total / GIB, 1)}
         for g in inventory()
@@ -173,8 +177,9 @@ def host_facts() -> HostFacts:
         nvml=nvml,
         driver_version=driver,
         cuda_driver_version=cuda,
-        container_engines={engine: _engine_status(engine) for engine in CONTAINER_ENGINES},
-        default_engine=default_engine(),
+        container_engines=engines,
+        default_engine=engine,
+        labelled_containers=tuple(labelled_containers(engine)) if engine and engines[engine] == "running" else (),
         shm_bytes=_shm_bytes(),
         uv=_uv(),
         data_dir=str(data_dir()),
@@ -234,6 +239,8 @@ def runtime_readiness(
         components: dict[str, str] = {}
         if isinstance(environment, Mismatch):
             status = "mismatch"
+        elif isinstance(environment, ProvisionFailed):  # its cells fail (kind provision)
+            status = "build failed"
         elif isinstance(environment, NotProvisioned):
             status = "not provisioned"
         elif isinstance(environment, Unavailable):
@@ -302,6 +309,7 @@ def host_lines(host: HostFacts) -> list[tuple[str, str]]:
         ("gpus", gpus),
         ("nvidia driver", driver),
         ("container engines", engines),
+        ("matrix containers", _containers_line(host)),
         (SHM_PATH, _gib(host.shm_bytes)),
         ("uv", uv),
         ("data directory", host.data_dir),
@@ -309,6 +317,13 @@ def host_lines(host: HostFacts) -> list[tuple[str, str]]:
         ("engine caches", host.engine_caches),
         *((f"{extra} extra", _extra_line(extra, version)) for extra, version in host.scale_out.items()),
     ]
+
+
+def _containers_line(host: HostFacts) -> str:
+    if not host.labelled_containers:
+        return "none" if host.default_engine else "no engine"
+    where = f"`{host.default_engine} rm --force ID` removes one unless its campaign still runs"
+    return f"{len(host.labelled_containers)} labelled ({where}): " + "; ".join(host.labelled_containers)
 
 
 def _extra_line(extra: str, version: str | None) -> str:

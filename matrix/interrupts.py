@@ -1,7 +1,8 @@
 """SIGINT/SIGTERM handling for the runner: a signal only sets a flag.
 
 The driver loop checks the flag between short waits and then cancels every running pair itself, so a
-signal never lands in the middle of a teardown or a database write.
+signal never lands in the middle of a teardown or a database write. A second signal sets `forced`: the
+driver then SIGKILLs the pairs still in their grace period instead of waiting it out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name = ""
+        self.count = 0
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -29,6 +31,12 @@ class StopSignal:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    @property
+    def forced(self) -> bool:
+        """A second signal came: stop waiting for pairs to exit, kill them."""
+        return self.count > 1
+
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
+        self.count += 1
+        self.signal_name = self.signal_name or signal.Signals(signum).name

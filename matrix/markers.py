@@ -34,6 +34,7 @@ import difflib
 import enum
 import keyword
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import NoReturn, final
@@ -58,11 +59,17 @@ MAX_NESTING = 100
 _EMPTY: Mapping[str, object] = MappingProxyType({})
 
 
+def _shown(text: str) -> str:
+    """`text` for an error message: its start when it is long (a 5,000-digit number makes one line unreadable)."""
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 class MarkerExpressionError(MatrixError):
     """A marker expression does not follow the grammar; `column` is 1-based, as pytest reports it."""
 
     def __init__(self, message: str, expression: str, column: int) -> None:
-        super().__init__(f"invalid marker expression {expression!r}: at column {column}: {message}")
+        # A 5,000-character expression would make the one line of the error unreadable: show its start.
+        super().__init__(f"invalid marker expression {_shown(expression)!r}: at column {column}: {message}")
         self.message = message
         self.expression = expression
         self.column = column
@@ -310,7 +317,15 @@ def _constant(token: _Token) -> object:
     text = token.value
     # isdecimal() is exactly what int() accepts; pytest's isdigit() would also let "²" through to a crash.
     if text.removeprefix("-").isdecimal():
-        return int(text)
+        try:
+            return int(text)
+        except ValueError:  # over Python's int-string limit (sys.get_int_max_str_digits(), 4300 by default)
+            digits = len(text.removeprefix("-"))
+            raise _ParseError(
+                f"integer {text[:12]}... has {digits} digits, more than the {sys.get_int_max_str_digits()} "
+                "Python reads: write a shorter number",
+                token.pos + 1,
+            ) from None
     if text in _CONSTANTS:
         return _CONSTANTS[text]
     raise _ParseError(f'unexpected character/s "{text}"', token.pos + 1)
@@ -403,7 +418,7 @@ def parse_marker_use(text: str) -> MarkerUse:
             s.expect(_Kind.RPAREN)
         s.expect(_Kind.EOF)
     except _ParseError as err:
-        raise ConfigError(f"invalid marker {text!r}: at column {err.column}: {err.message}") from None
+        raise ConfigError(f"invalid marker {_shown(text)!r}: at column {err.column}: {err.message}") from None
     return MarkerUse(name.value, tuple(args), kwargs)
 
 

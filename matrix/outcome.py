@@ -15,6 +15,7 @@ a status compared or assigned as a literal anywhere else.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, TypeVar, get_args
@@ -24,7 +25,7 @@ from matrix.check.specs import CheckFailure
 # Every status a `cell_run` row can have. An outcome never is `pending`/`running` (those are rows not yet
 # finished); `not-run` is what fail-fast writes for attempts it never started.
 Status = Literal["pending", "running", "passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"]
-FailureKind = Literal["config", "startup", "health", "request", "validation", "teardown", "infra"]
+FailureKind = Literal["config", "provision", "startup", "health", "request", "validation", "teardown", "infra"]
 STATUSES: tuple[str, ...] = get_args(Status)
 # The statuses by name, for readers that compare a row's status (`row.status == PASSED`).
 PASSED: Final = "passed"
@@ -81,6 +82,9 @@ class CellOutcome:
     # The KV transfers the engines' own counters saw during the request (`matrix.check.ledger`): transfers,
     # bytes, seconds and GB/s, with the counters they came from; empty when no engine exposes them.
     kv_ledger: Mapping[str, Any] = field(default_factory=dict)
+    # Every socket the cell's processes listened on before teardown: [{role, proto, address, port}]
+    # (`matrix.launch.listeners`); empty when none was seen or the cell never started.
+    listeners: tuple[Mapping[str, Any], ...] = ()
 
 
 _NONE = type(None)
@@ -111,6 +115,7 @@ STORED_COLUMNS: dict[str, tuple[type, ...]] = {
     "peaks": (dict,),
     "components": (dict,),
     "kv_ledger": (dict,),
+    "listeners": (list,),
 }
 # Fields of `CellOutcome` that are not in STORED_COLUMNS, and why.
 NOT_STORED = {"queued_s": "only total_s is stored, without it", "log_dir": "stored, but a host path: it never travels"}
@@ -168,6 +173,12 @@ def not_ready(ready_kind: str | None, message: str) -> CellOutcome:
 # --- the decision rules: every place that turns evidence into a status calls one of these ----------------
 # The runner builds outcomes from what it saw (`checked`, `after_teardown`, `judge_control`,
 # `judge_expectation`); the scheduler adds what only it knows (`interrupted`, `will_retry`, `with_flaky`).
+
+
+def provision_failed(reason: str) -> CellOutcome:
+    """The runtime's recipe failed to build: a failure of that release (kind `provision`), never a skip;
+    `reason` leads with the build's error line. (A host that cannot build it at all gives a skip.)"""
+    return failure("provision", reason)
 
 
 def checked(failures: Sequence[CheckFailure], **measured: Any) -> CellOutcome:
@@ -252,6 +263,49 @@ def retryable(outcome: CellOutcome) -> bool:
 def with_flaky(outcome: CellOutcome, failed_before: bool) -> CellOutcome:
     """`flaky`: passed after a failed attempt of the same cell."""
     return replace(outcome, flaky=outcome.status == "passed" and failed_before)
+
+
+# --- exposure: listeners beyond loopback ------------------------------------------------------------------
+
+
+def _loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback  # 0.0.0.0 and :: are every interface: not loopback
+
+
+def beyond_loopback(listeners: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The listeners another host could reach: bound to every interface or to a non-loopback address."""
+    return [entry for entry in listeners if not _loopback(str(entry.get("address", "")))]
+
+
+def describe_listeners(listeners: Sequence[Mapping[str, Any]]) -> str:
+    """``decode 0.0.0.0:5557/tcp, prefill [::]:41000/tcp``: one line for a message or a page."""
+    parts = []
+    for entry in listeners:
+        address = str(entry.get("address", ""))
+        shown = f"[{address}]" if ":" in address else address
+        parts.append(f"{entry.get('role', '?')} {shown}:{entry.get('port')}/{entry.get('proto', 'tcp')}")
+    return ", ".join(parts)
+
+
+def judge_listeners(outcome: CellOutcome, *, loopback_only: bool) -> CellOutcome:
+    """Say in the message which of the cell's listeners another host could reach; under `loopback_only`
+    (`matrix run --loopback-only`) a cell that served correctly but exposed one fails the check
+    `loopback_only` (kind `validation`: what it served was fine, where it listened was not)."""
+    exposed = beyond_loopback(outcome.listeners)
+    if not exposed:
+        return outcome
+    note = f"listens beyond loopback: {describe_listeners(exposed)}"
+    if loopback_only and outcome.status == "passed":
+        check = CheckFailure("loopback_only", note)
+        return replace(outcome, status="failed", failure_kind="validation", checks=(*outcome.checks, check),
+                       message=f"failed checks: loopback_only; {note}")  # fmt: skip
+    return replace(outcome, message=f"{outcome.message}; {note}" if outcome.message else note)
 
 
 # --- which attempt is "the latest": two rules, named here -------------------------------------------------

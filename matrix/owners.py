@@ -9,10 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+from collections.abc import Iterable
 
 import psutil
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from matrix.db.models import CellRun
+from matrix.db.models import Campaign, CellRun
 
 # A running row whose heartbeat is older than this belongs to a runner that is gone.
 STALE_AFTER_S = 60.0
@@ -33,3 +36,27 @@ def owner_gone(row: CellRun, now: dt.datetime) -> bool:
         heartbeat = heartbeat.replace(tzinfo=now.tzinfo)
     stale = heartbeat is None or (now - heartbeat).total_seconds() > STALE_AFTER_S
     return alive is False or (alive is None and stale)
+
+
+def orphaned_running(session: Session, now: dt.datetime, campaign_ids: Iterable[int] | None = None) -> set[int]:
+    """Ids of `running` rows whose runner is gone: readers show them `interrupted` (the next `matrix run`
+    records that; reading changes nothing)."""
+    stmt = select(CellRun).where(CellRun.status == "running")
+    if campaign_ids is not None:
+        stmt = stmt.where(CellRun.campaign_id.in_(sorted(set(campaign_ids))))
+    return {row.id for row in session.scalars(stmt) if owner_gone(row, now)}
+
+
+def shown_campaign_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
+    """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
+    `interrupted` (the next `matrix run` records that; listing changes nothing)."""
+    if campaign.status != "running":
+        return campaign.status
+    running = list(
+        session.scalars(select(CellRun).where(CellRun.campaign_id == campaign.id, CellRun.status == "running"))
+    )
+    if any(not owner_gone(row, now) for row in running):
+        return "running"  # a live runner (the owner, or one that joined) still runs a cell
+    alive = owner_alive(campaign.host, campaign.owner_pid)
+    # Its owner's pid is gone on this host, or on another host every running row's heartbeat is stale.
+    return "interrupted" if alive is False or (alive is None and running) else "running"

@@ -99,8 +99,10 @@ class LiveReporter:
         self._running: dict[str, tuple[str, float]] = {}
         self._counts: dict[str, int] = {}
         self._done = 0
-        self._lock = threading.Lock()
-        self._live = Live(self._render(), console=self._console, refresh_per_second=4, transient=True)
+        self._lock = threading.RLock()
+        # `get_renderable`: every refresh (4 a second) renders the panel anew, so the running cells' elapsed
+        # times tick; a renderable built once would show the time of the last event, `0.0s` at a start.
+        self._live = Live(console=self._console, refresh_per_second=4, transient=True, get_renderable=self._render)
         self._live.start()
 
     def emit(self, event: Event) -> None:
@@ -118,25 +120,32 @@ class LiveReporter:
                 self._live.console.print(Text(_line(event), style=style))
             elif event.kind in ("message", "campaign-end", "campaign-start"):
                 self._live.console.print(_line(event))
-            self._live.update(self._render())
+            self._live.refresh()
+
+    def header(self) -> str:
+        """``3/8 done (2 passed, 1 failed), 2 running, ETA 40s``: no empty parentheses before a cell ends."""
+        with self._lock:
+            elapsed = time.monotonic() - self._started
+            eta = ""
+            if self._done:
+                remaining = (self._total - self._done) * elapsed / self._done
+                eta = f", ETA {remaining:.0f}s"
+            counts = ", ".join(f"{n} {s}" for s, n in sorted(self._counts.items()))
+            done = f"{self._done}/{self._total} done" + (f" ({counts})" if counts else "")
+            return f"{done}, {len(self._running)} running{eta}"
 
     def _render(self) -> Group:
         from rich.console import Group
         from rich.table import Table
         from rich.text import Text
 
-        elapsed = time.monotonic() - self._started
-        eta = ""
-        if self._done:
-            remaining = (self._total - self._done) * elapsed / self._done
-            eta = f", ETA {remaining:.0f}s"
-        counts = " ".join(f"{n} {s}" for s, n in sorted(self._counts.items()))
-        header = Text(f"{self._done}/{self._total} done, {len(self._running)} running ({counts}){eta}", style="bold")
-        table = Table.grid(padding=(0, 2))
-        now = time.monotonic()
-        for cell_id, (cell, since) in sorted(self._running.items(), key=lambda kv: kv[1][1]):
-            table.add_row(f"{now - since:6.1f}s", Text(clean(cell)), cell_id)
-        return Group(header, table)
+        with self._lock:
+            header = Text(self.header(), style="bold")
+            table = Table.grid(padding=(0, 2))
+            now = time.monotonic()
+            for cell_id, (cell, since) in sorted(self._running.items(), key=lambda kv: kv[1][1]):
+                table.add_row(f"{now - since:6.1f}s", Text(clean(cell)), cell_id)
+            return Group(header, table)
 
     def close(self) -> None:
         self._live.stop()

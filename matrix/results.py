@@ -8,7 +8,7 @@ from typing import Any
 
 from matrix.db.models import CellRun, utcnow
 from matrix.outcome import STORED_COLUMNS, CellOutcome
-from matrix.text import clean_data, store_text
+from matrix.text import clean_data, completion_excerpt, store_text
 
 
 def _u64(value: int | None) -> str | None:
@@ -25,8 +25,9 @@ _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
     "prefill_worker_id": _u64,
     "decode_worker_id": _u64,
     "finish_reason": lambda value: store_text(value)[:32] if value is not None else None,
-    "completion_excerpt": store_text,
+    "completion_excerpt": completion_excerpt,  # redacted, then cut
     "components": lambda value: clean_data(dict(value)),  # versions a host's tools printed
+    "listeners": lambda value: [clean_data(dict(entry)) for entry in value],
 }
 
 

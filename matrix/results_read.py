@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from matrix.db.models import Campaign, Case, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.outcome import STORED_COLUMNS, highest_attempts
-from matrix.owners import owner_alive, owner_gone
+from matrix.owners import orphaned_running, shown_campaign_status
 
 
 def find_cell(session: Session, text: str) -> CellRun:
@@ -78,18 +78,8 @@ def describe_cell(row: CellRun) -> dict[str, Any]:
 
 
 def shown_status(session: Session, campaign: Campaign, now: dt.datetime) -> str:
-    """The campaign's status as a reader should see it: a `running` campaign whose runners are all gone is
-    `interrupted` (the next `matrix run` records that; listing changes nothing)."""
-    if campaign.status != "running":
-        return campaign.status
-    running = list(
-        session.scalars(select(CellRun).where(CellRun.campaign_id == campaign.id, CellRun.status == "running"))
-    )
-    if any(not owner_gone(row, now) for row in running):
-        return "running"  # a live runner (the owner, or one that joined) still runs a cell
-    alive = owner_alive(campaign.host, campaign.owner_pid)
-    # Its owner's pid is gone on this host, or on another host every running row's heartbeat is stale.
-    return "interrupted" if alive is False or (alive is None and running) else "running"
+    """The campaign's status as a reader should see it (`matrix.owners.shown_campaign_status`)."""
+    return shown_campaign_status(session, campaign, now)
 
 
 def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
@@ -110,10 +100,21 @@ def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
             latest[campaign_id][(case_id, runtime_id)] = state
     out = []
     now = utcnow()
+    # A running row whose runner is gone counts as interrupted, as the campaign's status says.
+    orphans = orphaned_running(session, now, latest)
+    gone = {
+        (c, case, rt, attempt)
+        for c, case, rt, attempt in session.execute(
+            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.attempt).where(
+                CellRun.id.in_(sorted(orphans))
+            )
+        )
+    } if orphans else set()  # fmt: skip
     for campaign in campaigns:
         counts: dict[str, int] = {}
-        for _, status in latest[campaign.id].values():
-            counts[status] = counts.get(status, 0) + 1
+        for (case_id, runtime_id), (attempt, status) in latest[campaign.id].items():
+            shown = "interrupted" if (campaign.id, case_id, runtime_id, attempt) in gone else status
+            counts[shown] = counts.get(shown, 0) + 1
         out.append(
             {
                 "id": campaign.id,

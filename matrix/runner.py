@@ -27,15 +27,17 @@ from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
 from matrix.launch.caches import cache_env
 from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import (
     Environment,
     Mismatch,
+    ProvisionFailed,
     Unavailable,
     prepare,
     remove_cell_containers,
     wrap_plan,
 )  # fmt: skip
-from matrix.launch.supervisor import Supervisor, TeardownReport
+from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
@@ -50,9 +52,13 @@ from matrix.outcome import (
     judge_expectation,
     not_ready,
     passed,
+    provision_failed,
     skipped,
 )
 from matrix.telemetry import PeakSampler
+
+# How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
+COMPLETION_WINDOW = 16_384
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,30 @@ class LiveCells:
             self._running.pop(cell_id, None)
 
     def cancel_all(self) -> None:
-        """Tear down every running pair (teardown is idempotent and thread-safe)."""
+        """Start tearing down every running pair, each in a thread of its own (teardown is idempotent and
+        thread-safe), and return: the driver stays free to say what it waits for and to take a second
+        Ctrl-C, which `kill_all` answers."""
         with self._lock:
             self.cancelled = True
             supervisors = list(self._running.values())
+            self.cancelled_at = time.monotonic()
         for supervisor in supervisors:
-            supervisor.teardown()
+            threading.Thread(target=supervisor.teardown, name="matrix-cancel", daemon=True).start()
+
+    def stopping(self) -> list[tuple[str, float]]:
+        """(cell id, seconds of grace left at most) of each pair still being torn down after `cancel_all`."""
+        with self._lock:
+            running = list(self._running.items())
+            since = time.monotonic() - getattr(self, "cancelled_at", time.monotonic())
+        return [(cell_id, max(0.0, supervisor.teardown_budget_s - since)) for cell_id, supervisor in running]
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of every running pair now (a second Ctrl-C); their teardowns then finish
+        at once, still checking that nothing is left."""
+        with self._lock:
+            supervisors = list(self._running.values())
+        for supervisor in supervisors:
+            supervisor.kill_now()
 
 
 def _teardown_checks(report: TeardownReport) -> list[CheckFailure]:
@@ -151,6 +175,8 @@ def _run(
     environment = prepare(cell.runtime)
     if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
         return failure("config", environment.reason)
+    if isinstance(environment, ProvisionFailed):  # a recipe that does not build fails the release's cells
+        return provision_failed(environment.reason)
     if isinstance(environment, Unavailable):
         return skipped(environment.reason)
     # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable
@@ -180,7 +206,9 @@ def _run(
             workspace=resources.workspace,
         )
         try:
-            plan = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir)
+            plan = wrap_plan(
+                environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir, model_dir=model_dir
+            )
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
@@ -209,17 +237,21 @@ Query = Callable[[LaunchPlan, float], CellOutcome]
 def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, query: Query) -> CellOutcome:
     sampler = PeakSampler(supervisor.pids, [int(g) for g in resources.gpu_ids if g.isdigit()], interval_s=0.05)
     queued: list[float] = [0.0]
+    listeners: list[dict[str, Any]] = []
     try:
         outcome = _start_and_query(supervisor, sampler, plan, resources, queued, query)
     finally:
         if sampler.is_alive():
             sampler.sample()  # a last look at the steady state, before teardown frees everything
+        # What the processes listen on, after the request (some engines open side channels on first use).
+        listeners = listening_sockets(find_cell_processes(plan.cell_id), supervisor.pids())
         report = supervisor.teardown()
         peaks = sampler.stop() if sampler.is_alive() else {}
         for scratch in plan.scratch_dirs:
             shutil.rmtree(scratch, ignore_errors=True)
     exit_codes = {e.role: e.returncode for e in report.exits}
-    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0])
+    outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
+                      listeners=(*outcome.listeners, *listeners))  # fmt: skip
     return after_teardown(outcome, _teardown_checks(report))
 
 
@@ -288,7 +320,9 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
         "prompt_tokens": validation.prompt_tokens,
         "completion_tokens": validation.completion_tokens,
         "finish_reason": validation.finish_reason,
-        "completion_excerpt": validation.content_excerpt or "",
+        # The start of the answer, far longer than the excerpt the record keeps: the record redacts it and
+        # only then cuts it, so a secret this cut halves is dropped by the second cut whatever it looks like.
+        "completion_excerpt": (validation.content or "")[:COMPLETION_WINDOW],
         "kv_ledger": kv_ledger,
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
@@ -334,7 +368,7 @@ def _equivalence(
         try:
             plan = wrap_plan(
                 environment, arm.aggregated_plan(replace(context, ports=ports)), case=context.case,
-                runtime=context.runtime, workspace=context.work_dir,
+                runtime=context.runtime, workspace=context.work_dir, model_dir=context.model_dir,
             )  # fmt: skip
         except MatrixError as exc:
             return as_error(pair, "config", f"aggregated instance: {exc}")

@@ -16,7 +16,10 @@ from typing import Any
 
 from matrix.redact import redact
 
-__all__ = ["LogTail", "clean", "clean_data", "log_tails", "printable", "read_tail", "shorten", "store_text"]
+__all__ = [
+    "COMPLETION_EXCERPT_CHARS", "LogTail", "clean", "clean_data", "completion_excerpt", "log_tails", "printable",
+    "read_tail", "shorten", "store_text",
+]  # fmt: skip
 
 TAIL_LINES = 200
 TAIL_BYTES = 64 * 1024
@@ -24,9 +27,13 @@ TAIL_BYTES = 64 * 1024
 # ANSI escape sequences: CSI (colours, cursor moves), OSC (window titles, hyperlinks) and the
 # two-character forms. They carry no information a report reader needs.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+# Characters that reorder or hide text: the bidi embeddings, overrides and isolates (U+202A-U+202E,
+# U+2066-U+2069; "Trojan Source": a U+202E makes "exe.txt" read "txt.exe"), the marks U+200E/U+200F/U+061C
+# and the zero-width characters (U+200B-U+200D, U+2060, U+FEFF), which a reader cannot see at all.
+_INVISIBLE = "\u061c\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff"
 # Characters XML 1.0 forbids or a browser would show as nothing: C0 controls except tab and newline,
-# DEL, C1 controls, lone surrogates and the two non-characters U+FFFE/U+FFFF.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# DEL, C1 controls, lone surrogates and the two non-characters U+FFFE/U+FFFF; and the invisible ones.
+_UNPRINTABLE = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff{_INVISIBLE}]")
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -35,12 +42,13 @@ def _escape_char(match: re.Match[str]) -> str:
 
 
 # Anything printable() would change: the common case (plain text) is one scan that finds nothing.
-_NEEDS_WORK = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_NEEDS_WORK = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff{_INVISIBLE}]")
 
 
 def printable(text: str) -> str:
     """`text` without terminal escape codes, with carriage returns as newlines and other control
-    characters written as visible escapes. The result is valid in XML 1.0 and readable in a page."""
+    characters, bidi overrides and zero-width characters written as visible escapes (``\\u202e``). The
+    result is valid in XML 1.0 and reads in a page as it is stored."""
     if not _NEEDS_WORK.search(text):
         return text
     text = _ANSI.sub("", text)
@@ -80,6 +88,16 @@ def store_text(text: str | None) -> str:
 def shorten(text: str, limit: int) -> str:
     """At most `limit` characters, ending in an ellipsis when something was cut."""
     return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+# What an attempt keeps of the answer's text.
+COMPLETION_EXCERPT_CHARS = 200
+
+
+def completion_excerpt(text: str | None) -> str:
+    """The start of a completion as it is stored: redacted first, then cut, so a token that straddles the
+    cut is hidden whole instead of keeping the few characters before the cut that no rule recognises."""
+    return shorten(clean(text), COMPLETION_EXCERPT_CHARS)
 
 
 @dataclass(frozen=True)

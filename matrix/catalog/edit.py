@@ -79,6 +79,38 @@ def add_runtime(
     return row
 
 
+def put_runtime(
+    session: Session,
+    *,
+    backend: str,
+    version: str,
+    channel: str,
+    provider: dict[str, Any],
+    components: dict[str, str],
+    notes: str,
+) -> Runtime:
+    """Add a runtime made by a command (`matrix runtime image`), or replace the provider, components and
+    notes of the one it made before. A catalog runtime of that version is never overwritten."""
+    from matrix.launch.providers.recipe import check_provider
+
+    row_backend = _backend(session, backend)
+    parsed = parse_version(version)
+    check_provider(provider, f"{backend}-{parsed}")
+    row = next((r for r in row_backend.runtimes if parse_version(r.version) == parsed), None)
+    if row is not None and row.source != "cli":
+        raise ConfigError(f"runtime {backend} {parsed} comes from the catalog files: pick another version")
+    if row is None:
+        row = Runtime(backend=row_backend, version=str(parsed), tag=tag_for(parsed), source="cli")
+        session.add(row)
+    row.channel, row.provider, row.notes, row.enabled, row.retired = channel, provider, notes, True, False
+    if row.components:
+        row.components.clear()
+        session.flush()  # the old rows go before the new ones, which have the same (runtime, name) keys
+    row.components = [RuntimeComponent(name=n, version=v) for n, v in sorted(components.items())]
+    session.flush()
+    return row
+
+
 def _provider_entry(label: str, kind: str, pip: Sequence[str], python: str | None) -> dict[str, Any]:
     """The provider table `runtime add` stores: for `venv`, one pip step per --pip (checked like the catalog's)."""
     if kind != "venv":

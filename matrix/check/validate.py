@@ -31,7 +31,6 @@ __all__ = [
 _U64_LIMIT = 2**64
 _FINISH_REASONS = ("stop", "length")
 _BODY_EXCERPT_CHARS = 300
-_CONTENT_EXCERPT_CHARS = 200
 _VALUE_REPR_CHARS = 80
 
 CHECK_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
@@ -78,7 +77,9 @@ class Validation:
     prompt_tokens: int | None
     completion_tokens: int | None
     finish_reason: str | None
-    content_excerpt: str | None
+    # The answer's text, whole: whoever shows it redacts it first and only then cuts it to an excerpt, so
+    # a secret cut in half can never keep the part the redaction would have recognised.
+    content: str | None
     # Checks not evaluated because what they inspect does not exist (e.g. everything after a non-200).
     skipped: tuple[str, ...] = field(default=())
 
@@ -200,7 +201,7 @@ def _result(out: _Collector, facts: Mapping[str, object]) -> Validation:
         prompt_tokens=as_int("prompt_tokens"),
         completion_tokens=as_int("completion_tokens"),
         finish_reason=as_str("finish_reason"),
-        content_excerpt=as_str("content_excerpt"),
+        content=as_str("content"),
         skipped=tuple(out.skipped),
     )
 
@@ -283,12 +284,12 @@ def _check_content(choice: Mapping[str, object], out: _Collector, facts: dict[st
 
     for _, value in candidates:
         if isinstance(value, str) and value.strip():
-            facts["content_excerpt"] = value[:_CONTENT_EXCERPT_CHARS]
+            facts["content"] = value
             return
 
     content = message.get("content")
     if isinstance(content, str):
-        facts["content_excerpt"] = content[:_CONTENT_EXCERPT_CHARS]
+        facts["content"] = content
     seen = [_seen(message, key, "") for key in ("content", "reasoning_content", "refusal")]
     seen.append(
         "no tool_calls"

@@ -47,12 +47,22 @@ def resume_gc() -> None:
         gc.enable()
 
 
+def remember_catalog_secrets(factory: sessionmaker[Session]) -> None:
+    """Hand the catalog's secret provider values to the redaction (`matrix.catalog.secrets`)."""
+    from matrix.catalog.secrets import catalog_secrets
+    from matrix.redact import remember_secrets
+
+    with factory() as session:
+        remember_secrets(catalog_secrets(session))
+
+
 @dataclass
 class App:
     """Per-invocation state: the database is opened lazily so `--help` never touches it."""
 
     db_url: str | None
     _engine: Engine | None = None
+    _secrets_read: bool = False
 
     def engine(self, *, check_schema: bool = True) -> Engine:
         from matrix.db.engine import create_db_engine, resolve_url
@@ -68,7 +78,13 @@ class App:
     def sessions(self) -> sessionmaker[Session]:
         from matrix.db.engine import session_factory
 
-        return session_factory(self.engine())
+        factory = session_factory(self.engine())
+        if not self._secrets_read:
+            # Before the command reads or runs anything: the catalog's own secret values are hidden by
+            # value at every exit from here on (a process may print one bare).
+            self._secrets_read = True
+            remember_catalog_secrets(factory)
+        return factory
 
     def close(self) -> None:
         """Close the database's connections now (SQLite checkpoints its WAL then), not whenever the GC

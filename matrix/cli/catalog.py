@@ -39,6 +39,10 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) 
     from matrix.catalog.sync import sync_catalog
 
     spec = load_catalog(list(files) or default_catalog_files())
+    from matrix.catalog.secrets import provider_secrets
+    from matrix.redact import remember_secrets
+
+    remember_secrets(provider_secrets(runtime.provider for runtime in spec.runtimes))  # hidden in what sync prints
     factory = app.sessions()
     with factory() as session, session.begin():
         report = sync_catalog(session, spec, prune=prune)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 SELECTION_KEYS = ("marker_expression", "since", "until", "backends", "cases", "runtimes")
+# The compare table's ratio columns: the metrics' ratios of medians, the same numbers the statistics judge.
+TABLE_METRICS = ("ready_s", "ttft_s", "request_s")
 
 
 def _selection(kw: dict[str, Any]) -> Selection | None:
@@ -50,9 +52,14 @@ def _comparison_rows(comparison: Comparison) -> list[tuple[str, ...]]:
     def side(outcome: Any) -> str:
         return f"{outcome.status} ({outcome.runtime.version})" if outcome else "-"
 
+    def ratio(row: Any, metric: str) -> str:
+        found = row.metric(metric)
+        if found is None:
+            return fmt_ratio(None)
+        return fmt_ratio(found.comparison.ratio) + (" REGRESSION" if found.regression else "")
+
     return [
-        (row.case.name, side(row.a), side(row.b), row.verdict, fmt_ratio(row.ready_ratio),
-         fmt_ratio(row.request_ratio), fmt_ratio(row.total_ratio))
+        (row.case.name, side(row.a), side(row.b), row.verdict, *(ratio(row, m) for m in TABLE_METRICS))
         for row in comparison.rows
     ]  # fmt: skip
 
@@ -74,13 +81,14 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
         "counts": comparison.counts(),
         "cases": [
             {"case": row.case.name, "verdict": row.verdict, "a": side(row.a), "b": side(row.b),
-             "ratios": {"ready": row.ready_ratio, "request": row.request_ratio, "total": row.total_ratio},
+             "ratios": {m.comparison.metric: m.comparison.ratio for m in row.performance},
              **statistics_dict(row)}
             for row in comparison.rows
         ],
         "threshold": comparison.threshold,
         "alpha": comparison.alpha,
         "regressions": sum(len(row.regressions) for row in comparison.rows),
+        "significance_tested": not comparison.significance_missing,
     }  # fmt: skip
 
 
@@ -155,21 +163,29 @@ def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
     help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
 )  # fmt: skip
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
+@click.option(
+    "--fail-on", type=click.Choice(["never", "regression", "failure"]), default="never", show_default=True,
+    help="Exit 1 when a case is regressed or slower (regression), or also still failing (failure).",
+)  # fmt: skip
 @significance_options
 @json_option
 @with_session
 def compare_cmd(
-    session: Session, a: str, b: str, component: str | None, html_out: Path | None, threshold: float, alpha: float,
-    as_json: bool,
+    session: Session, a: str, b: str, component: str | None, html_out: Path | None, fail_on: str, threshold: float,
+    alpha: float, as_json: bool,
 ) -> None:  # fmt: skip
-    """Compare outcomes case by case: fixed, regressed, still failing, unchanged, new, missing.
+    """Compare outcomes case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
 
     \b
     matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
     matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
-    Timing ratios are B over A (below 1 is faster). Per case: pass rates with Wilson 95 % intervals and,
-    per metric, the ratio of medians with a 95 % interval and a Mann-Whitney p-value (needs scipy:
-    pip install 'disagg-matrix[stats]'); a regression is significant (p < --alpha) and past --threshold.
+    matrix compare A B --fail-on regression           exit 1 on a regressed or slower case (for CI)
+    A case that passes on both sides is `slower` when a metric regressed: significant (p < --alpha) and
+    worse than --threshold. Ratios are B over A (below 1 is faster), the ratio of medians over passed
+    attempts, with a 95 % interval and a Mann-Whitney p-value (needs scipy: pip install
+    'disagg-matrix[stats]'; without it pass/fail and ratios are shown, significance is not tested).
+    Per case also the pass rates with Wilson 95 % intervals. Exit code: 0, or 1 under --fail-on when a
+    case's verdict is one it names; 2 bad input.
     """
     from matrix.output import print_json, print_table
     from matrix.report.compare import compare_components, compare_runtimes, statistics_lines
@@ -183,15 +199,22 @@ def compare_cmd(
         from matrix.report.render import render_compare
 
         render_compare(comparison, html_out)
+    failing = comparison.failing(fail_on)
     if as_json:
         print_json(_comparison_dict(comparison))
-        return
-    columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "request",
-               "total")  # fmt: skip
-    print_table(columns, _comparison_rows(comparison), title=comparison.title)
-    counts = comparison.counts()
-    click.echo(", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either side")
-    click.echo("\n".join(statistics_lines(comparison)))
+    else:
+        columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "TTFT",
+                   "request")  # fmt: skip
+        print_table(columns, _comparison_rows(comparison), title=comparison.title)
+        counts = comparison.counts()
+        click.echo(", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either "
+                   "side")  # fmt: skip
+        click.echo("\n".join(statistics_lines(comparison)))
+        if failing:
+            click.echo(f"--fail-on {fail_on}: {len(failing)} case(s) fail it: "
+                       + ", ".join(f"{row.case.name} ({row.verdict})" for row in failing))  # fmt: skip
+    if failing:
+        raise SystemExit(1)
 
 
 @click.command("gate")
@@ -213,8 +236,10 @@ def gate_cmd(
     passed on the previous release (the greatest final version below VERSION; pre-releases and dev
     builds are skipped) and fails now is a regression, which blocks even when waived under the
     policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
-    not run (or only skipped) with nothing else wrong give INCOMPLETE. Exit code: 0 GO, 1 NO-GO,
-    3 INCOMPLETE, 2 bad input.
+    not run (or only skipped) with nothing else wrong give INCOMPLETE. A policy that selects no case
+    for the runtime gives N/A; a NO-GO from missing fixes alone, before any cell failed, is shown as
+    predicted. The page and the text list the policy's rules. Exit code: 0 GO, 1 NO-GO, 3 INCOMPLETE,
+    4 N/A, 2 bad input.
     """
     from matrix.report.gate import evaluate_gate, gate_text
 

@@ -95,6 +95,8 @@ def _versions(cell: Any) -> str:
     help="Run each cell N times, each a separate attempt (pass rates with Wilson intervals; timing samples).",
 )  # fmt: skip
 @click.option("-x", "--fail-fast", is_flag=True, help="Start no new cell after the first failure.")
+@click.option("--loopback-only", is_flag=True,
+              help="Fail a cell whose processes listen beyond 127.0.0.1/::1 (check loopback_only).")
 @click.option("--resume", type=int, metavar="CAMPAIGN", help="Run the cells of CAMPAIGN that have no finished attempt.")
 @click.option(
     "--rerun-failed",
@@ -140,7 +142,7 @@ def run_cmd(
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
-    offline: bool, new_only: bool, **kw: Any,
+    offline: bool, new_only: bool, loopback_only: bool, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -186,7 +188,7 @@ def run_cmd(
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
-        new_only=new_only, repeat=repeat,
+        new_only=new_only, repeat=repeat, loopback_only=loopback_only,
     )  # fmt: skip
     from matrix.output import echo
 
@@ -241,7 +243,9 @@ def gpus_cmd(as_json: bool) -> None:
 @json_option
 @with_session
 def show_cmd(session: Session, cell: str, as_json: bool) -> None:
-    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt)."""
+    """Show one cell attempt: by MATRIX_CELL_ID, by row id, or CASE@BACKEND-VERSION (latest attempt).
+
+    Formatted like the report (seconds, byte units, words); --json has every stored value and digit."""
     from matrix.results_read import describe_cell, find_cell
     from matrix.text import clean_data
 
@@ -253,16 +257,9 @@ def show_cmd(session: Session, cell: str, as_json: bool) -> None:
 
         print_json(details)
         return
-    for key, value in details.items():
-        if key == "checks":
-            for check in value:
-                if isinstance(check, dict):
-                    click.echo(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
-        elif key == "logs":
-            for role, path in value.items():
-                click.echo(f"  log {role}: {path}")
-        elif value not in (None, "", {}, []):
-            click.echo(f"{key}: {value}")
+    from matrix.report.show import show_lines
+
+    click.echo("\n".join(show_lines(details)))
 
 
 def register(cli: click.Group) -> None:

@@ -294,6 +294,8 @@ class CellRun(Base):
     components: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # {"transfers", "bytes", "seconds", "gb_per_s", "source"}: the KV-transfer ledger (`matrix.check.ledger`).
     kv_ledger: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # [{"role", "proto", "address", "port"}]: every socket the attempt's processes listened on.
+    listeners: Mapped[list[Any]] = mapped_column(JSON, default=list)
 
     campaign: Mapped[Campaign] = relationship(back_populates="cells")
     case: Mapped[Case] = relationship()

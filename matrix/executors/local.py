@@ -46,6 +46,12 @@ class LocalExecutor:
     def cancel_all(self) -> None:
         self._live.cancel_all()
 
+    def stopping(self) -> list[tuple[str, float]]:
+        return self._live.stopping()
+
+    def kill_all(self) -> None:
+        self._live.kill_all()
+
     @property
     def cancelled(self) -> bool:
         return self._live.cancelled

@@ -158,6 +158,16 @@ class RayExecutor:
             timer.daemon = True
             timer.start()
 
+    def stopping(self) -> list[tuple[str, float]]:
+        """Cancelled tasks still running; Ray force-cancels them FORCE_CANCEL_AFTER_S after the cancel."""
+        with self._lock:
+            return [(uid, FORCE_CANCEL_AFTER_S) for uid in self._running] if self._cancelled else []
+
+    def kill_all(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        self._force_cancel(running)
+
     def _force_cancel(self, uids: list[str]) -> None:
         """Kill the workers of cancelled tasks that are still running; their outcomes sweep the nodes."""
         with self._lock:

@@ -31,7 +31,7 @@ from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout.shards import check_campaign_key
 from matrix.outcome import FINISHED_STATUSES, PASSED, SKIPPED, STORED_COLUMNS
-from matrix.text import clean, clean_data
+from matrix.text import clean, clean_data, completion_excerpt
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
@@ -80,12 +80,14 @@ _CAMPAIGN_FIELDS: dict[str, tuple[type, ...]] = {
 
 
 # Outcome fields that hold text a process produced: cleaned (redacted, printable) on the way out and in.
-_TEXT_FIELDS = ("message", "completion_excerpt", "expected_failure", "owner_host")
+_TEXT_FIELDS = ("message", "expected_failure", "owner_host")
 
 
 def clean_outcome_text(outcome: Mapping[str, Any]) -> dict[str, Any]:
     """The free-text fields of an outcome (message, checks, completion...) redacted and printable."""
     cleaned: dict[str, Any] = {name: clean(outcome[name]) for name in _TEXT_FIELDS if isinstance(outcome[name], str)}
+    if isinstance(outcome["completion_excerpt"], str):
+        cleaned["completion_excerpt"] = completion_excerpt(outcome["completion_excerpt"])  # redacted, then cut
     cleaned["checks"] = clean_data(outcome["checks"])
     for name in ("finish_reason", "failure_kind"):
         if isinstance(outcome[name], str):
@@ -264,13 +266,13 @@ def _time(path: Path, where: str, value: str | None) -> dt.datetime | None:
 
 
 # Outcome fields added after format version 1 was fixed, with what a shard written before them means.
-ADDED_FIELDS: Mapping[str, Any] = {"kv_ledger": {}}  # no ledger kept: "not measured"
+ADDED_FIELDS: Mapping[str, Any] = {"kv_ledger": {}, "listeners": []}  # not recorded then: "not measured"
 
 
 def _attempt(path: Path, index: int, data: Any) -> ShardAttempt:
     where = f"cells[{index}]"
     if isinstance(data, dict):
-        data = {**{name: dict(value) for name, value in ADDED_FIELDS.items()}, **data}
+        data = {**{name: type(value)(value) for name, value in ADDED_FIELDS.items()}, **data}
     _check_fields(path, where, data, _CELL_FIELDS)
     where = f"cells[{index}] ({data['case']}@{data['backend']}-{data['runtime_version']}, {data['uid']})"
     if data["status"] not in FINISHED_STATUSES:

@@ -60,3 +60,5 @@ class LaunchPlan:
     # The equivalence oracle's prompts for this deployment (cases with `launch.equivalence`): the pair's
     # plan and the arm's aggregated plan each carry one, pointing at their own completions endpoint.
     oracle: OracleSpec | None = None
+    # Set when the processes run in containers: the engine the watchdog removes the cell's containers with.
+    container_engine: str = ""

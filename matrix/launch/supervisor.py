@@ -193,7 +193,7 @@ class Supervisor:
         if self._spawned_at is not None:
             raise RuntimeError("Supervisor.start() may only be called once")
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._watchdog = _Watchdog.start(self._plan.cell_id, self._base_env)
+        self._watchdog = _Watchdog.start(self._plan.cell_id, self._base_env, self._plan.container_engine)
         self._spawned_at = time.monotonic()
         for spec in self._plan.processes:
             if not spec.start_after:
@@ -354,6 +354,20 @@ class Supervisor:
 
     # -- teardown ----------------------------------------------------------------------------------
 
+    @property
+    def teardown_budget_s(self) -> float:
+        """The longest a teardown waits before SIGKILL: per stage, the grace for exits and again for groups."""
+        started = list(self._children)
+        stages = 2 if any(child.spec.start_after for child in started) else 1
+        return 2 * stages * self._plan.teardown_grace_s
+
+    def kill_now(self) -> None:
+        """SIGKILL every process of the cell at once, from any thread, without waiting for a teardown in
+        progress (which then sees them gone and finishes, still sweeping and checking)."""
+        for child in list(self._children):
+            _signal_group(child.popen.pid, signal.SIGKILL)
+        kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S)
+
     def teardown(self) -> TeardownReport:
         """Stop everything the cell started and verify the host is clean. Idempotent and thread-safe."""
         with self._teardown_lock:
@@ -407,14 +421,14 @@ class _Watchdog:
         self._popen, self._write_fd = popen, write_fd
 
     @classmethod
-    def start(cls, cell_id: str, base_env: Mapping[str, str]) -> _Watchdog | None:
+    def start(cls, cell_id: str, base_env: Mapping[str, str], engine: str = "") -> _Watchdog | None:
         from matrix.launch import watchdog
 
         read_fd, write_fd = os.pipe()  # not inheritable: no other child of the runner holds the write end
         env = {k: v for k, v in base_env.items() if k != CELL_ENV}  # never part of the cell it watches
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-I", watchdog.__file__, str(read_fd), cell_id],
+                [sys.executable, "-I", watchdog.__file__, str(read_fd), cell_id, *([engine] if engine else [])],
                 pass_fds=(read_fd,), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip

@@ -11,18 +11,27 @@ Why not the kernel's parent-death signal (PR_SET_PDEATHSIG): it fires when the *
 child exits, not the process (and runners start cells from worker threads), and it reaches only the direct
 child, not an engine's own workers. The environment tag reaches them all.
 
-Run as a script (`python -I watchdog.py FD CELL_ID`); it imports only the standard library and psutil,
-so it starts fast and does not depend on how matrix itself was put on the path.
+A cell whose processes run in containers passes the container engine too (`python -I watchdog.py FD
+CELL_ID ENGINE`): after the sweep the watchdog force-removes every container labelled with the cell, since
+a container's processes belong to the engine's daemon, not to the runner (the sweep reaches them only when
+the daemon runs on this very kernel and shows them in this pid namespace).
+
+Run as a script (`python -I watchdog.py FD CELL_ID [ENGINE]`); it imports only the standard library and
+psutil, so it starts fast and does not depend on how matrix itself was put on the path.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
 CELL_ENV = "MATRIX_CELL_ID"
+CELL_LABEL = "matrix.cell"  # the container provider's label (a script: it cannot import matrix)
+_ENGINE_TIMEOUT_S = 30.0
 DONE = b"done"
 _SWEEP_FOR_S = 1.0
 
@@ -63,12 +72,34 @@ def sweep(cell_id: str) -> int:
         time.sleep(0.05)
 
 
+def remove_containers(engine: str, cell_id: str) -> int:
+    """Force-remove every container labelled with the cell (running or not); how many there were."""
+    path = shutil.which(engine)
+    if path is None:
+        return 0
+    try:
+        listed = subprocess.run(
+            [path, "ps", "--all", "--quiet", "--filter", f"label={CELL_LABEL}={cell_id}"],
+            capture_output=True, text=True, timeout=_ENGINE_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        ids = listed.stdout.split()
+        if ids:
+            subprocess.run([path, "rm", "--force", *ids], capture_output=True, timeout=_ENGINE_TIMEOUT_S,
+                           check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len(ids)
+
+
 def main(argv: list[str]) -> int:
     fd, cell_id = int(argv[1]), argv[2]
+    engine = argv[3] if len(argv) > 3 else ""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the runner, which tears down itself
     if _read_until_eof(fd).strip() == DONE:
         return 0
     sweep(cell_id)
+    if engine:
+        remove_containers(engine, cell_id)
     return 0
 
 

@@ -37,6 +37,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
     "kv-corrupt-after-checksum": "the decode worker inverts the last KV block it pulled after the transfer's "
     "checksum passed: every check but equivalent_to_aggregated passes (the aggregated worker moves no KV)",
+    "listen-everywhere": "the prefill worker also listens on 0.0.0.0 (an ephemeral port), as an engine's "
+    "event-plane publisher does: the cell's listeners show it beyond loopback",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -53,6 +55,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "escaped-child",
     "ignore-sigterm",
     "hostile-output",
+    "listen-everywhere",
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -252,11 +253,23 @@ def _spawn_escaped_child(log: EventLog) -> None:
 
 def _write_hostile() -> None:
     """Fault hostile-output: the raw lines, straight to stdout (the supervisor's pipe), NUL and all."""
-    from matrix.reference.hostile import LOG_LINES
+    from matrix.reference.hostile import LOG_LINES, echoed_values
 
-    for line in LOG_LINES:
+    for line in [*LOG_LINES, *echoed_values(os.environ)]:
         sys.stdout.buffer.write(line.encode("utf-8", errors="surrogatepass") + b"\n")
     sys.stdout.buffer.flush()
+
+
+_EXPOSED: list[socket.socket] = []
+
+
+def _listen_everywhere(log: EventLog) -> None:
+    """Fault listen-everywhere: a socket on every interface, kept open (and unused) until the worker exits."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("0.0.0.0", 0))  # the fault is exactly this exposure
+    sock.listen(1)
+    _EXPOSED.append(sock)
+    log(f"listening on 0.0.0.0:{sock.getsockname()[1]} (fault listen-everywhere)")
 
 
 def _first_start() -> bool:
@@ -306,6 +319,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         log("ignoring SIGTERM (fault ignore-sigterm)")
     if "hostile-output" in faults:
         _write_hostile()
+    if "listen-everywhere" in faults:
+        _listen_everywhere(log)
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
         return 1

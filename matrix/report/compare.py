@@ -1,4 +1,4 @@
-"""Compare two sides of the matrix case by case: fixed, regressed, still failing, unchanged, new, missing.
+"""Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
 
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
 version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
@@ -7,7 +7,9 @@ attempt of that case on any of the side's runtimes (the newest row wins, across 
 Beyond the verdict, each case carries each side's pass rate over all its informative attempts (Wilson 95 %
 interval; flaky when a side both passed and failed) and, per metric, B against A as a ratio of medians with
 a 95 % interval and a Mann-Whitney p-value; a metric regresses only when the change is both significant
-and past the threshold (`matrix.report.perf`).
+and past the threshold (`matrix.report.perf`). The verdict includes the performance verdict: a case that
+passes on both sides but has a metric that regressed is `slower`, never `unchanged`. The ratios shown per
+metric are those same ratios of medians over passed attempts, so a page never shows two ratios for one metric.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from matrix.report.perf import (
     load_samples,
     pooled,
 )
-from matrix.report.stats import PassRate, pass_rate
+from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.versions import parse_version
 
 __all__ = [
+    "FAIL_ON",
     "VERDICTS",
     "Comparison",
     "ComparisonRow",
@@ -56,8 +59,14 @@ __all__ = [
 ]
 
 NO_RATE = PassRate(0, 0, "")
-# Most newsworthy first: the order of rows in tables.
-VERDICTS = ("regressed", "fixed", "still failing", "new", "missing", "unchanged")
+# Most newsworthy first: the order of rows in tables. `slower`: passed on both sides, a metric regressed.
+VERDICTS = ("regressed", "slower", "fixed", "still failing", "new", "missing", "unchanged")
+# The verdicts `matrix compare --fail-on` exits 1 for (`FAIL_ON`), and what each choice means.
+FAIL_ON: Mapping[str, frozenset[str]] = {
+    "never": frozenset(),
+    "regression": frozenset({"regressed", "slower"}),
+    "failure": frozenset({"regressed", "slower", "still failing"}),
+}
 
 
 @dataclass(frozen=True)
@@ -86,10 +95,6 @@ class ComparisonRow:
     a: Outcome | None
     b: Outcome | None
     verdict: str
-    # B over A; None when either side has no such timing.
-    ready_ratio: float | None
-    request_ratio: float | None
-    total_ratio: float | None
     # Every informative attempt of the case on each side (repeats, retries, campaigns): pass rate, Wilson.
     rate_a: PassRate = NO_RATE
     rate_b: PassRate = NO_RATE
@@ -100,6 +105,15 @@ class ComparisonRow:
     def regressions(self) -> tuple[MetricVerdict, ...]:
         return tuple(m for m in self.performance if m.regression)
 
+    def metric(self, name: str) -> MetricVerdict | None:
+        """The comparison of one metric (`ready_s`, `request_s`...), None when a side has no sample of it."""
+        return next((m for m in self.performance if m.comparison.metric == name), None)
+
+    def ratio(self, name: str) -> float | None:
+        """B over A for one metric: the ratio of medians the statistics judge, the one ratio shown for it."""
+        found = self.metric(name)
+        return found.comparison.ratio if found else None
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -108,6 +122,8 @@ class Comparison:
     rows: tuple[ComparisonRow, ...]
     threshold: float = DEFAULT_THRESHOLD
     alpha: float = DEFAULT_ALPHA
+    # scipy is not installed: ratios and intervals are shown, p-values and regressions are not judged.
+    significance_missing: bool = False
 
     @property
     def title(self) -> str:
@@ -118,6 +134,11 @@ class Comparison:
         for row in self.rows:
             counts[row.verdict] += 1
         return {verdict: n for verdict, n in counts.items() if n}
+
+    def failing(self, fail_on: str) -> list[ComparisonRow]:
+        """The rows whose verdict `--fail-on FAIL_ON` fails the command for."""
+        verdicts = FAIL_ON[fail_on]
+        return [row for row in self.rows if row.verdict in verdicts]
 
 
 def _klass(outcome: Outcome | None) -> str:
@@ -144,13 +165,12 @@ def verdict(a: Outcome | None, b: Outcome | None) -> str:
     }[(ka, kb)]
 
 
-def _timing_ratio(a: Outcome | None, b: Outcome | None, timing: str) -> float | None:
-    """B's timing over A's; None when either is missing (or A's is zero)."""
-    if a is None or b is None:
-        return None
-    ta: float | None = getattr(a.attempt, timing)
-    tb: float | None = getattr(b.attempt, timing)
-    return tb / ta if ta is not None and tb is not None and ta > 0 else None
+def with_performance(outcome_verdict: str, performance: Sequence[MetricVerdict]) -> str:
+    """The case's verdict once its metrics are judged: passing on both sides with a regressed metric is
+    `slower`; any other verdict already says more than the timings."""
+    if outcome_verdict == "unchanged" and any(m.regression for m in performance):
+        return "slower"
+    return outcome_verdict
 
 
 def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Outcome]:
@@ -190,29 +210,28 @@ def compare(
     (`perf.load_samples`), each case's metrics too, regressions judged by `threshold` and `alpha`."""
     side_a, side_b = _latest_by_case(a, attempts), _latest_by_case(b, attempts)
     statuses_a, statuses_b = _statuses(a, attempts), _statuses(b, attempts)
+    significance = significance_available()
     rows = []
     for case_id in side_a.keys() | side_b.keys():
         oa, ob = side_a.get(case_id), side_b.get(case_id)
         performance: tuple[MetricVerdict, ...] = ()
         if samples is not None:
             performance = tuple(compare_metrics(pooled(samples, case_id, a.runtime_ids),
-                                                pooled(samples, case_id, b.runtime_ids), threshold, alpha))  # fmt: skip
+                                                pooled(samples, case_id, b.runtime_ids), threshold, alpha,
+                                                need_p=significance))  # fmt: skip
         rows.append(
             ComparisonRow(
                 case=cases[case_id],
                 a=oa,
                 b=ob,
-                verdict=verdict(oa, ob),
-                ready_ratio=_timing_ratio(oa, ob, "ready_s"),
-                request_ratio=_timing_ratio(oa, ob, "request_s"),
-                total_ratio=_timing_ratio(oa, ob, "total_s"),
+                verdict=with_performance(verdict(oa, ob), performance),
                 rate_a=pass_rate(statuses_a.get(case_id, [])),
                 rate_b=pass_rate(statuses_b.get(case_id, [])),
                 performance=performance,
             )
         )
     rows.sort(key=lambda r: (VERDICTS.index(r.verdict), r.case.name))
-    return Comparison(a, b, tuple(rows), threshold, alpha)
+    return Comparison(a, b, tuple(rows), threshold, alpha, significance_missing=not significance)
 
 
 def statistics_lines(comparison: Comparison) -> list[str]:
@@ -227,7 +246,10 @@ def statistics_lines(comparison: Comparison) -> list[str]:
         lines.append(f"  {row.case.name}: A {row.rate_a.text()}; B {row.rate_b.text()}{note}")
         lines.extend(f"    {metric.text()}" for metric in row.performance)
     regressions = sum(len(row.regressions) for row in comparison.rows)
-    lines.append(f"{regressions} performance regression(s)")
+    if comparison.significance_missing:
+        lines.append(f"significance not tested: p-values and regressions need scipy ({INSTALL_HINT})")
+    else:
+        lines.append(f"{regressions} performance regression(s)")
     return lines
 
 

@@ -34,8 +34,10 @@ from matrix.db.models import (
     CellRun,
     Marker,
     Runtime,
+    utcnow,
 )
-from matrix.outcome import FINISHED_STATUSES, SKIPPED, STORED_COLUMNS, later_skip, standing_attempt
+from matrix.outcome import FINISHED_STATUSES, SKIPPED, STORED_COLUMNS, interruption, later_skip, standing_attempt
+from matrix.owners import orphaned_running, shown_campaign_status
 from matrix.plan import Selection, make_plan, missing_fixes
 from matrix.versions import parse_version
 
@@ -211,6 +213,7 @@ class AttemptDetail(NamedTuple):
     peaks: Mapping[str, Any]
     components: Mapping[str, Any]
     kv_ledger: Mapping[str, Any]
+    listeners: Sequence[Mapping[str, Any]]
 
     @property
     def finished(self) -> bool:
@@ -374,11 +377,13 @@ def load_cases(session: Session) -> list[CaseView]:
 
 
 def load_campaigns(session: Session) -> list[CampaignView]:
+    """Every campaign, a `running` one whose runners are all gone shown `interrupted` (`matrix.owners`)."""
     rows = session.scalars(select(Campaign).order_by(Campaign.id)).all()
+    now = utcnow()
     return [
         CampaignView(
-            c.id, c.status, c.started_at, c.finished_at, dict(c.selection), c.host, c.executor, c.git_sha,
-            c.matrix_version,
+            c.id, shown_campaign_status(session, c, now), c.started_at, c.finished_at, dict(c.selection), c.host,
+            c.executor, c.git_sha, c.matrix_version,
         )
         for c in rows
     ]  # fmt: skip
@@ -389,9 +394,14 @@ def iter_attempt_rows(session: Session, stmt_filter: Iterable[Any] = ()) -> Iter
     stmt: Select[Any] = select(*_SUMMARY_COLUMNS).order_by(CellRun.id)
     for condition in stmt_filter:
         stmt = stmt.where(condition)
+    # A running row whose runner was killed is interrupted for every reader, though only the next
+    # `matrix run` writes that down (its processes are gone: the watchdog killed them).
+    orphans = orphaned_running(session, utcnow())
     for row in session.execute(stmt):
         (rid, campaign, case, runtime, attempt, status, kind, flaky, expected, unexpected, ready, request, total,
          checks) = row  # fmt: skip
+        if rid in orphans:  # only running rows are ever orphans
+            status, kind = ORPHANED.status, ORPHANED.failure_kind
         yield AttemptRow(
             rid, campaign, case, runtime, attempt, status, kind, bool(flaky), expected or "", bool(unexpected),
             ready, request, total, _checks(checks),
@@ -415,6 +425,11 @@ def load_skip_reasons(session: Session, results: Results) -> dict[int, str]:
     return found
 
 
+ORPHAN_MESSAGE = "its runner is gone (killed or crashed): interrupted; the next matrix run records it so\n"
+# How a reader shows a running row whose runner is gone (the next `matrix run` writes the same).
+ORPHANED = interruption(ORPHAN_MESSAGE)
+
+
 def load_details(
     session: Session, runtime_id: int, *, case_ids: Iterable[int] | None = None, campaign_id: int | None = None
 ) -> dict[int, list[AttemptDetail]]:
@@ -428,9 +443,13 @@ def load_details(
         stmt = stmt.where(CellRun.campaign_id == campaign_id)
     wanted = set(case_ids) if case_ids is not None else None
     grouped: dict[int, list[AttemptDetail]] = defaultdict(list)
+    orphans = orphaned_running(session, utcnow())
     for row in session.execute(stmt):
         if wanted is None or row.case_id in wanted:
             detail = _detail(row)
+            if detail.id in orphans:
+                shown = interruption(f"{ORPHAN_MESSAGE}{detail.message}")
+                detail = detail._replace(status=shown.status, failure_kind=shown.failure_kind, message=shown.message)
             grouped[detail.case_id].append(detail)
     return grouped
 

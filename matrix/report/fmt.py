@@ -9,7 +9,10 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["flatten", "fmt_bytes", "fmt_ratio", "fmt_seconds", "fmt_time", "fmt_value"]
+__all__ = [
+    "flatten", "fmt_bytes", "fmt_kv_ledger", "fmt_pairs", "fmt_peaks", "fmt_ratio", "fmt_seconds", "fmt_time",
+    "fmt_value", "label",
+]  # fmt: skip
 
 DASH = "-"
 
@@ -73,3 +76,70 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
         else:
             pairs.append((name, fmt_value(name, value)))
     return pairs
+
+
+# Words for the keys the runner records, so no page or terminal shows `cpu_s.decode` or `rss_bytes`.
+LABELS: Mapping[str, str] = {
+    "rss_bytes": "memory (RSS)",
+    "cpu_s": "CPU time",
+    "gpu_bytes": "GPU memory",
+    "device_used_bytes": "GPU memory in use (device)",
+    "memory_used_after": "GPU memory in use after",
+    "startup_queue_s": "start-up queue",
+    "startup_mode": "start-up mode",
+    "startup_window": "start-up window",
+    "startup_peers": "start-ups beside it",
+    "baseline": "GPU memory before",
+}
+
+
+def label(key: str) -> str:
+    """The words for a recorded key: a known one's label, else the key with spaces for underscores."""
+    return LABELS.get(key, key.replace("_", " "))
+
+
+def _leaf(key: str, value: Any) -> str:
+    if isinstance(value, float) and (key.endswith("_s") or key == "seconds"):
+        return fmt_seconds(value)
+    return fmt_value(key, value)
+
+
+def fmt_pairs(data: Mapping[str, Any], parent: str = "") -> str:
+    """A recorded mapping as ``key value · key value``: nested mappings as ``label: key value, ...``,
+    byte counts in units, seconds with their unit, lists joined; never a Python repr."""
+    parts = []
+    for key, value in data.items():
+        unit_key = parent if parent.endswith(("_bytes", "_s")) else str(key)
+        if isinstance(value, Mapping):
+            inner = fmt_pairs(value, str(key))
+            parts.append(f"{label(str(key))}: {inner}" if inner else f"{label(str(key))}: {DASH}")
+        elif isinstance(value, list | tuple):
+            parts.append(f"{label(str(key))} " + (", ".join(_leaf(str(key), v) for v in value) or DASH))
+        else:
+            name = str(key) if parent else label(str(key))
+            parts.append(f"{name} {_leaf(unit_key, value)}")
+    return (", " if parent else " · ").join(parts)
+
+
+def fmt_peaks(peaks: Mapping[str, Any]) -> str:
+    """``memory (RSS): prefill 24.7 MB, decode 24.6 MB · CPU time: prefill 0.080 s, ...``."""
+    return fmt_pairs(peaks)
+
+
+def fmt_kv_ledger(ledger: Mapping[str, Any]) -> str:
+    """``1 transfer(s), 5.8 kB in 0.994 ms (0.0059 GB/s), from reference at ...``; "" without transfers."""
+    transfers = ledger.get("transfers")
+    if not transfers:
+        return ""
+    size = ledger.get("bytes")
+    seconds = ledger.get("seconds")
+    rate = ledger.get("gb_per_s")
+    text = f"{transfers} transfer(s)"
+    if isinstance(size, int | float):
+        text += f", {fmt_bytes(size)}"
+    if isinstance(seconds, int | float):
+        text += f" in {seconds * 1000:.3f} ms" if seconds < 1 else f" in {fmt_seconds(seconds)}"
+    if isinstance(rate, int | float):
+        text += f" ({rate:.3g} GB/s)"
+    source = ledger.get("source")
+    return text + (f", from {source}" if source else "")

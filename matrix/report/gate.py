@@ -31,8 +31,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
 and ask again); else GO. A GO where not every required cell passed (failures excused by waivers) says
-so on its first line. A policy that selects no case for the runtime is NO-GO: nothing shows that the
-release works. `matrix gate` exits 0 for GO, 1 for NO-GO, 3 for INCOMPLETE and 2 for bad input.
+so on its first line. A policy that selects no case for the runtime is N/A (not applicable): it says
+nothing about the runtime either way. A NO-GO whose only blocking findings are missing fixes (and missing
+evidence) is *predicted*: known from the catalog before a cell ran, and shown as such. `matrix gate` exits
+0 for GO, 1 for NO-GO, 3 for INCOMPLETE, 4 for N/A and 2 for bad input.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from matrix.report.data import (
     load_runtimes,
 )
 from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
-from matrix.report.stats import PassRate, pass_rate
+from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
@@ -70,9 +72,11 @@ __all__ = [
 
 NO_RATE = PassRate(0, 0, "")
 # `matrix gate` exit code per verdict (2 is bad input, as for every command).
-EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3}
+EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3, "N/A": 4}
+# Blocking findings a NO-GO can be *predicted* from, before anything ran: the catalog knows a fix is missing.
+PREDICTED_KINDS = frozenset({"missing-fix"})
 # Blocking findings that mean "evidence missing" rather than "something is wrong".
-INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive"})
+INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested"})
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
 KNOWN_RULES: Mapping[str, Any] = {
@@ -82,6 +86,17 @@ KNOWN_RULES: Mapping[str, Any] = {
     "min_samples": 1,
     "max_slowdown": None,
     "perf_alpha": DEFAULT_ALPHA,
+}
+
+
+# What each rule means, for the gate page and `gate_text` ("which rules a policy has").
+RULE_TEXT: Mapping[str, str] = {
+    "flaky_blocks": "a pass that needed a retry blocks",
+    "regressions_block": "a case that passed on the previous release and fails now blocks, even when waived",
+    "min_pass_rate": "the Wilson 95 % lower bound of the pass rate must reach this",
+    "min_samples": "fewer informative attempts than this is incomplete evidence",
+    "max_slowdown": "a metric worse than on the previous release by more than this fraction, significantly, blocks",
+    "perf_alpha": "significance level of the slowdown rule's Mann-Whitney test",
 }
 
 
@@ -101,6 +116,29 @@ class Policy:
         return {"flaky_blocks": self.flaky_blocks, "regressions_block": self.regressions_block,
                 "min_pass_rate": self.min_pass_rate, "min_samples": self.min_samples,
                 "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha}  # fmt: skip
+
+    def rule_lines(self) -> list[tuple[str, str, str]]:
+        """(rule, value, meaning) of every rule in force; rules of the rate or speed family that are off say so."""
+        found = [
+            ("flaky_blocks", _yes_no(self.flaky_blocks), RULE_TEXT["flaky_blocks"]),
+            ("regressions_block", _yes_no(self.regressions_block), RULE_TEXT["regressions_block"]),
+        ]
+        if self.min_pass_rate is None:
+            found.append(("min_pass_rate", "off", "the latest attempt must pass"))
+        else:
+            found.append(("min_pass_rate", f"{self.min_pass_rate:g}", RULE_TEXT["min_pass_rate"]))
+            found.append(("min_samples", str(self.min_samples), RULE_TEXT["min_samples"]))
+        if self.max_slowdown is None:
+            found.append(("max_slowdown", "off", "performance is not judged"))
+        else:
+            found.append(("max_slowdown", f"{self.max_slowdown:g} ({100 * self.max_slowdown:g} %)",
+                          RULE_TEXT["max_slowdown"]))  # fmt: skip
+            found.append(("perf_alpha", f"{self.perf_alpha:g}", RULE_TEXT["perf_alpha"]))
+        return found
+
+
+def _yes_no(value: bool) -> str:
+    return "yes" if value else "no"
 
 
 @dataclass(frozen=True)
@@ -176,8 +214,41 @@ class GateResult:
         return bool(blocking) and all(r.kind in INCOMPLETE_KINDS for r in blocking)
 
     @property
+    def applicable(self) -> bool:
+        """The policy selects a case that applies to the runtime: there is something to gate."""
+        return bool(self.cells)
+
+    @property
     def verdict(self) -> str:
+        if not self.applicable:
+            return "N/A"
         return "GO" if self.go else "INCOMPLETE" if self.incomplete else "NO-GO"
+
+    @property
+    def predicted(self) -> bool:
+        """A NO-GO known before any measurement: only missing fixes (and missing evidence) block, so the
+        verdict comes from the catalog, not from a cell that ran and failed."""
+        blocking = {r.kind for r in self.reasons if r.blocking}
+        return self.verdict == "NO-GO" and bool(blocking & PREDICTED_KINDS) and blocking <= (
+            PREDICTED_KINDS | INCOMPLETE_KINDS
+        )
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as shown: a predicted NO-GO says so, N/A says why."""
+        if self.predicted:
+            return "NO-GO (predicted)"
+        return self.verdict
+
+    @property
+    def explanation(self) -> str:
+        """One line under a verdict that is not a plain measurement ("" for the others)."""
+        if self.predicted:
+            return ("predicted, not measured: the catalog says a required fix is missing; no required cell has "
+                    "failed (run them to measure)")  # fmt: skip
+        if not self.applicable:
+            return f"not applicable: policy {self.policy.name} selects no case that applies to {self.runtime.label}"
+        return ""
 
     @property
     def exit_code(self) -> int:
@@ -199,6 +270,7 @@ class GateResult:
     def as_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "predicted": self.predicted,
             "exit_code": self.exit_code,
             "caveat": self.caveat,
             "required": len(self.cells),
@@ -354,9 +426,11 @@ def evaluate_gate(
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
         cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
     if not required:
+        # Not applicable, not NO-GO: nothing is wrong with the runtime, the policy does not speak about it.
         reasons.append(
             Reason("no-cases", "", f"policy {policy.name} ({policy.expression}) selects no case that applies to "
-                   f"{runtime.label}: nothing shows that it works", True)
+                   f"{runtime.label}: the gate does not apply (N/A), it shows neither that it works nor that it "
+                   "does not", False)
         )  # fmt: skip
     return GateResult(runtime, policy, previous, tuple(cells), tuple(not_required), tuple(reasons), today)
 
@@ -460,6 +534,12 @@ def _slowdowns(
     before = dict(samples.get((case.id, previous.id), {}))
     now = dict(samples.get((case.id, runtime.id), {}))
     found = []
+    if not significance_available():
+        testable = [m for m in now if len(now[m]) > 1 and len(before.get(m, ())) > 1]
+        if testable:  # the rule applies but cannot be judged: missing evidence, never a silent pass
+            found.append(Reason("slowdown-untested", case.name, f"max_slowdown not checked against "
+                                f"{previous.version}: the significance test needs scipy ({INSTALL_HINT})", True))
+        return found  # fmt: skip
     for metric in compare_metrics(before, now, policy.max_slowdown or 0.0, policy.perf_alpha):
         if metric.regression:
             found.append(Reason("slowdown", case.name, f"{metric.text()} against {previous.version} "
@@ -489,15 +569,18 @@ def gate_text(result: GateResult) -> str:
     policy = result.policy
     caveat = f" ({result.caveat})" if result.caveat else ""
     lines = [
-        f"{result.verdict}{caveat}: {result.runtime.backend} {result.runtime.version} under policy {policy.name} "
-        f"({policy.expression})",
+        f"{result.verdict_text}{caveat}: {result.runtime.backend} {result.runtime.version} under policy "
+        f"{policy.name} ({policy.expression})",
     ]
+    if result.explanation:
+        lines.append(f"  {result.explanation}")
     for reason in result.reasons:
         mark = "x" if reason.blocking else "-"
         subject = f"{reason.case}: " if reason.case else ""
         lines.append(f"  {mark} {reason.kind:<15} {subject}{reason.message}")
     previous = result.previous.version if result.previous else "none"
     lines.append(f"required cells: {len(result.cells)} ({result.passed} passed); previous release: {previous}")
+    lines.append("rules: " + "; ".join(f"{rule} {value}" for rule, value, _ in policy.rule_lines()))
     if result.incomplete:
         lines.append("INCOMPLETE: no finding says the runtime is wrong, but required cells have not run: run them "
                      "(on a host that can) and ask again")  # fmt: skip

@@ -105,15 +105,16 @@ def gate_markdown(result: GateResult) -> str:
     runtime, policy = result.runtime, result.policy
     caveat = f" ({md(result.caveat)})" if result.caveat else ""
     lines = [
-        f"## Release gate: **{result.verdict}**{caveat} for {md(runtime.backend)} {md(runtime.version)}",
+        f"## Release gate: **{result.verdict_text}**{caveat} for {md(runtime.backend)} {md(runtime.version)}",
         "",
+        *([md(result.explanation), ""] if result.explanation else []),
         f"Required cells: {len(result.cells)} ({result.passed} passed)."
         + (" Required cells have not run and nothing found is wrong: run them and ask again." if result.incomplete
            else ""),
         "",
-        f"Policy `{md(policy.name)}`: {md(policy.expression)} (flaky_blocks {str(policy.flaky_blocks).lower()}, "
-        f"regressions_block {str(policy.regressions_block).lower()}); previous release "
-        f"{md(result.previous.version) if result.previous else 'none'}.",
+        f"Policy `{md(policy.name)}`: {md(policy.expression)} ("
+        + ", ".join(f"{rule} {md(value)}" for rule, value, _ in policy.rule_lines())
+        + f"); previous release {md(result.previous.version) if result.previous else 'none'}.",
         "",
     ]
     if result.reasons:

@@ -113,7 +113,12 @@ class MetricVerdict:
     def text(self) -> str:
         c = self.comparison
         interval = f" [{c.low:.3f}, {c.high:.3f}]" if c.low is not None and c.high is not None else ""
-        p = f", p={c.p_value:.2g}" if c.p_value is not None else ", p=n/a (needs 2+ samples a side)"
+        if c.p_value is not None:
+            p = f", p={c.p_value:.2g}"
+        elif c.n_a < 2 or c.n_b < 2:
+            p = ", p=n/a (needs 2+ samples a side)"
+        else:
+            p = ", p=n/a (significance needs scipy: the [stats] extra)"
         mark = " REGRESSION" if self.regression else " improved" if self.improvement else ""
         return f"{c.metric} x{c.ratio:.3f}{interval}{p} (n={c.n_a}/{c.n_b}){mark}"
 
@@ -133,11 +138,13 @@ def judge(comparison: MetricComparison, threshold: float, alpha: float) -> Metri
     return MetricVerdict(comparison, direction, significant and worse, significant and better)
 
 
-def compare_metrics(a: Samples, b: Samples, threshold: float, alpha: float) -> list[MetricVerdict]:
-    """Every metric both sides have, in `METRICS` order."""
+def compare_metrics(
+    a: Samples, b: Samples, threshold: float, alpha: float, *, need_p: bool = True
+) -> list[MetricVerdict]:
+    """Every metric both sides have, in `METRICS` order (`need_p=False`: no p-values, so no regression)."""
     found = []
     for metric in METRICS:
-        comparison = compare_samples(metric, a.get(metric, ()), b.get(metric, ()))
+        comparison = compare_samples(metric, a.get(metric, ()), b.get(metric, ()), need_p=need_p)
         if comparison is not None:
             found.append(judge(comparison, threshold, alpha))
     return found

@@ -25,6 +25,7 @@ from matrix.report.compare import Comparison, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, evaluate_gate
+from matrix.report.perf import load_samples
 from matrix.report.views import (
     STATUS_LABELS,
     CampaignSummary,
@@ -58,8 +59,23 @@ def environment() -> Environment:
     env.globals["status_label"] = status_label
     env.globals["log_tails"] = log_tails
     env.globals["cell_href"] = _cell_href
+    env.globals["gate_css"] = gate_css
     env.globals["matrix_version"] = __version__
     return env
+
+
+def gate_css(result: GateResult) -> str:
+    """The class of a verdict on the gate page: a predicted NO-GO and N/A look unlike a measured one."""
+    if result.predicted:
+        return "predicted"
+    return {"GO": "go", "INCOMPLETE": "incomplete", "N/A": "na"}.get(result.verdict, "nogo")
+
+
+def _badge_css(result: GateResult) -> str:
+    """The class of a verdict badge on the index."""
+    if result.predicted:
+        return "verdict-predicted"
+    return "verdict-" + ("na" if result.verdict == "N/A" else links.slug(result.verdict.lower()))
 
 
 def _printable(value: Any) -> Any:
@@ -95,8 +111,9 @@ def _scope_text(results: Results) -> str:
     return "Selection " + (", ".join(parts) if parts else "(everything)")
 
 
-def default_comparisons(results: Results) -> list[Comparison]:
-    """Per backend, the newest runtime with results against the one before it (PEP 440 order)."""
+def default_comparisons(results: Results, session: Session | None = None) -> list[Comparison]:
+    """Per backend, the newest runtime with results against the one before it (PEP 440 order); with a
+    `session`, its metrics too (a `slower` verdict needs them)."""
     found = []
     cases = {c.id: c for c in results.cases}
     for backend in results.backends():
@@ -105,7 +122,8 @@ def default_comparisons(results: Results) -> list[Comparison]:
             continue
         older, newer = with_results[-2], with_results[-1]
         attempts = sorted((a for a in results.attempts() if a.runtime_id in (older.id, newer.id)), key=lambda a: a.id)
-        found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts))
+        samples = load_samples(session, [older.id, newer.id]) if session is not None else None
+        found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts, samples))
     return found
 
 
@@ -180,7 +198,7 @@ def write_report(session: Session, out_dir: Path, selection: Selection | None = 
 
 def _write_pages(session: Session, env: Environment, out_dir: Path, results: Results) -> Path:
     selection = results.selection
-    comparisons = default_comparisons(results)
+    comparisons = default_comparisons(results, session)
     reasons = load_skip_reasons(session, results)
     summaries = campaign_summaries(results, reasons)
     gates = _write_gates(session, env, out_dir, results)
@@ -196,6 +214,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
             "provider": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(runtime.provider)],
             "totals": status_counts(cells),
             "cells": cell_views(cells, details),
+            "gates": gates.get(runtime.id, ()),
         })  # fmt: skip
     for campaign in campaigns:
         summary = summaries.get(campaign.id) or CampaignSummary()
@@ -263,8 +282,9 @@ def _write_gates(
                 if blocking
                 else "no blocking reason"
             )
-            found.append(GateBadge(policy, result.verdict, "verdict-" + links.slug(result.verdict.lower()), href,
-                                   clean(title)))  # fmt: skip
+            if result.explanation:
+                title = f"{result.explanation}. {title}"
+            found.append(GateBadge(policy, result.verdict_text, _badge_css(result), href, clean(title)))
         badges[runtime.id] = tuple(found)
     return badges
 

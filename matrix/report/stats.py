@@ -34,6 +34,7 @@ __all__ = [
     "PassRate",
     "compare_samples",
     "pass_rate",
+    "significance_available",
     "wilson",
 ]
 
@@ -138,6 +139,15 @@ def _mannwhitneyu() -> Any:
     return mannwhitneyu
 
 
+def significance_available() -> bool:
+    """Whether scipy is here for the p-values (without it, ratios and intervals are still computed)."""
+    try:
+        _mannwhitneyu()
+    except StatsMissingError:
+        return False
+    return True
+
+
 def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
     """exp of the Hodges-Lehmann shift of log(b) - log(a), with the Moses 95 % interval: (estimate, low, high).
 
@@ -153,8 +163,11 @@ def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95)
     return math.exp(estimate), math.exp(diffs[k - 1]), math.exp(diffs[count - k])
 
 
-def compare_samples(metric: str, a: Sequence[float], b: Sequence[float]) -> MetricComparison | None:
-    """B against A; None without a positive sample on both sides. One sample a side gives the ratio only."""
+def compare_samples(
+    metric: str, a: Sequence[float], b: Sequence[float], *, need_p: bool = True
+) -> MetricComparison | None:
+    """B against A; None without a positive sample on both sides. One sample a side gives the ratio only.
+    Without `need_p` no p-value is computed (scipy is not installed): the ratio and interval still are."""
     a = [x for x in a if x > 0 and math.isfinite(x)]
     b = [x for x in b if x > 0 and math.isfinite(x)]
     if not a or not b:
@@ -163,5 +176,5 @@ def compare_samples(metric: str, a: Sequence[float], b: Sequence[float]) -> Metr
     if len(a) < 2 or len(b) < 2:
         return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, None, None, None)
     _, low, high = hodges_lehmann_ratio(a, b)
-    p_value = float(_mannwhitneyu()(a, b, alternative="two-sided").pvalue)
+    p_value = float(_mannwhitneyu()(a, b, alternative="two-sided").pvalue) if need_p else None
     return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, low, high, p_value)

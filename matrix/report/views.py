@@ -8,21 +8,23 @@ then makes it inert.
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, standing_attempt
+from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, beyond_loopback, describe_listeners, standing_attempt
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
-from matrix.report.fmt import flatten, fmt_seconds, fmt_time
+from matrix.report.fmt import flatten, fmt_pairs, fmt_peaks, fmt_seconds, fmt_time
 from matrix.report.stats import pass_rate
 from matrix.report.trend import Trend, trend
 from matrix.text import clean, printable, shorten
 
 __all__ = [
     "STATUS_LABELS",
+    "AttemptGroup",
     "AttemptView",
     "BackendSection",
     "CampaignRow",
@@ -36,6 +38,7 @@ __all__ = [
     "backend_sections",
     "campaign_summaries",
     "cell_views",
+    "group_attempts",
     "status_counts",
     "status_label",
 ]
@@ -282,8 +285,10 @@ def _facts(d: AttemptDetail) -> str:
         ("ports", _pairs(d.ports)),
         ("exit codes", _pairs(d.exit_codes)),
         ("components", _pairs(d.components)),
-        ("GPU", _pairs(d.gpu)),
-        ("peaks", _nested(d.peaks)),
+        # Words and units, never recorded keys (`cpu_s.decode`): "CPU time: decode 0.080 s".
+        ("GPU", fmt_pairs(d.gpu) if d.gpu else ""),
+        ("peaks", fmt_peaks(d.peaks) if d.peaks else ""),
+        ("listens on", describe_listeners([e for e in d.listeners if isinstance(e, Mapping)])),
     ]  # fmt: skip
     # Structured values the runner recorded: made printable, not redacted (that is for free text).
     return printable("\n".join(f"{label:<11} {text}" for label, text in lines if text))
@@ -305,6 +310,9 @@ def _headline(d: AttemptDetail) -> str:
         parts.append("unexpected pass")
     if d.owner_host:
         parts.append(f"on {d.owner_host}")
+    exposed = beyond_loopback([e for e in d.listeners if isinstance(e, Mapping)])
+    if exposed:
+        parts.append(f"listens beyond loopback: {describe_listeners(exposed)}")
     return printable(" · ".join(parts))
 
 
@@ -334,6 +342,18 @@ class MissingFix:
     href: str | None
 
 
+class AttemptGroup(NamedTuple):
+    """Consecutive attempts (newest first) that failed the same way: the newest shown whole, the others
+    named ("6 attempts, same failure"), so a page does not repeat one failure block six times."""
+
+    view: AttemptView
+    repeats: tuple[AttemptView, ...]
+
+    @property
+    def attempts(self) -> int:
+        return 1 + len(self.repeats)
+
+
 class CellView(NamedTuple):
     anchor: str
     case: CaseView
@@ -343,6 +363,36 @@ class CellView(NamedTuple):
     flaky: bool
     missing: tuple[MissingFix, ...]
     attempts: tuple[AttemptView, ...]  # newest first
+    groups: tuple[AttemptGroup, ...] = ()  # the same attempts, identical failures grouped
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _failure_key(view: AttemptView) -> tuple[str, ...] | None:
+    """What makes two failures "the same": status, kind, checks and message with numbers masked (ports,
+    pids, timings and timestamps differ between attempts of one failure). None for a pass."""
+    d = view.detail
+    if d.status == PASSED:
+        return None
+    checks = tuple(f"{name}: {_DIGITS.sub('#', message)}" for name, message in view.checks)
+    message = _DIGITS.sub("#", "\n".join(line.split(" ", 1)[-1] for line in view.message.splitlines()))
+    return (d.status, d.failure_kind or "", message, *checks)
+
+
+def group_attempts(views: Iterable[AttemptView]) -> tuple[AttemptGroup, ...]:
+    """Runs of consecutive identical failures as one group each; every other attempt its own group."""
+    groups: list[AttemptGroup] = []
+    last_key: tuple[str, ...] | None = None
+    for view in views:
+        key = _failure_key(view)
+        if groups and key is not None and key == last_key:
+            head = groups[-1]
+            groups[-1] = AttemptGroup(head.view, (*head.repeats, view))
+        else:
+            groups.append(AttemptGroup(view, ()))
+        last_key = key
+    return tuple(groups)
 
 
 def _missing(cell: ResultCell) -> tuple[MissingFix, ...]:
@@ -361,6 +411,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
         attempts = details.get(cell.case.id, [])
         last = standing_attempt(attempts)
         status = last.status if last else "none"
+        views = tuple(attempt_view(a) for a in reversed(attempts))
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),
             case=cell.case,
@@ -369,7 +420,8 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
             css=status_css(status),
             flaky=bool(last and last.flaky),
             missing=_missing(cell),
-            attempts=tuple(attempt_view(a) for a in reversed(attempts)),
+            attempts=views,
+            groups=group_attempts(views),
         )
 
 

@@ -41,6 +41,15 @@ class CellExecutor(Protocol):
     @property
     def cancelled(self) -> bool: ...
 
+    def stopping(self) -> list[tuple[str, float]]:
+        """After `cancel_all`: (cell id, seconds left at most before it is killed) of each attempt still
+        being torn down."""
+        ...
+
+    def kill_all(self) -> None:
+        """Kill every running attempt's processes now (a second Ctrl-C), leaving nothing behind."""
+        ...
+
     def shutdown(self) -> None:
         """Wait for submitted work to end and free what the executor holds."""
         ...

@@ -26,6 +26,7 @@ from matrix.outcome import (
     CellOutcome,
     error,
     interrupted,
+    judge_listeners,
     not_run,
     retryable,
     skipped,
@@ -38,6 +39,8 @@ from matrix.schedule.executor import CellExecutor, Submission
 from matrix.schedule.slots import Demand, Lease, SlotPool
 
 _POLL_S = 0.1
+# While a stopping runner waits for its pairs, how often it says so (with the time left before SIGKILL).
+_COUNTDOWN_S = 2.0
 
 
 @dataclass
@@ -54,6 +57,8 @@ class SchedulerOptions:
     jobs: int
     max_attempts: int = 1
     fail_fast: bool = False
+    # `--loopback-only`: a cell whose processes listen beyond loopback fails (`judge_listeners`).
+    loopback_only: bool = False
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Tally:
     counts: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     failed_fast: bool = False
+    # Cell keys of attempts a stop request left unstarted (their rows stay pending: `--resume` runs them).
+    not_started: list[str] = field(default_factory=list)
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -112,11 +119,25 @@ class Scheduler:
         # Cells this host can never run are recorded as skipped at once, not after everything else.
         pending = self._skip_impossible(sorted(jobs, key=lambda job: -job.expected_s), wait_if_none=False)
         running: dict[Future[CellOutcome], _Running] = {}
+        killed = False
+        told_at = 0.0
         try:
             while pending or running:
                 if self._stop.requested and not self._executor.cancelled:
                     self._executor.cancel_all()
                     self.tally.interrupted = True
+                    if running:
+                        self._reporter.emit(Event("message", detail=f"{self._stop.signal_name or 'stop'}: tearing "
+                                                  f"down {len(running)} running pair(s); press Ctrl-C again to kill "
+                                                  "them at once"))  # fmt: skip
+                if self._stop.forced and running and not killed:
+                    killed = True
+                    self._reporter.emit(Event("message", detail=f"second {self._stop.signal_name or 'stop'}: "
+                                              f"killing {len(running)} pair(s) now"))  # fmt: skip
+                    self._executor.kill_all()
+                if self._stop.requested and running and not killed and time.monotonic() - told_at >= _COUNTDOWN_S:
+                    told_at = time.monotonic()
+                    self._countdown(running)
                 if not self._stop.requested and not self.tally.failed_fast:
                     pending = self._start_what_fits(pending, running)
                 elif not running:
@@ -135,7 +156,19 @@ class Scheduler:
         if self.tally.failed_fast:
             for job in pending:
                 self._record_not_run(job)
+        elif self._stop.requested:
+            self.tally.not_started = [job.cell.key for job in pending]
         return self.tally
+
+    def _countdown(self, running: dict[Future[CellOutcome], _Running]) -> None:
+        """Say what a stopping runner waits for: which pairs, and how long at most before SIGKILL."""
+        left = dict(self._executor.stopping())
+        waiting = [(entry.job.cell.key, left.get(entry.uid)) for entry in running.values()]
+        longest = max((s for _, s in waiting if s is not None), default=None)
+        when = f"SIGKILL in {longest:.0f}s at most" if longest else "SIGKILL is next"
+        names = ", ".join(key for key, _ in waiting[:3]) + (f" and {len(waiting) - 3} more" if len(waiting) > 3 else "")
+        self._reporter.emit(Event("message", detail=f"waiting for {len(waiting)} pair(s) to exit after SIGTERM "
+                                  f"({names}): {when}; Ctrl-C again kills them now"))  # fmt: skip
 
     def _start_what_fits(self, pending: list[Job], running: dict[Future[CellOutcome], _Running]) -> list[Job]:
         left = []
@@ -187,6 +220,7 @@ class Scheduler:
         if self._executor.cancelled:
             why = f"runner received {self._stop.signal_name or 'a stop request'}; the pair was torn down"
             outcome = interrupted(outcome, why)
+        outcome = judge_listeners(outcome, loopback_only=self._options.loopback_only)
         # "interrupted" without a stop request means the executor lost the cell (e.g. a Ray node died).
         retry = retryable(outcome) and job.attempt < self._options.max_attempts and not self._stop.requested
         outcome = with_flaky(outcome, job.failed_before)

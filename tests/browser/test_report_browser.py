@@ -215,7 +215,7 @@ def test_index_shows_each_runtimes_gate_verdicts_and_trend_charts(report: Path, 
     assert browser.page.url.endswith("/gate-reference-0.2.0-release.html")
     gate = browser.evaluate(
         "({verdict: document.querySelector('.verdict').innerText,"
-        " reasons: [...document.querySelectorAll('tbody')[0].querySelectorAll('tr')].map(r => r.innerText)})"
+        " reasons: [...document.querySelectorAll('table.reasons tbody tr')].map(r => r.innerText)})"
     )
     assert gate["verdict"] == "NO-GO"
     assert any("worker_ids_distinct" in r for r in gate["reasons"]), gate

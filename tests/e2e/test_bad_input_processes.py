@@ -105,3 +105,36 @@ def test_downgrade_to_an_unknown_revision_names_the_known_ones(seeded: Matrix) -
     line = _one_line_error(result.stderr)
     assert "cannot downgrade to 'nosuchrev'" in line and "Give one of: base, 0" in line and "0002, 0001" in line
     assert seeded.dump() == before
+
+
+HUGE = "1" * 5000  # over Python's int-string limit (4300 digits)
+
+
+@pytest.mark.parametrize(
+    "expression", [f"foo(x={HUGE})", f"gpu_0 and requested_vllm_kv_cache_bytes(x=-{HUGE})", f"foo(n=1, x={HUGE})"]
+)
+def test_a_marker_integer_over_pythons_digit_limit_is_one_clear_error_in_plan(seeded: Matrix, expression: str) -> None:
+    # [M21] item 10: int() raised ValueError, and `plan -m` printed a traceback.
+    before = seeded.dump()
+    result = seeded.subprocess("plan", "-m", expression)
+    assert result.returncode == 2, result.stderr
+    line = _one_line_error(result.stdout + result.stderr)
+    assert "5000 digits" in line and "write a shorter number" in line and len(line) < 500, line
+    assert seeded.dump() == before
+
+
+def test_a_marker_integer_over_pythons_digit_limit_is_one_clear_error_in_catalog_sync(
+    seeded: Matrix, tmp_path: Path
+) -> None:
+    before = seeded.dump()
+    catalog = tmp_path / "huge.toml"
+    catalog.write_text(
+        f'[[case]]\nname = "huge"\nbackend = "reference"\narm = "reference"\nmodel = "matrix-reference-tiny"\n'
+        f'markers = ["pre_merge", "gpu_0", "requested_vllm_kv_cache_bytes({HUGE})"]\n',
+        encoding="utf-8",
+    )
+    result = seeded.subprocess("catalog", "sync", str(catalog))
+    assert result.returncode == 2, result.stderr
+    line = _one_line_error(result.stdout + result.stderr)
+    assert "5000 digits" in line and "huge.toml" in line and len(line) < 500, line
+    assert seeded.dump() == before

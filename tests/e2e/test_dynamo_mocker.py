@@ -66,3 +66,22 @@ def test_discovery_and_cache_directories_are_removed_logs_kept(dynamo_campaign: 
         log_dir = Path(str(_row(dynamo_campaign, case)["log_dir"]))
         assert (log_dir / "frontend.log").is_file()
         assert not (log_dir / "discovery").exists() and not (log_dir / "cache").exists()
+
+
+def test_every_listener_is_recorded_and_only_the_event_plane_leaves_loopback(dynamo_campaign: Matrix) -> None:
+    # [M21] item 11, as measured on 1.6.1: the frontend, system and RPC ports keep to 127.0.0.1 (the arm's
+    # DYN_*_HOST variables); the workers' event-plane ZMQ publishers bind 0.0.0.0, which no 1.6.1 variable
+    # changes (docs/security.md). Recorded as evidence and said in the message; --loopback-only fails them.
+    (row,) = dynamo_campaign.sql(
+        'SELECT r.listeners, r.ports, r.message FROM cell_run r JOIN "case" c ON c.id = r.case_id WHERE c.name = ?',
+        "dynamo_mocker_disaggregated",
+    )
+    listeners = row[0] if isinstance(row[0], list) else json.loads(str(row[0]))
+    ports = row[1] if isinstance(row[1], dict) else json.loads(str(row[1]))
+    by_port = {int(e["port"]): e for e in listeners}
+    for name, port in ports.items():  # every port matrix gave out is listened on, on loopback
+        assert by_port[int(port)]["address"] == "127.0.0.1", (name, by_port.get(int(port)))
+    exposed = [e for e in listeners if e["address"] != "127.0.0.1"]
+    assert {e["role"] for e in exposed} <= {"prefill", "decode"} and all(e["address"] == "0.0.0.0" for e in exposed)
+    if exposed:
+        assert "listens beyond loopback: " in str(row[2])

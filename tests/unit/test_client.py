@@ -344,7 +344,7 @@ def test_sse_stream_is_assembled_with_ttft(server: Server) -> None:
     validation = validate_chat_response(response.status_code, response.body)
     assert validation.ok, validation.failures
     assert validation.prefill_worker_id == BIG_ID
-    assert validation.content_excerpt == "Hello, w\u00f6rld!"
+    assert validation.content == "Hello, w\u00f6rld!"
 
 
 @pytest.mark.parametrize(

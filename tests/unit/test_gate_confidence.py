@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+
+import pytest
 
 from tests.conftest import Matrix
 from tests.unit.test_report_support import attempt, campaign, db, sync
@@ -159,3 +162,17 @@ def test_repeats_take_turns_across_cells(matrix: Matrix) -> None:
     assert cells >= 2 and len(order) == 3 * cells
     assert [attempt for _, attempt in order] == [1] * cells + [2] * cells + [3] * cells
     assert [key for key, _ in order[:cells]] == [key for key, _ in order[cells : 2 * cells]]
+
+
+def test_without_scipy_the_speed_rule_is_untested_not_a_silent_go(
+    matrix: Matrix, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[M21] item 15: the rule cannot be judged, so the verdict is INCOMPLETE and names the extra."""
+    sync(matrix, GATES)
+    runs(matrix, "vllm=0.29.0", {case: "P" * 5 for case in CASES}, seed=1)
+    runs(matrix, "vllm=0.30.0", {case: "P" * 5 for case in CASES}, scale=1.2, seed=2)
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    result = matrix("gate", "vllm", "0.30.0", "--policy", "speed")
+    assert result.exit_code == 3, result.output
+    assert "slowdown-untested" in result.output and "disagg-matrix[stats]" in result.output

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from matrix.check.specs import CheckFailure
 from matrix.db.models import Backend, Case, CellRun, Runtime
 from matrix.fanout.shard_results import OUTCOME_FIELDS
@@ -22,6 +24,7 @@ from matrix.outcome import (
     interrupted,
     judge_control,
     judge_expectation,
+    judge_listeners,
     retryable,
     with_flaky,
 )
@@ -54,6 +57,7 @@ def test_the_writer_stores_every_column_of_a_full_outcome() -> None:
         finish_reason="length", completion_excerpt="hello", ports={"frontend": 8000}, exit_codes={"decode": 0},
         log_dir="logs/c1", components={"vllm": "0.11"}, gpu={"index": "0"}, queued_s=0.25,
         peaks={"decode": {"rss_mib": 10}}, expected_failure="lacks vllm#1", unexpected_pass=True, flaky=True,
+        listeners=({"role": "decode", "proto": "tcp", "address": "0.0.0.0", "port": 5557},),
     )  # fmt: skip
     row = CellRun(log_dir="")
     record_outcome(row, outcome)
@@ -61,7 +65,9 @@ def test_the_writer_stores_every_column_of_a_full_outcome() -> None:
     assert stored["message"] == "bad\\x00 body"  # text a process produced is made storable
     assert stored["checks"] == [{"name": "json_body", "message": "x"}]
     assert stored["prefill_worker_id"] == str(2**64 - 1) and stored["decode_worker_id"] == "7"
-    plain = {n for n in STORED_COLUMNS if n not in ("message", "checks", "prefill_worker_id", "decode_worker_id")}
+    assert stored["listeners"] == [{"role": "decode", "proto": "tcp", "address": "0.0.0.0", "port": 5557}]
+    plain = {n for n in STORED_COLUMNS
+             if n not in ("message", "checks", "prefill_worker_id", "decode_worker_id", "listeners")}  # fmt: skip
     assert {n: stored[n] for n in plain} == {n: getattr(outcome, n) for n in plain}
     assert row.log_dir == "logs/c1" and row.finished_at is not None
 
@@ -147,3 +153,23 @@ def test_the_scheduler_rules_interrupt_retry_and_flaky() -> None:
     assert with_flaky(CellOutcome("passed"), True).flaky
     assert not with_flaky(CellOutcome("failed", "health"), True).flaky
     assert not with_flaky(CellOutcome("passed"), False).flaky
+
+
+@pytest.mark.parametrize(
+    ("address", "reachable"),
+    [("127.0.0.1", False), ("127.0.0.53", False), ("::1", False), ("::ffff:127.0.0.1", False), ("0.0.0.0", True),
+     ("::", True), ("10.1.2.3", True), ("fe80::1%eth0", True)],
+)  # fmt: skip
+def test_listeners_beyond_loopback_are_named_and_fail_only_under_loopback_only(address: str, reachable: bool) -> None:
+    # [M21] item 11: every listener is evidence; one another host could reach is said, and fails when asked.
+    listener = {"role": "decode", "proto": "tcp", "address": address, "port": 5557}
+    passed = CellOutcome("passed", listeners=(listener,))
+    noted = judge_listeners(passed, loopback_only=False)
+    strict = judge_listeners(passed, loopback_only=True)
+    if not reachable:
+        assert noted == passed and strict == passed
+        return
+    shown = f"[{address}]" if ":" in address else address
+    assert noted.status == "passed" and noted.message == f"listens beyond loopback: decode {shown}:5557/tcp"
+    assert strict.status == "failed" and strict.failure_kind == "validation"
+    assert [c.name for c in strict.checks] == ["loopback_only"] and "beyond loopback" in strict.message

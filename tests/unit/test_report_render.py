@@ -137,9 +137,12 @@ def test_runtime_page_shows_the_whole_outcome(matrix: Matrix, tmp_path: Path) ->
     assert "worker_ids_distinct" in html and "failure kind validation" in html
     assert '<a href="https://github.com/vllm-project/vllm/pull/54814">vllm#54814</a>' in html
     assert "vllm-rs 0.29.0 predates the fix" in html
-    for text in ("cuda_visible_devices", "GPU-1", "rss_bytes.prefill", "24.5 MB", "gpu_bytes", "3.4 GB", "31961",
+    for text in ("cuda visible devices", "GPU-1", "memory (RSS): prefill 24.5 MB", "GPU memory 3.4 GB", "31961",
                  "91", "64", "length", "ready", "1.000 s", "campaign-1.html", "FLAKY", "provider", "host"):  # fmt: skip
         assert text in html, text
+    # Words, not recorded keys: no `rss_bytes.prefill` or `cpu_s.decode` on the page.
+    for raw in ("rss_bytes", "gpu_bytes", "cpu_s."):
+        assert raw not in html, raw
 
 
 def test_selection_scopes_the_report(matrix: Matrix, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from matrix.redact import redact, redact_pair
 from matrix.report.links import external_url, runtime_page, slug
 from matrix.report.markdown import md
-from matrix.text import clean, printable, read_tail
+from matrix.text import clean, completion_excerpt, printable, read_tail
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,21 @@ from matrix.text import clean, printable, read_tail
         ("HF_TOKEN_2=abc", "HF_TOKEN_2=***"),
         ("AWS_CREDENTIALS: abc", "AWS_CREDENTIALS: ***"),
         ("HF_TOKEN=\x1b[0mhf_abcdefghijkl", "HF_TOKEN=***"),
+        # [M21] item 8: shapes that were missed.
+        ("stripe sk_live_abcdefghijklmnop1234 x", "stripe sk_live_*** x"),
+        ("rk_test_abcdefghijklmnop", "rk_test_***"),
+        ("gitlab glpat-abcdefghijklmnopqrst.", "gitlab glpat-***."),
+        ("//registry/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789", "//registry/:_authToken=***"),
+        ("npm_abcdefghijklmnopqrstuvwxyz0123456789", "npm_***"),
+        ("slack xapp-1-A0123-4567-abcdef", "slack xapp-***"),
+        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.abcdefghijk_lmn ok", "jwt eyJ*** ok"),
+        ("password hunter2", "password ***"),
+        ("Enter passphrase 'x9y8z7'", "Enter passphrase '***'"),
+        ("mysql -u root -p hunter2 db", "mysql -u root -p *** db"),
+        ("sshpass -p 'hunter2' ssh", "sshpass -p '***' ssh"),
+        ("postgresql://me:pa/ss@db:5432/x", "postgresql://me:***@db:5432/x"),
+        ("postgresql://me:p@ss@db/x", "postgresql://me:***@db/x"),
+        ("redis://:s3cr@t/x@localhost:6379/0", "redis://:***@localhost:6379/0"),
     ],
 )
 def test_redact_hides_secret_values(text: str, expected: str) -> None:
@@ -64,6 +79,10 @@ def test_redact_pair_judges_the_name_too(name: str, value: str, shown: str) -> N
         "completion_tokens=64 prompt_tokens=91", "fix key: vllm#54814", "https://example.org/a:b@c", "ports: {'a': 1}",
         "max_num_batched_tokens=2048", "tokenizer='Qwen/Qwen3-0.6B'", "task-abcdefghijklmnop", "Basic setup done",
         "disk-usage-abcdefghijk",
+        # [M21] item 8: ordinary text is not garbled.
+        "error: unknown-key.toml: [[cases]] entry 2: unknown key 'x'", "the password is wrong",
+        "docker run -p 8080:80 -p 127.0.0.1:8000:8000/tcp", "use -p to set it", "ls -p -x",
+        "https://host:8080/path?x=a@b c", "see api-key.md: [setup]", "skeleton_framework npm_i",
     ],
 )
 def test_redact_leaves_ordinary_text_alone(text: str) -> None:
@@ -73,6 +92,15 @@ def test_redact_leaves_ordinary_text_alone(text: str) -> None:
 def test_printable_drops_ansi_and_escapes_control_characters() -> None:
     text = "\x1b[31mred\x1b[0m\r\nline\x00\x07 \x1b]0;title\x07end \ud800 \ufffe tab\tok"
     assert printable(text) == "red\nline\\x00\\x07 end \\ud800 \\ufffe tab\tok"
+
+
+def test_printable_shows_bidi_overrides_and_zero_width_characters() -> None:
+    # [M21] item 9: they reorder or hide text ("Trojan Source"); shown as visible escapes like control bytes.
+    text = "run\u202etxt.exe \u2066iso\u2069 \u202a\u202b\u202c\u202d a\u200bb\u200c\u200d\u200e\u200f\u2060\ufeff é 😀"
+    assert printable(text) == (
+        "run\\u202etxt.exe \\u2066iso\\u2069 \\u202a\\u202b\\u202c\\u202d a\\u200bb\\u200c\\u200d\\u200e\\u200f"
+        "\\u2060\\ufeff é 😀"
+    )
 
 
 def test_read_tail_of_a_huge_log_is_bounded(tmp_path: Path) -> None:
@@ -115,3 +143,34 @@ def test_links_are_followed_only_for_http() -> None:
 def test_page_names_are_safe() -> None:
     assert runtime_page("vllm", "0.29.1rc1.dev347+gdee37d891") == "runtime-vllm-0.29.1rc1.dev347_gdee37d891.html"
     assert slug('../<img src=x onerror="a">') == "_img_src_x_onerror_a_"
+
+
+def test_completion_excerpt_redacts_then_cuts() -> None:
+    # [M21] item 7: a token straddling the 200-character cut kept the 7 characters before the cut.
+    token = "ghp_" + "ZqXcut7" + "abcdefghijklmnop"
+    text = "a" * 188 + " " + token + " and more"
+    assert "ZqX" in (text[:200])  # what a cut before redaction kept
+    excerpt = completion_excerpt(text)
+    assert "ZqX" not in excerpt and excerpt == "a" * 188 + " ghp_*** an" + "…"
+    assert len(excerpt) == 200
+
+
+def test_remembered_secrets_are_hidden_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # [M21] item 6: a catalog secret printed bare (no name next to it) is hidden wherever it stands.
+    from matrix import redact as module
+
+    monkeypatch.setattr(module, "_KNOWN", ())
+    module.remember_secrets(["s3cr3t-value", "16", "true", "abc", "s3cr3t-value-longer"])
+    assert redact("auth failed for s3cr3t-value-longer and s3cr3t-value") == "auth failed for *** and ***"
+    assert redact("max_tokens 16 true abc") == "max_tokens 16 true abc"  # counts, flags, short values stay
+
+
+@pytest.mark.parametrize(
+    "name", ["MY_API_KEY", "DB_PASSWORD", "HF_TOKEN", "APIKEY", "aws_secret", "X_PWD", "tokenizer", "MAX_TOKENS"],
+)
+def test_catalog_secret_names_agree_with_redaction(name: str) -> None:
+    from matrix.catalog.secrets import SECRET_NAME, provider_secrets
+    from matrix.redact import secret_name
+
+    assert bool(SECRET_NAME.search(name)) == secret_name(name)
+    assert provider_secrets([{"env": {name: "value-1"}}]) == ({"value-1"} if secret_name(name) else set())

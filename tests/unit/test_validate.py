@@ -77,13 +77,14 @@ def test_healthy_body_passes_and_reports_facts() -> None:
     assert result.prompt_tokens == 512
     assert result.completion_tokens == 64
     assert result.finish_reason == "length"
-    assert result.content_excerpt == "The KV cache moved from prefill to decode."
+    assert result.content == "The KV cache moved from prefill to decode."
 
 
-def test_content_excerpt_is_first_200_chars() -> None:
+def test_content_is_whole_so_it_can_be_redacted_before_it_is_cut() -> None:
+    # [M21] item 7: a cut at 200 characters before redaction left up to 7 characters of a token.
     doc = healthy()
     doc["choices"][0]["message"]["content"] = "x" * 300
-    assert run(doc).content_excerpt == "x" * 200
+    assert run(doc).content == "x" * 300
 
 
 def mutate(path: str, value: object = ...) -> Callable[[dict[str, Any]], None]:
@@ -271,7 +272,7 @@ def test_content_fallbacks(message: dict[str, Any], excerpt: str) -> None:
     doc["choices"][0]["message"] = message
     result = run(doc)
     assert result.ok, result.failures
-    assert result.content_excerpt == excerpt
+    assert result.content == excerpt
 
 
 def test_content_blank_everywhere_lists_what_was_seen() -> None:

@@ -133,6 +133,14 @@ def cell_tmp_dir(ctx: LaunchContext) -> Path:
     return ctx.tmp_dir or Path(tempfile.gettempdir()) / f"matrix-{ctx.cell_id}"
 
 
+# Knobs that keep an engine's side channels on loopback, for every arm whose processes may read them (an
+# engine ignores variables it does not know). UCX (NIXL's transport) picks its network devices from
+# UCX_NET_DEVICES: "lo" leaves the host's NICs out (same-host GPU transports such as cuda_ipc are not
+# network devices and stay available); vLLM advertises VLLM_HOST_IP instead of the address it detects.
+# What still binds elsewhere is recorded per cell (`matrix.launch.listeners`) and listed in docs/security.md.
+LOOPBACK_ENV: Mapping[str, str] = {"UCX_NET_DEVICES": "lo", "VLLM_HOST_IP": "127.0.0.1"}
+
+
 def loopback_url(port: int, path: str = "") -> str:
     return f"http://127.0.0.1:{port}{path}"
 

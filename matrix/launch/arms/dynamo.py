@@ -17,7 +17,15 @@ from matrix.cells import CaseInfo
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
-from matrix.launch.arms.base import LaunchContext, chat_request, frontend_probes, gpu_env, loopback_url, tiny_fraction
+from matrix.launch.arms.base import (
+    LOOPBACK_ENV,
+    LaunchContext,
+    chat_request,
+    frontend_probes,
+    gpu_env,
+    loopback_url,
+    tiny_fraction,
+)
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -136,6 +144,7 @@ class DynamoArm:
         engine = _engine(ctx.case)
         ports = ctx.ports
         env = {
+            **LOOPBACK_ENV,
             **ctx.env,
             **gpu_env(ctx),
             "PYTHONUNBUFFERED": "1",

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
+from matrix.launch.arms.base import LOOPBACK_ENV, LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 from matrix.launch.options import kv_arg
 
@@ -97,6 +97,7 @@ def server(
         argv += ["--grpc-port", str(ctx.ports[port_name(role, "GRPC")]), "--incremental-streaming-output"]
     argv += [str(a) for a in launch.get("extra_args", [])]
     role_env = {
+        **LOOPBACK_ENV,
         **env,
         # SGLang's KV-transfer side channels bind the address it detects as "local" (a routable interface
         # when there is one); the pair talks over loopback only.

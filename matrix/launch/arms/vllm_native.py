@@ -15,6 +15,7 @@ import json
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
+    LOOPBACK_ENV,
     LaunchContext,
     cell_scratch,
     cell_tmp_dir,
@@ -75,7 +76,7 @@ class VllmNativeArm:
 
     def _base_env(self, ctx: LaunchContext) -> dict[str, str]:
         base_env = {
-            **ctx.env, **gpu_env(ctx), **self._scratch(ctx), "PYTHONUNBUFFERED": "1",
+            **LOOPBACK_ENV, **ctx.env, **gpu_env(ctx), **self._scratch(ctx), "PYTHONUNBUFFERED": "1",
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         }  # fmt: skip
         if not ctx.gpu_ids:

@@ -4,12 +4,14 @@
 |-------------|--------------------------------------------------------------|-------------------------------------|
 | `builtin`   | this interpreter (the reference server ships with matrix)    | never                               |
 | `host`      | this interpreter or `python`, plus `env` and `pythonpath`    | the interpreter is missing (skip)   |
-| `venv`      | a cached virtual environment built from the recipe           | not provisioned yet (skip)          |
+| `venv`      | a cached virtual environment built from the recipe           | not built, or no Python here (skip) |
 | `container` | `docker run`/`podman run` of `image` around every process    | no engine running here (skip)       |
 
 `prepare` answers `Environment`, `Unavailable` (the cell is skipped with the reason) or `Mismatch` (the
 runtime is here but not what the catalog says: the cell fails with kind ``config``). `Mismatch` and
 `NotProvisioned` (a venv runtime not built yet) are subclasses of `Unavailable`: test `Mismatch` first.
+`ProvisionFailed` (a `NotProvisioned` whose recipe failed to build) fails the cell with kind ``provision``:
+test it before `Unavailable` too.
 
 The `host` and `venv` providers (and the recipe parser with `packaging`'s requirement grammar behind them)
 are imported when a runtime of theirs is prepared or built, not by every `matrix run`: a run of builtin
@@ -22,7 +24,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from matrix.cells import RuntimeInfo
-from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, NotProvisioned, Unavailable
+from matrix.launch.providers.base import (
+    ContainerSpec,
+    Environment,
+    Mismatch,
+    NotProvisioned,
+    ProvisionFailed,
+    Unavailable,
+)
 from matrix.launch.providers.container import remove_cell_containers, wrap_plan
 
 if TYPE_CHECKING:
@@ -43,6 +52,7 @@ __all__ = [
     "Mismatch",
     "NotProvisioned",
     "ProvisionError",
+    "ProvisionFailed",
     "Unavailable",
     "check_provider",
     "ensure_provisioned",

@@ -54,3 +54,11 @@ class Mismatch(Unavailable):
 @dataclass(frozen=True)
 class NotProvisioned(Unavailable):
     """A venv runtime whose environment has not been built here (yet): skipped, with the command to run."""
+
+
+@dataclass(frozen=True)
+class ProvisionFailed(NotProvisioned):
+    """A venv runtime whose recipe failed to build here: its cells *fail* (kind ``provision``), since a
+    recipe that does not build is the release's failure. `reason` leads with the build's error line.
+
+    A host that cannot build it at all (no such Python) stays a plain `NotProvisioned`: a skip."""

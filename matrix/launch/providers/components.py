@@ -25,7 +25,7 @@ DISTRIBUTION_TIMEOUT_S = 60.0
 
 # Runs inside the *target* interpreter (which may be older than ours: keep it Python 3.8 compatible and
 # free of third-party imports). Names come in argv, the answer goes out as one JSON object on stdout.
-_DISTRIBUTIONS_SCRIPT = """
+DISTRIBUTIONS_SCRIPT = """
 import json, re, sys
 from importlib import metadata
 
@@ -74,7 +74,7 @@ def distribution_versions(python: str, names: Sequence[str], env: Mapping[str, s
     """
     if not names:
         return {}
-    argv = [python, "-c", _DISTRIBUTIONS_SCRIPT, *names]
+    argv = [python, "-c", DISTRIBUTIONS_SCRIPT, *names]
     try:
         done = subprocess.run(
             argv, env=dict(env), capture_output=True, text=True, timeout=DISTRIBUTION_TIMEOUT_S, check=False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 
@@ -17,15 +16,19 @@ from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.base import Environment, Mismatch, Unavailable
 from matrix.launch.providers.components import ProbeError, detect, mismatches
+from matrix.launch.providers.interpreters import find_python, probe
 from matrix.launch.providers.recipe import HostConfig, parse_host
 
 
 def resolve_interpreter(python: str, path: str | None = None) -> str | None:
-    """An interpreter given as a path or as a command name on PATH, as an absolute path (None if absent)."""
+    """An interpreter given as a path or as a command name on PATH, as an absolute path (None if absent).
+
+    A command name is the first on PATH that runs (`find_python`: a pyenv shim exiting 127 is passed
+    over); a path is taken as given, and `probe` says whether it runs."""
     if os.sep in python:
         candidate = os.path.abspath(os.path.expanduser(python))
         return candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
-    return shutil.which(python, path=path)
+    return find_python(python, path).path
 
 
 def host_environment(config: HostConfig, python: str | None) -> dict[str, str]:
@@ -105,6 +108,12 @@ def prepare_host(runtime: RuntimeInfo) -> Environment | Unavailable:
         given = resolve_interpreter(config.python, config.env.get("PATH", os.environ.get("PATH")))
         if given is None:
             return Unavailable(f"interpreter {config.python} of runtime {runtime.label} is not on this host")
+        answer = probe(given, {**os.environ, **host_environment(config, given)})  # as the cells will run it
+        if answer.version is None:
+            return Unavailable(
+                f"interpreter {config.python} of runtime {runtime.label}: this interpreter does not run "
+                f"({answer.problem})"
+            )
         python = given
     env = host_environment(config, given)
     found = check_installed(runtime, python, env, "host")

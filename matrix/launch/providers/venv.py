@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -44,10 +43,11 @@ from packaging.utils import canonicalize_name
 
 from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
-from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, Unavailable
+from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, ProvisionFailed, Unavailable
 from matrix.launch.providers.buildprocs import BuildInterrupted, StopCheck, never, run_command, sweep_orphans
 from matrix.launch.providers.components import Detected, ProbeError, detect, distribution_versions, mismatches
 from matrix.launch.providers.host import resolve_interpreter
+from matrix.launch.providers.interpreters import find_python, probe
 from matrix.launch.providers.recipe import (
     AliasStep,
     ExposeStep,
@@ -123,6 +123,11 @@ class ProvisionError(MatrixError):
     exit_code = 1
 
 
+class HostCannotBuild(ProvisionError):
+    """This host lacks what the recipe needs (its Python interpreter): the runtime's cells are skipped
+    here, where a recipe that fails to build fails them."""
+
+
 def envs_dir() -> Path:
     """Where provisioned environments live (not created here)."""
     return data_dir() / "envs"
@@ -138,23 +143,6 @@ def uv_path() -> str | None:
     return shutil.which("uv")
 
 
-@lru_cache(maxsize=64)
-def _interpreter_version(python: str, mtime_ns: int) -> str | None:
-    del mtime_ns  # part of the cache key only: a replaced interpreter is asked again
-    try:
-        done = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    answer = done.stdout.strip()
-    return answer if done.returncode == 0 and _MAJOR_MINOR.match(answer) else None
-
-
 def python_version_of(spec: str) -> str:
     """major.minor of the interpreter a recipe asks for: "" is this one, "3.11" is itself, else a path or
     command name that is asked. Raises `ProvisionError` when it is not on this host."""
@@ -163,10 +151,12 @@ def python_version_of(spec: str) -> str:
     if _MAJOR_MINOR.match(spec):
         return spec
     path = resolve_interpreter(spec)
-    version = _interpreter_version(path, os.stat(path).st_mtime_ns) if path else None
-    if version is None:
-        raise ProvisionError(f'interpreter {spec} is not on this host (write python = "3.11" or a path)')
-    return version
+    if path is None:
+        raise HostCannotBuild(f'interpreter {spec} is not on this host (write python = "3.11" or a path)')
+    answer = probe(path)
+    if answer.version is None:
+        raise HostCannotBuild(f"interpreter {spec}: this interpreter does not run ({answer.problem})")
+    return answer.version
 
 
 @dataclass(frozen=True)
@@ -228,19 +218,27 @@ def complete_info(target: Target) -> dict[str, Any] | None:
     return info if info is not None and info.get("key") == target.key else None
 
 
-def not_provisioned_reason(runtime: RuntimeInfo, target: Target) -> str:
-    """Why cells of `runtime` are skipped: not built yet, or the last build's error; and what to run."""
+def not_provisioned(runtime: RuntimeInfo, target: Target) -> NotProvisioned:
+    """Why cells of `runtime` cannot run: not built yet or this host cannot build it (a skip), or its
+    recipe failed to build (`ProvisionFailed`: the cells fail, the build's error line first)."""
     command = f"matrix runtime provision --runtime {runtime.backend}={runtime.version}"
     try:
         failure = json.loads(target.failure_path.read_text())
     except (OSError, ValueError):
         failure = None
     if isinstance(failure, dict) and failure.get("error"):
-        return (
-            f"runtime {runtime.backend} {runtime.version} is not provisioned: its last provisioning "
-            f"({failure.get('at', '?')}) failed: {failure['error']}\nretry with `{command}`"
+        error = str(failure["error"])
+        if failure.get("host"):
+            return NotProvisioned(f"runtime {runtime.backend} {runtime.version} cannot be built on this host "
+                                  f"({failure.get('at', '?')}): {error}")  # fmt: skip
+        found = next((line for line in error.splitlines() if line.startswith("build error: ")), "")
+        lead = found.removeprefix("build error: ") or error.splitlines()[0]
+        return ProvisionFailed(
+            f"runtime {runtime.backend} {runtime.version} failed to build ({failure.get('at', '?')}): {lead}\n"
+            f"{error}\nretry with `{command}`"
         )
-    return f"runtime {runtime.backend} {runtime.version} is not provisioned: run `{command}`"
+    return NotProvisioned(f"runtime {runtime.backend} {runtime.version} is not provisioned: run `{command}`")
+
 
 
 def venv_environment(target: Target) -> dict[str, str]:
@@ -281,7 +279,7 @@ def prepare_venv(runtime: RuntimeInfo) -> Environment | Unavailable:
         return Unavailable(f"runtime {runtime.label}: {exc}")
     info = complete_info(target)
     if info is None:
-        return NotProvisioned(not_provisioned_reason(runtime, target))
+        return not_provisioned(runtime, target)
     found = check_recorded(runtime, target, info)
     if isinstance(found, Unavailable):
         return found
@@ -453,8 +451,17 @@ class _Builder:
         if self.uv:
             # --seed puts pip in the environment: `pip download` reads requirements_of wheels with it.
             # --allow-existing: the directory already holds the build log.
-            argv = [self.uv, "venv", "--seed", "--allow-existing", "--python", spec or sys.executable]
-            self.run([*argv, "--prompt", self.prompt, str(self.tmp)])
+            # A python3.12 on PATH that runs is handed to uv by path, so a broken shim before it is not uv's
+            # pick either; with none, uv finds or fetches one itself.
+            found = find_python(f"python{spec}", version=spec).path if _MAJOR_MINOR.match(spec) else None
+            argv = [self.uv, "venv", "--seed", "--allow-existing", "--python", found or spec or sys.executable]
+            try:
+                self.run([*argv, "--prompt", self.prompt, str(self.tmp)])
+            except ProvisionError as exc:
+                if _MAJOR_MINOR.match(spec) and found is None:
+                    raise HostCannotBuild(f"no Python {spec} interpreter here: uv could neither find nor fetch "
+                                          f"one ({exc})") from None  # fmt: skip
+                raise
         else:
             self.run([self._base_python(spec), "-m", "venv", "--prompt", self.prompt, str(self.tmp)])
         version = self.run([self.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture=True)
@@ -467,16 +474,17 @@ class _Builder:
         if not spec or spec == _THIS_PYTHON:
             return sys.executable
         if _MAJOR_MINOR.match(spec):
-            found = shutil.which(f"python{spec}")
-            if found is None:
-                raise ProvisionError(
-                    f"no Python {spec} interpreter on PATH (looked for python{spec}); install one, or install "
-                    "uv, which finds or fetches it"
+            candidates = find_python(f"python{spec}", version=spec)
+            if candidates.path is None:
+                passed = f" ({candidates.why_not()})" if candidates.passed_over else ""
+                raise HostCannotBuild(
+                    f"no Python {spec} interpreter on PATH that runs (looked for python{spec}{passed}); install "
+                    "one, or install uv, which finds or fetches it"
                 )
-            return found
+            return candidates.path
         found = resolve_interpreter(spec)
         if found is None:
-            raise ProvisionError(f"interpreter {spec} is not on this host")
+            raise HostCannotBuild(f"interpreter {spec} is not on this host")
         return found
 
     @property
@@ -825,8 +833,22 @@ def provision_target(
     return Provisioned(target.path, built=False, waited=bool(waited))
 
 
-def _record_failure(target: Target, runtime: RuntimeInfo, message: str) -> None:
-    target.failure_path.write_text(json.dumps({"at": _now(), "runtime": runtime.label, "error": message}))
+def _record_failure(target: Target, runtime: RuntimeInfo, message: str, *, host: bool = False) -> None:
+    """Remember why the last build failed; `host`: this host cannot build it (a skip, not a failure)."""
+    record = {"at": _now(), "runtime": runtime.label, "error": message, "host": host}
+    target.failure_path.write_text(json.dumps(record))
+
+
+_ERROR_LINE = re.compile(r"^(?:\S+ )?(ERROR|error|Error)\b.*|.*\b(?:No matching distribution|Could not find)\b.*")
+
+
+def error_line(log_tail: str) -> str:
+    """The build log's own error line (pip's `ERROR: ...`, uv's `error: ...`), the last one; "" if none."""
+    found = ""
+    for line in log_tail.splitlines():
+        if _ERROR_LINE.match(line.strip()):
+            found = line.strip()
+    return found
 
 
 def _buildlocked(
@@ -858,10 +880,14 @@ def _buildlocked(
         tail = _tail(builder.log)
         shutil.rmtree(tmp, ignore_errors=True)
         message = f"provisioning {runtime.label} failed at step {builder.step}/{builder.total}: {exc}"
+        line = error_line(tail)
+        if line:
+            message += f"\nbuild error: {line}"
         if tail:
             message += f"\n--- last {TAIL_LINES} lines of the build log ---\n{tail}"
-        _record_failure(target, runtime, message)
-        raise ProvisionError(message) from None
+        host = isinstance(exc, HostCannotBuild)
+        _record_failure(target, runtime, message, host=host)
+        raise (HostCannotBuild if host else ProvisionError)(message) from None
     except BaseException:
         # Interrupted (Ctrl-C, a stop request): no half environment stays behind, and no failure is recorded.
         shutil.rmtree(tmp, ignore_errors=True)
@@ -877,13 +903,22 @@ def provision(runtime: RuntimeInfo, *, echo: Echo, source: ProvisionSource | Non
     return provision_target(runtime, echo=echo, source=source).path
 
 
+# The start of a failure message for a runtime this host cannot build (`matrix.campaign.HOST_CANNOT_BUILD`).
+HOST_CANNOT_BUILD = "this host cannot build it: "
+
+
+def _failure_text(exc: MatrixError) -> str:
+    return f"{HOST_CANNOT_BUILD}{exc}" if isinstance(exc, HostCannotBuild) else str(exc)
+
+
 def ensure_provisioned(
     runtimes: Iterable[RuntimeInfo], echo: Echo, source: ProvisionSource | None = None, stop: StopCheck = never
 ) -> dict[str, str]:
     """Provision every venv runtime in `runtimes` (each recipe once); runtime label -> error for failures.
 
-    Cells on a failed runtime are skipped by `prepare` with the recorded reason; the returned messages are
-    for the caller to show.
+    Cells on a runtime whose recipe failed to build fail (`ProvisionFailed`), cells on one this host cannot
+    build are skipped, both by `prepare` from the recorded failure; the returned messages are for the
+    caller to show (those of the second kind start with `HOST_CANNOT_BUILD`).
     """
     failures: dict[str, str] = {}
     failed_keys: dict[str, str] = {}
@@ -895,7 +930,7 @@ def ensure_provisioned(
         try:
             target = resolve_target(runtime)
         except MatrixError as exc:
-            failures[runtime.label] = str(exc)
+            failures[runtime.label] = _failure_text(exc)
             continue
         if target.key in failed_keys:  # the same recipe already failed to build in this call
             failures[runtime.label] = failed_keys[target.key]
@@ -903,7 +938,7 @@ def ensure_provisioned(
         try:
             provision_target(runtime, echo=echo, source=source, stop=stop)
         except MatrixError as exc:
-            failures[runtime.label] = str(exc)
+            failures[runtime.label] = _failure_text(exc)
             if complete_info(target) is None:
-                failed_keys[target.key] = str(exc)
+                failed_keys[target.key] = _failure_text(exc)
     return failures
