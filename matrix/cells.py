@@ -95,6 +95,17 @@ class RuntimeInfo:
 ROLES = ("frontend", "prefill", "decode")
 
 
+def roles_key(roles: Mapping[str, str]) -> str:
+    """`prefill=0.29.0,decode=0.30.0` for {role: version} in ROLES order; '' for a diagonal cell."""
+    return ",".join(f"{role}={roles[role]}" for role in ROLES if role in roles)
+
+
+def skew_cell_key(case: str, backend: str, version: str, roles: Mapping[str, str]) -> str:
+    """A cell's key from its parts (a database row's too): `CASE@BACKEND-VERSION` for a diagonal cell,
+    `CASE@BACKEND[prefill=A,decode=B]` for a skew one."""
+    return f"{case}@{backend}[{roles_key(roles)}]" if roles else f"{case}@{backend}-{version}"
+
+
 @dataclass(frozen=True)
 class Cell:
     case: CaseInfo
@@ -121,10 +132,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        if not self.roles:
-            return f"{self.case.name}@{self.runtime.label}"
-        pairs = ",".join(f"{role}={runtime.version}" for role, runtime in self.roles)
-        return f"{self.case.name}@{self.runtime.backend}[{pairs}]"
+        return skew_cell_key(self.case.name, self.runtime.backend, self.runtime.version, self.role_versions)
 
     @property
     def expected_failure(self) -> str:
