@@ -327,6 +327,15 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     return campaign.id, [(cell, n, False) for n in range(1, options.repeat + 1) for cell in planned]
 
 
+def _runtimes_of(cells: list[Cell]) -> list[RuntimeInfo]:
+    """Every runtime the cells run, each once: a skew cell's roles' runtimes too."""
+    found: dict[str, RuntimeInfo] = {}
+    for cell in cells:
+        for runtime in (cell.runtime, *(r for _, r in cell.roles)):
+            found.setdefault(runtime.label, runtime)
+    return list(found.values())
+
+
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal, hooks: HostHooks) -> None:
     """Build the environments the cells need first, with progress; cells of a failed build are skipped.
 
@@ -339,7 +348,7 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
             echo(line)
 
     failures = hooks.provision(
-        [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
+        _runtimes_of(cells), say, options.provision_source, stop=lambda: stop.requested
     )
     for label, error in failures.items():
         say(f"{label}: not provisioned, its cells will {_consequence(error)}: {_first_error(error)}")

@@ -48,7 +48,7 @@ def plan_cmd(
         raise click.UsageError("--explain applies to --format table or json")
     selection = make_selection(**kw)
     if selection.skewed and output_format == "github-matrix":
-        raise click.UsageError("skew cells are planned, not yet run: drop --format github-matrix")
+        raise click.UsageError("shards do not carry skew cells yet: drop --format github-matrix")
     plan = plan_from_db(session, selection)
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
@@ -80,6 +80,7 @@ def _versions(cell: Any) -> str:
 
 @click.command("run")
 @selection_options
+@skew_options
 @click.option("-j", "--jobs", type=int, help="Cells at once (default: the number of slots).")
 @click.option("--gpus", "gpus", metavar="LIST", help="Only these GPUs: NVML indices or UUIDs, e.g. 0,2.")
 @click.option("--pack", is_flag=True, help="Share a GPU between cells while their memory budgets fit.")
@@ -172,6 +173,8 @@ def run_cmd(
         raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None and (kw.get("skew") or kw.get("prefill_runtime")):
+        raise click.UsageError("shard results do not carry skew cells' roles yet: drop --results-out")
     if results_out is not None:
         from matrix.cli.fanout import check_results_path
 
@@ -215,7 +218,8 @@ def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[s
             "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
         )
     flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
-             "cases": "--case", "runtimes": "--runtime"}  # fmt: skip
+             "cases": "--case", "runtimes": "--runtime", "skew": "--skew", "skew_frontend": "--skew-frontend",
+             "prefill_runtime": "--prefill-runtime", "decode_runtime": "--decode-runtime"}  # fmt: skip
     given = [flag for key, flag in flags.items() if kw.get(key)]
     if given:
         raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")
