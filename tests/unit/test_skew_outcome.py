@@ -75,3 +75,20 @@ def test_skew_command_shows_the_grid_and_reasons(seeded: Matrix) -> None:
 def test_skew_of_an_unknown_case_is_exit_2(seeded: Matrix) -> None:
     result = seeded("skew", "no_such_case")
     assert result.exit_code == 2 and "unknown case 'no_such_case'" in result.output
+
+
+def test_skew_attempts_stay_out_of_the_diagonal_views_and_count_as_cells(seeded: Matrix) -> None:
+    _grid_campaign(seeded)
+    (campaign,) = json.loads(seeded("campaigns", "list", "--json").output)
+    assert campaign["cells"] == 9
+    assert campaign["outcomes"] == {"failed": 1, "passed": 3, "pending": 4, "timeout": 1}
+    from matrix.report.data import load_results
+
+    engine = create_db_engine(seeded.url)
+    try:
+        with session_factory(engine)() as session:
+            attempts = list(load_results(session).attempts())
+    finally:
+        engine.dispose()
+    # The report's diagonal matrix sees the three diagonal attempts only (a failed pair is not decode's failure).
+    assert sorted(a.status for a in attempts if a.status != "pending") == ["passed", "passed", "passed"]
