@@ -80,3 +80,15 @@ def load_skew_grid(session: Session, case_name: str) -> SkewGrid:
     versions = sorted({v for e in entries for v in e.roles.values()}, key=parse_version)
     entries.sort(key=lambda e: tuple(parse_version(e.roles[r]) for r in ROLES))
     return SkewGrid(case.name, case.backend.name, tuple(versions), tuple(entries))
+
+
+def skew_page(case: str) -> str:
+    from matrix.report.links import slug
+
+    return f"skew-{slug(case)}.html"
+
+
+def skew_cases(session: Session) -> list[str]:
+    """The cases with at least one skew attempt (roles_key set): each gets an N x N page."""
+    stmt = select(Case.name).join(CellRun, CellRun.case_id == Case.id).where(CellRun.roles_key != "").distinct()
+    return sorted(session.scalars(stmt))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,13 @@ def test_skew_attempts_stay_out_of_the_diagonal_views_and_count_as_cells(seeded:
         engine.dispose()
     # The report's diagonal matrix sees the three diagonal attempts only (a failed pair is not decode's failure).
     assert sorted(a.status for a in attempts if a.status != "pending") == ["passed", "passed", "passed"]
+
+
+def test_the_report_has_an_n_by_n_page_per_skew_case(seeded: Matrix, tmp_path: Path) -> None:
+    _grid_campaign(seeded)
+    assert seeded("report", "--out", str(tmp_path)).exit_code == 0
+    page = (tmp_path / "skew-dynamo_mocker_disaggregated.html").read_text(encoding="utf-8")
+    assert page.count('<td class="skew works">') == 3 and page.count('<td class="skew clean-reject">') == 1
+    assert page.count('<td class="skew hang">') == 1 and page.count('<td class="skew not-run">') == 4
+    assert "NIXL compatibility hash mismatch" in page  # the reason, one click (an anchor) away
+    assert 'href="skew-dynamo_mocker_disaggregated.html"' in (tmp_path / "index.html").read_text(encoding="utf-8")
