@@ -174,7 +174,8 @@ def _component_cells(
 ) -> tuple[str, list[Cell], int, str]:  # fmt: skip
     """(backend, one cell per released version of the component under the fixed base runtime, ordered by the
     component's version; bad's index; the base runtime's version)."""
-    from matrix.bisect_component import find_pin, index_versions, make_variants, pin_component
+    from matrix.bisect_component import index_versions, make_variants
+    from matrix.component_sources import derive, index_project
     from matrix.db.models import Runtime
 
     selection = Selection(cases=(case,), backends=(backend,) if backend else (), strict_markers=False)
@@ -185,16 +186,31 @@ def _component_cells(
     if len(backends) > 1:
         raise ConfigError(f"case {case!r} runs on {', '.join(backends)}: choose one with --backend")
     if on is not None:
-        cells = [c for c in cells if c.runtime.parsed_version == parse_version(on)]
+        on_version = parse_version(on.split("=", 1)[1] if "=" in on else on)
+        cells = [c for c in cells if c.runtime.parsed_version == on_version]
         if not cells:
             raise ConfigError(f"--on {on}: not a runtime the case runs on; see `matrix plan --case {case}`")
-    pinning = [c for c in cells if find_pin(dict(c.runtime.provider), component) is not None]
+
+    def varies(cell: Cell, version: str) -> bool:
+        """Whether the component's source lets this runtime's recipe change it (raising the reason if asked)."""
+        try:
+            derive(cell.runtime.backend, cell.runtime.version, dict(cell.runtime.provider),
+                   dict(cell.runtime.components), {component: version}, f"runtime {cell.runtime.label}")  # fmt: skip
+        except ConfigError as exc:
+            return "already has" in str(exc)
+        return True
+
+    pinning = [c for c in cells if varies(c, bad)]
     if not pinning:
         newest = max(cells, key=lambda c: c.runtime.parsed_version)
-        pin_component(dict(newest.runtime.provider), component, good, f"runtime {newest.runtime.label}")
+        derive(newest.runtime.backend, newest.runtime.version, dict(newest.runtime.provider),
+               dict(newest.runtime.components), {component: bad}, f"runtime {newest.runtime.label}")  # fmt: skip
     base_cell = max(pinning, key=lambda c: c.runtime.parsed_version)
+    project = index_project(backends[0], component)
+    if project != component:
+        echo(f"{component} versions are the releases of {project} on the index (component sources)")
     try:
-        versions, left_out = index_versions(component, good, bad, index_url)
+        versions, left_out = index_versions(project, good, bad, index_url)
     except ConfigError as exc:
         raise ConfigError(f"--component {component}: {exc}") from None
     if left_out:

@@ -10,107 +10,18 @@ plan only when named with `--runtime`, so `matrix run` never picks them up by it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import Backend, Runtime, RuntimeComponent
+from matrix.db.models import Runtime, RuntimeComponent
 from matrix.discover import default_index_url, fetch_project, versions_on_index
 from matrix.errors import ConfigError
 from matrix.versions import parse_version, tag_for
 
 DERIVED = "derived"
-
-
-@dataclass(frozen=True)
-class Pinned:
-    """Where the recipe pins the component: the old version, and every requirement name moved with it."""
-
-    old: str
-    names: tuple[str, ...]
-
-
-def _pin(arg: str, component: str, old: str | None) -> tuple[str, str, str] | None:
-    """(canonical name, pinned version, requirement text) when `arg` pins the component or a companion."""
-    if arg.startswith("-") or "==" not in arg:
-        return None
-    try:
-        req = Requirement(arg)
-    except InvalidRequirement:
-        return None
-    name = canonicalize_name(req.name)
-    pins = [s.version for s in req.specifier if s.operator == "=="]
-    if len(pins) != 1:
-        return None
-    if name == component or (name.startswith(component + "-") and (old is None or pins[0] == old)):
-        return name, pins[0], arg
-    return None
-
-
-def _repin(arg: str, version: str) -> str:
-    req = Requirement(arg)
-    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-    marker = f"; {req.marker}" if req.marker else ""
-    return f"{req.name}{extras}=={version}{marker}"
-
-
-def find_pin(provider: dict[str, Any], component: str) -> Pinned | None:
-    """The component's `==` pin in a venv recipe's pip steps, or None when the recipe pins none."""
-    component = canonicalize_name(component)
-    old: str | None = None
-    names: set[str] = set()
-    for step in provider.get("steps", []):
-        args = step if isinstance(step, list) else [step.get("requirements_of", ""), *step.get("with", [])]
-        for arg in args:
-            if isinstance(arg, str) and (hit := _pin(arg, component, None)) and hit[0] == component:
-                old = hit[1]
-    if old is None:
-        return None
-    for step in provider.get("steps", []):
-        args = step if isinstance(step, list) else [step.get("requirements_of", ""), *step.get("with", [])]
-        for arg in args:
-            if isinstance(arg, str) and (hit := _pin(arg, component, old)):
-                names.add(hit[0])
-    return Pinned(old, tuple(sorted(names)))
-
-
-def pin_component(provider: dict[str, Any], component: str, version: str, where: str) -> dict[str, Any]:
-    """The provider with every pin of the component (and its lockstep companions) set to `version`."""
-    if provider.get("kind") != "venv":
-        raise ConfigError(
-            f"{where}: its provider is {provider.get('kind')!r}; --component needs a venv recipe whose pip steps "
-            "pin the component (e.g. \"nixl==1.5.0\")"
-        )
-    pinned = find_pin(provider, component)
-    if pinned is None:
-        raise ConfigError(
-            f"{where}: its recipe pins no {component} (no '{component}==X' in its pip steps); --component needs "
-            "a runtime whose recipe installs the component with a version pin (a matrix_plugin step is opaque)"
-        )
-    canonical = canonicalize_name(component)
-
-    def repin(arg: Any) -> Any:
-        if isinstance(arg, str) and (hit := _pin(arg, canonical, pinned.old)):
-            return _repin(hit[2], version)
-        return arg
-
-    steps: list[Any] = []
-    for step in provider["steps"]:
-        if isinstance(step, list):
-            steps.append([repin(a) for a in step])
-        else:
-            new = dict(step)
-            if "requirements_of" in new:
-                new["requirements_of"] = repin(new["requirements_of"])
-            if "with" in new:
-                new["with"] = [repin(a) for a in new["with"]]
-            steps.append(new)
-    return {**provider, "steps": steps}
 
 
 def variant_version(base: str, component: str, version: str) -> str:
@@ -141,28 +52,33 @@ def index_versions(component: str, good: str, bad: str, index_url: str | None) -
 
 
 def make_variants(session: Session, base: Runtime, component: str, versions: list[Version]) -> list[Runtime]:
-    """The derived runtimes of `base` for each version (existing rows reused: a resumed bisect finds them)."""
-    backend: Backend = base.backend
+    """The derived runtimes of `base` for each version (existing rows reused: a resumed bisect finds them),
+    each made through the component's source (`matrix.variants`). The base's own version is the base
+    recipe itself under a variant's name, so it reuses the base's environment."""
+    from matrix.variants import derive_runtime
+
     rows = []
     for version in versions:
-        name = variant_version(base.version, component, str(version))
-        row = session.scalar(select(Runtime).where(Runtime.backend_id == backend.id, Runtime.version == name))
-        if row is None:
-            provider = pin_component(dict(base.provider), component, str(version), f"runtime {base.label}")
-            pinned = find_pin(dict(base.provider), component)
-            assert pinned is not None  # pin_component raised otherwise
-            components = {c.name: c.version for c in base.components}
-            for key in list(components):
-                if canonicalize_name(key) in pinned.names:
-                    components[key] = str(version)
-            components.setdefault(component, str(version))
-            row = Runtime(
-                backend=backend, version=name, tag=tag_for(parse_version(name)), channel=base.channel,
-                provider=provider, notes=f"{base.label} with {component}=={version} (matrix bisect --component)",
-                source=DERIVED, enabled=True, retired=False,
-                components=[RuntimeComponent(name=n, version=v) for n, v in sorted(components.items())],
-            )  # fmt: skip
-            session.add(row)
-            session.flush()
-        rows.append(row)
+        if base.provider.get("kind") == "venv" and {c.name: c.version for c in base.components}.get(component) == str(
+            version
+        ):
+            rows.append(_same_as_base(session, base, component, str(version)))
+            continue
+        rows.append(derive_runtime(session, base, {component: str(version)}, how="matrix bisect --component"))
     return rows
+
+
+def _same_as_base(session: Session, base: Runtime, component: str, version: str) -> Runtime:
+    """A probe at the base's own component version: the base recipe under the variant's name."""
+    name = variant_version(base.version, component, version)
+    row = session.scalar(select(Runtime).where(Runtime.backend_id == base.backend_id, Runtime.version == name))
+    if row is None:
+        row = Runtime(
+            backend=base.backend, version=name, tag=tag_for(parse_version(name)), channel=base.channel,
+            provider=dict(base.provider), notes=f"{base.label}: its own {component} {version} (bisect --component)",
+            source=DERIVED, enabled=True, retired=False,
+            components=[RuntimeComponent(name=c.name, version=c.version) for c in base.components],
+        )  # fmt: skip
+        session.add(row)
+        session.flush()
+    return row

@@ -13,6 +13,11 @@ writes its KV into them, decode generates. Both must be in flight together: each
 The answer is the decode instance's, plus `nvext.worker_id` naming the instance that served each phase as
 a stable u64 (a hash of its role and address), so the same validation as every other arm applies.
 
+A streaming request (`vllm` protocol) is relayed chunk by chunk from decode's own stream, with one chunk
+carrying `nvext.worker_id` before `[DONE]`. When the client goes away mid-stream the proxy closes its
+connection to decode at once, so the engine sees the disconnect and aborts the request, as it would behind
+any frontend: that is what the `cancel_recovers` check then reads from the engines' gauges.
+
     python -m matrix.pdproxy --port P --prefill-url http://127.0.0.1:A --decode-url http://127.0.0.1:B \
         [--protocol sglang --bootstrap-port C]
 """
@@ -23,6 +28,7 @@ import argparse
 import copy
 import hashlib
 import http.client
+import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,10 +81,12 @@ def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
     return request
 
 
-def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
     request = copy.deepcopy(body)
     request.pop("nvext", None)
-    request["stream"] = False
+    request["stream"] = stream
+    if not stream:
+        request.pop("stream_options", None)
     request["kv_transfer_params"] = kv_transfer_params
     return request
 
@@ -141,8 +149,8 @@ class ProxyApp:
 
     def chat(self, req: JSONHandler) -> None:
         body = req.read_json_object()
-        if body.get("stream"):
-            raise HTTPError(400, "matrix's P/D proxy answers non-streaming requests only")
+        if body.get("stream") and self.cfg.protocol == "sglang":
+            raise HTTPError(400, "matrix's P/D proxy streams the vllm protocol only")
         if self.cfg.protocol == "sglang":
             self._chat_sglang(req, body)
         else:
@@ -180,10 +188,57 @@ class ProxyApp:
         kv = prefill.get("kv_transfer_params")
         if not isinstance(kv, dict):
             raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
+        if body.get("stream"):
+            self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"))
+            return
         decode = _ok(self.cfg.decode, *call_worker(self.cfg.decode, "POST", req.route_path, decode_request(body, kv),
                                                    self.cfg.timeout_s))  # fmt: skip
         self.log(f"chat prefill_engine={kv.get('remote_engine_id')} blocks={len(kv.get('remote_block_ids') or [])}")
         self._answer(req, decode, prefill_engine=kv.get("remote_engine_id"))
+
+    def _worker_chunk(self, prefill_engine: object) -> bytes:
+        """The SSE event that names both instances (a choice-less chunk, as Dynamo's frontend sends nvext)."""
+        worker_id = {
+            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, prefill_engine),
+            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
+        }
+        chunk = {"object": "chat.completion.chunk", "choices": [], "nvext": {"worker_id": worker_id}}
+        return b"data: " + json.dumps(chunk).encode("utf-8") + b"\n\n"
+
+    def _relay_stream(self, req: JSONHandler, request: dict[str, Any], prefill_engine: object) -> None:
+        """Decode's SSE stream to the client line by line; the upstream connection closes with the client's."""
+        up = self.cfg.decode
+        conn = http.client.HTTPConnection(up.host, up.port, timeout=self.cfg.timeout_s)
+        try:
+            try:
+                payload = json.dumps(request).encode("utf-8")
+                conn.request("POST", req.route_path, body=payload, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+            except TimeoutError as exc:
+                raise HTTPError(504, f"decode instance at {up.url} timed out", "timeout") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                raise HTTPError(503, f"decode instance at {up.url} unreachable: {exc}", "service_unavailable") from exc
+            if resp.status != 200:
+                raise HTTPError(resp.status if resp.status >= 400 else 502,
+                                f"decode instance answered HTTP {resp.status}: {resp.read()[:300]!r}")  # fmt: skip
+            req.send_response(200)
+            req.send_header("Content-Type", "text/event-stream")
+            req.send_header("Cache-Control", "no-cache")
+            req.end_headers()
+            events = 0
+            while line := resp.readline():
+                if line.strip() == b"data: [DONE]":
+                    req.wfile.write(self._worker_chunk(prefill_engine))
+                events += line.startswith(b"data:")
+                # A write to a client that went away raises here (BrokenPipe/ConnectionReset); the finally
+                # below then drops decode's connection, which is how the engine learns of the cancel.
+                req.wfile.write(line)
+                req.wfile.flush()
+            self.log(f"chat stream prefill_engine={prefill_engine} events={events}")
+        except (BrokenPipeError, ConnectionResetError):
+            self.log(f"chat stream client went away; closed decode's stream (prefill_engine={prefill_engine})")
+        finally:
+            conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:

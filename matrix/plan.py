@@ -236,7 +236,7 @@ def _exclusion_reason(
     if wanted_runtimes and (runtime.backend, runtime.parsed_version) not in wanted_runtimes:
         return "runtime not selected by --runtime"
     if runtime.derived and not wanted_runtimes:
-        return "a variant made by `matrix bisect --component`: name it with --runtime to run it"
+        return "a derived variant (runtime derive, run --with, bisect --component): name it with --runtime to run it"
     admitted, why = window.admits(runtime.backend, runtime.parsed_version)
     if not admitted:
         return why or "outside the version window"

@@ -19,6 +19,7 @@ from typing import Any
 from matrix.cells import Cell
 from matrix.check import ledger, metrics, oracle
 from matrix.check.client import send_chat
+from matrix.check.lifecycle import run_lifecycle
 from matrix.check.specs import CheckFailure, OracleSpec
 from matrix.check.validate import validate_chat_response
 from matrix.errors import MatrixError
@@ -218,6 +219,8 @@ def _run(
             if role_envs:
                 plan = compose_roles(plan, {role: _role_plan(arm, context, cell.runtime_of(role), env, log_dir)
                                             for role, env in role_envs.items()})  # fmt: skip
+            if case.launch.get("lifecycle", True) is False:  # a timing study: only the primary request
+                plan = replace(plan, lifecycle=None)
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
@@ -341,10 +344,14 @@ def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Compl
         failures += metrics.judge(plan.metrics_checks, before, after)
         urls = [check.url for check in plan.metrics_checks]
         kv_ledger = ledger.ledger(urls, scraped_before, scraped_after)
+    ttft_s = response.ttft_s
+    if plan.lifecycle is not None:  # streaming, cancel and orphaned-decode checks; TTFT from the stream
+        lifecycle_failures, ttft_s = run_lifecycle(plan.lifecycle, plan.request, tuple(failures))
+        failures += lifecycle_failures
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,
-        "ttft_s": response.ttft_s,
+        "ttft_s": ttft_s,
         "prefill_worker_id": validation.prefill_worker_id,
         "decode_worker_id": validation.decode_worker_id,
         "prompt_tokens": validation.prompt_tokens,

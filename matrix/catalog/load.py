@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import tomllib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ from matrix.catalog.spec import (
     RuntimeSpec,
     WaiverSpec,
 )
+from matrix.component_sources import derive, parse_changes, variant_label
 from matrix.errors import ConfigError
 from matrix.launch.options import check_case_options
 from matrix.resources import resource_dir
@@ -60,9 +62,7 @@ class _Entry:
     def fail(self, message: str) -> ConfigError:
         return ConfigError(f"{self.where}: {message}")
 
-    def get(
-        self, key: str, typ: type[T] | tuple[type, ...], default: T | None = None, *, required: bool = False
-    ) -> T:
+    def get(self, key: str, typ: type[T] | tuple[type, ...], default: T | None = None, *, required: bool = False) -> T:
         self.used.add(key)
         if key not in self.raw:
             if required:
@@ -146,8 +146,51 @@ def _name(e: _Entry, key: str = "name") -> str:
     return name
 
 
+def _variant(e: _Entry, backend: str) -> RuntimeSpec:
+    """A `base` + `with` entry: resolved against its base once every file is read (`_resolve_variants`)."""
+    base = e.get("base", str, required=True)
+    raw = e.get("with", dict, {})
+    if not raw or not all(isinstance(v, str) for v in raw.values()):
+        raise e.fail(
+            'a runtime with base needs with = { COMPONENT = "VERSION", ... }, e.g. with = { vllm-rs = "0.30.0" }'
+        )
+    for key in ("provider", "components"):
+        if key in e.raw:
+            raise e.fail(f"a runtime with base takes its {key} from the base; drop {key!r} (or drop base)")
+    try:
+        base = str(parse_version(base))
+        changes = parse_changes([f"{k}={v}" for k, v in raw.items()], "with")
+        version = parse_version(e.get("version", str, variant_label(base, changes)))
+    except ConfigError as exc:
+        raise e.fail(str(exc)) from None
+    return RuntimeSpec(
+        backend=backend, version=str(version), tag=e.get("tag", str, tag_for(version)),
+        channel=e.get("channel", str, _default_channel(version.is_prerelease, version.is_devrelease)),
+        provider={}, components={}, enabled=e.get("enabled", bool, True), notes=e.get("notes", str, ""),
+        base=base, vary=changes,
+    )  # fmt: skip
+
+
+def _resolve_variants(spec: CatalogSpec) -> None:
+    """Fill each variant's recipe and components from its base (a non-variant runtime of any file read)."""
+    bases = {(r.backend, r.version): r for r in spec.runtimes if not r.base}
+    for index, runtime in enumerate(spec.runtimes):
+        if not runtime.base:
+            continue
+        where = f"[[runtime]] {runtime.backend} {runtime.version}"
+        base = bases.get((runtime.backend, runtime.base))
+        if base is None:
+            known = ", ".join(v for b, v in sorted(bases) if b == runtime.backend) or "none"
+            raise ConfigError(f"{where}: base {runtime.base} is not a runtime of {runtime.backend} (known: {known})")
+        derived = derive(base.backend, base.version, base.provider, base.components, runtime.vary, where)
+        notes = runtime.notes or derived.notes
+        spec.runtimes[index] = replace(runtime, provider=derived.provider, components=derived.components, notes=notes)
+
+
 def _runtime(e: _Entry) -> RuntimeSpec:
     backend = _name(e, "backend")
+    if "base" in e.raw:
+        return _variant(e, backend)
     raw_version = e.get("version", str, required=True)
     try:
         version = parse_version(raw_version)
@@ -314,8 +357,7 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
         unknown = sorted(set(doc) - set(_SECTIONS))
         if unknown:
             raise ConfigError(
-                f"{path.name}: unknown section(s) {', '.join(map(repr, unknown))}; "
-                f"use [[{']], [['.join(_SECTIONS)}]]"
+                f"{path.name}: unknown section(s) {', '.join(map(repr, unknown))}; use [[{']], [['.join(_SECTIONS)}]]"
             )
         for kind, items in doc.items():
             if not isinstance(items, list):
@@ -329,6 +371,7 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
                 entry.finish()
                 spec.sources[(kind, natural_key(kind, parsed))] = source
                 _reject_duplicate(first_seen, kind, parsed, f"{path} ([[{kind}]] #{index + 1})")
+    _resolve_variants(spec)
     return spec
 
 

@@ -31,6 +31,10 @@ class RuntimeSpec:
     components: dict[str, str]
     enabled: bool = True
     notes: str = ""
+    # A variant (`base` + `with`): its base's version and the components it changes; the recipe and
+    # components above are the base's with those changed (`matrix.component_sources.derive`).
+    base: str = ""
+    vary: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -146,9 +146,7 @@ def _exchange(
             is_sse = state.content_type.split(";")[0].strip().lower() == "text/event-stream"
             # Only a successful stream is assembled; an error answer (e.g. 503 with a JSON body) is kept as
             # sent, and a server that ignored stream=true is validated on its plain JSON body.
-            assembler = (
-                _StreamAssembler(started) if stream and response.status_code == 200 and is_sse else None
-            )
+            assembler = _StreamAssembler(started) if stream and response.status_code == 200 and is_sse else None
             return _read_body(response.iter_bytes(), spec, state, assembler)
     except httpx.TimeoutException as exc:
         return state.result(

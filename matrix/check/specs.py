@@ -64,3 +64,41 @@ class MetricsCheck:
     require: str = "all"
     # Where the last scrape is kept (in the cell's log directory): the evidence the check judged.
     record: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineGauges:
+    """One engine's scheduler gauges on its Prometheus endpoint: what `cancel_recovers` and
+    `orphan_decode_released` read before, during and after their request (vLLM's names by default)."""
+
+    role: str
+    url: str
+    running: str = "vllm:num_requests_running"
+    waiting: str = "vllm:num_requests_waiting"
+    kv_usage: str = "vllm:kv_cache_usage_perc"
+
+
+@dataclass(frozen=True)
+class LifecycleSpec:
+    """The checks beyond one happy request (`matrix.check.streaming`, `matrix.check.lifecycle`).
+
+    `stream`: the primary request once more with ``stream=true``. `engines`: the gauges `cancel_recovers`
+    watches on every engine (prefill and decode); none, no cancel check. `orphan_url`: an engine endpoint
+    (a decode instance's chat completions) that accepts a request whose KV must come from a prefill that
+    never sends it; where no public API can start one, `orphan_skip` says why and the check is skipped.
+    `bound_s`: how long an engine may take to release a dropped request (far below the 300 s an engine
+    waits by itself for KV that never comes). Evidence files go to `record_dir` (the cell's log directory).
+    """
+
+    record_dir: str
+    stream: bool = True
+    engines: tuple[EngineGauges, ...] = ()
+    orphan_url: str | None = None
+    orphan_skip: str | None = None
+    # How the orphaned decode is asked: "vllm" (`kv_transfer_params` on the OpenAI API) or "reference"
+    # (the reference worker's `/decode` with a `kv` object).
+    orphan_protocol: str = "vllm"
+    bound_s: float = 30.0
+    # The dropped stream: read this many chunks, asking for this many tokens (bounded by max_model_len).
+    cancel_chunks: int = 3
+    cancel_max_tokens: int = 256

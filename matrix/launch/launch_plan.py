@@ -11,9 +11,18 @@ from dataclasses import dataclass, field
 
 # The request and the metrics checks are the check stage's own input; a plan carries them (re-exported here
 # for the arms that build plans).
-from matrix.check.specs import MetricsCheck, OracleSpec, RequestSpec
+from matrix.check.specs import EngineGauges, LifecycleSpec, MetricsCheck, OracleSpec, RequestSpec
 
-__all__ = ["HealthProbe", "LaunchPlan", "MetricsCheck", "OracleSpec", "ProcessSpec", "RequestSpec"]
+__all__ = [
+    "EngineGauges",
+    "HealthProbe",
+    "LaunchPlan",
+    "LifecycleSpec",
+    "MetricsCheck",
+    "OracleSpec",
+    "ProcessSpec",
+    "RequestSpec",
+]
 
 
 @dataclass(frozen=True)
@@ -62,3 +71,5 @@ class LaunchPlan:
     oracle: OracleSpec | None = None
     # Set when the processes run in containers: the engine the watchdog removes the cell's containers with.
     container_engine: str = ""
+    # Streaming, cancellation and orphaned-decode checks after the primary request (`matrix.check.lifecycle`).
+    lifecycle: LifecycleSpec | None = None

@@ -1,47 +1,32 @@
 """Typed case options: the KV bound (`KvBound`), which launch keys each arm reads, and the one table from a
-bound to the engine flag that carries it.
+bound to the engine flag that carries it (the engine table, `matrix.launch.engines`).
 
 `matrix catalog sync` checks every case against these (`check_case_options`) before the database is touched,
-so a misspelled launch key, a bound in a unit the case's engine does not read, or a marker that restates the
-bound with another value is refused with the fix, instead of being ignored at run time. The arms read the
-same tables (`kv_arg`), so what is checked is what is launched.
+so a misspelled launch key, a value of the wrong kind (`case_launch`, the launch table typed per arm), a
+bound in a unit the case's engine does not read, or a marker that restates the bound with another value is
+refused with the fix, instead of being ignored at run time. The arms read the same tables (`kv_arg`), so
+what is checked is what is launched.
 
-Pure data and checks: this module imports nothing of the launch machinery (of check only its pure-data
-`specs`), so the catalog may import it.
+Pure data and checks: this module imports nothing of the launch machinery (of launch only the pure-data
+engine table and typed launch tables, of check only its pure-data `specs`), so the catalog may import it.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, overload
 
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound, KvUnit
+from matrix.launch.case_launch import LAUNCH_TYPES, CommonLaunch, keys_of, parse_launch
+from matrix.launch.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.markers import parse_marker_use
 
-
-@dataclass(frozen=True)
-class KvFlag:
-    """How one engine takes its KV bound: the unit it counts in and the flag (or variable) that carries it."""
-
-    unit: KvUnit
-    flag: str
-
-
-# The one table from a bound to engine flags. Every arm that passes a bound looks its engine up here.
-KV_FLAGS: dict[str, KvFlag] = {
-    "reference": KvFlag("bytes", "--kv-cache-bytes"),
-    "vllm": KvFlag("bytes", "--kv-cache-memory-bytes"),
-    "sglang": KvFlag("tokens", "--max-total-tokens"),
-    # TensorRT-LLM reads it from its engine config (kv_cache_config.max_tokens), which the launch script
-    # writes from this variable.
-    "trtllm": KvFlag("tokens", "TRTLLM_KV_MAX_TOKENS"),
-}
-# Dynamo's mocker has no real cache: a bound in either unit only sizes the scheduler's memory estimate.
-UNBOUNDED_ENGINES = frozenset({"mocker"})
+# The one table from a bound to engine flags (`matrix.launch.engines`). Every arm that passes a bound looks
+# its engine up there.
+KV_FLAGS: Mapping[str, Engine] = ENGINES
 DYNAMO_ENGINES = ("mocker", "vllm", "sglang", "trtllm")
 # The engine of an arm that has one engine; a dynamo case names its engine in `launch.engine`.
 ARM_ENGINES = {"reference": "reference", "vllm_native": "vllm", "sglang_native": "sglang"}
@@ -54,10 +39,7 @@ def kv_arg(bound: KvBound, engine: str, default: None = None) -> tuple[str, int]
 def kv_arg(bound: KvBound, engine: str, default: int | None = None) -> tuple[str, int] | None:
     """(flag, value) that bounds `engine`'s KV cache from a case's `kv_bound` (else `default`); None when
     there is neither."""
-    spec = KV_FLAGS[engine]
-    value = bound.get(spec.unit)
-    value = default if value is None else value
-    return None if value is None else (spec.flag, value)
+    return ENGINES[engine].kv_arg(bound, default)
 
 
 # Markers that restate the bound for a reader of `matrix plan -m`: their value must be the bound's.
@@ -67,33 +49,15 @@ RESTATING_MARKERS: dict[str, KvUnit] = {
     "requested_trtllm_kv_tokens": "tokens",
 }
 
-# Launch keys every arm may carry: read by the runner (model_dir, expect_failed_checks, equivalence), the
-# scheduler (exclusive_startup) and the container provider (shm_gib, engine). `equivalence` on an arm without
-# an aggregated plan is refused by `catalog sync` with that reason.
-COMMON_LAUNCH_KEYS = frozenset(
-    {"model_dir", "expect_failed_checks", "shm_gib", "engine", "equivalence", "exclusive_startup"}
-)
-_SGLANG_SERVER_KEYS = frozenset({
-    "max_model_len", "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
-    "disable_cuda_graph", "transfer_backend", "extra_args", "role_env", "kv_counters", "env",
-})  # fmt: skip
-_VLLM_SIDECAR_KEYS = frozenset({
-    "env", "extra_args", "gpu_memory_utilization", "kv_counters", "max_model_len", "reasoning_parser", "role_env",
-    "tool_call_parser",
-})  # fmt: skip
-# The launch keys each arm reads (`tests/unit/test_case_options.py` checks this against the arms' code).
+# Launch keys every arm may carry (`case_launch.CommonLaunch`: read by the runner, the scheduler and the
+# container provider). `equivalence` on an arm without an aggregated plan is refused by `catalog sync` with
+# that reason.
+COMMON_LAUNCH_KEYS = keys_of(CommonLaunch)
+# The launch keys each arm reads: the fields of its typed launch table (`tests/unit/test_case_options.py`
+# checks this against the arms' code).
 LAUNCH_KEYS: dict[str, frozenset[str]] = {
-    "reference": frozenset({"device", "faults", "slow_start_s", "teardown_grace_s", "token_delay_ms"}),
-    "vllm_native": frozenset({
-        "cpu", "decode_without_connector", "env", "extra_args", "gpu_memory_utilization", "kv_counters",
-        "max_model_len", "role_env", "teardown_grace_s",
-    }),
-    "sglang_native": frozenset({"aggregated_servers", "teardown_grace_s"}) | _SGLANG_SERVER_KEYS,
-    "dynamo": frozenset({
-        "aggregated", "cpu", "disable_cuda_graph", "gpu_memory_utilization", "max_model_len", "response_stream_host",
-        "script", "speedup_ratio", "teardown_grace_s", "workspace_script",
-    }) | _SGLANG_SERVER_KEYS | _VLLM_SIDECAR_KEYS,
-}  # fmt: skip
+    arm: keys_of(launch_type) - COMMON_LAUNCH_KEYS for arm, launch_type in LAUNCH_TYPES.items()
+}
 
 
 def engine_of(arm: str, launch: Mapping[str, Any]) -> str:
@@ -121,6 +85,7 @@ def check_case_options(
         close = difflib.get_close_matches(key, sorted(known), n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
         raise ConfigError(f"launch key {key!r} is not read by the {arm} arm; {hint}")
+    parse_launch(arm, launch)
     engine = engine_of(arm, launch)
     what = f"the {arm} arm" if arm != "dynamo" else f"dynamo's {engine} engine"
     if engine not in UNBOUNDED_ENGINES:

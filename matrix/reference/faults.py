@@ -39,6 +39,10 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "checksum passed: every check but equivalent_to_aggregated passes (the aggregated worker moves no KV)",
     "listen-everywhere": "the prefill worker also listens on 0.0.0.0 (an ephemeral port), as an engine's "
     "event-plane publisher does: the cell's listeners show it beyond loopback",
+    "leak-on-cancel": "the decode worker keeps a streamed request's KV blocks when its client goes away: "
+    "cancel_recovers fails (KV usage never returns to its level before the request)",
+    "hold-orphan-decode": "the decode worker keeps the slot and blocks of a decode whose KV never arrived for the "
+    "KV TTL instead of releasing it: orphan_decode_released fails",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -61,6 +65,8 @@ DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",
     "ignore-sigterm",
     "kv-corrupt-after-checksum",
+    "leak-on-cancel",
+    "hold-orphan-decode",
 }
 # The aggregated worker (prefill and decode in one, the oracle's baseline) fails to start like the others.
 AGGREGATED_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"ignore-sigterm"}

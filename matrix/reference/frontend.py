@@ -57,6 +57,12 @@ class FrontendConfig:
     worker_timeout_s: float
 
 
+# Faults that rewrite or delay the whole answer: a stream under them is assembled first, then sent.
+WHOLE_ANSWER_FAULTS = frozenset(
+    {"empty-completion", "hostile-output", "non-json-body", "oversized-body", "slow-request"}
+)
+
+
 def call_worker(up: Upstream, method: str, path: str, body: Any, timeout_s: float) -> tuple[int, Any]:
     """One JSON call to a worker; connection trouble becomes 503/504, non-JSON replies 502."""
     conn = http.client.HTTPConnection(up.host, up.port, timeout=timeout_s)
@@ -178,6 +184,9 @@ class FrontendApp:
         prompt = _prompt(body.get("messages"))
         max_tokens = _max_tokens(body)
         request_id = f"chatcmpl-{os.urandom(12).hex()}"
+        if stream and not self.cfg.faults & WHOLE_ANSWER_FAULTS:
+            self._stream_live(req, request_id, prompt, max_tokens)
+            return
 
         prefill, decode = self._prefill_decode(request_id, prompt, max_tokens)
 
@@ -229,6 +238,74 @@ class FrontendApp:
             self._send_oversized(req, response)
             return
         req.send_json(200, response)
+
+    def _stream_live(self, req: JSONHandler, request_id: str, prompt: str, max_tokens: int) -> None:
+        """A stream relayed token by token from decode's own stream, so a client that drops it reaches
+        decode: the frontend closes decode's connection at once, as an engine's frontend aborts the request."""
+        timeout = self.cfg.worker_timeout_s
+        pre, dec = self.cfg.prefill, self.cfg.decode
+        prefill = _checked(
+            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+        )
+        body = json.dumps({"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens,
+                           "stream": True}).encode("utf-8")  # fmt: skip
+        conn = http.client.HTTPConnection(dec.host, dec.port, timeout=timeout)
+        try:
+            try:
+                conn.request("POST", "/decode", body=body, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                raise HTTPError(503, f"decode worker at {dec.url} unreachable: {exc}", "service_unavailable") from exc
+            if resp.status != 200:
+                raw = resp.read()
+                try:
+                    obj: Any = json.loads(raw)
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    obj = raw[:300]
+                _checked(dec, resp.status, obj)
+            self._relay(req, resp, request_id, prefill)
+        finally:
+            conn.close()
+
+    def _relay(
+        self, req: JSONHandler, resp: http.client.HTTPResponse, request_id: str, prefill: dict[str, Any]
+    ) -> None:
+        created = int(time.time())
+        req.send_response(200)
+        req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Cache-Control", "no-cache")
+        req.end_headers()
+
+        def chunk(delta: dict[str, Any], finish_reason: Any = None, **extra: Any) -> None:
+            obj = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": self.cfg.model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}  # fmt: skip
+            req.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+            req.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        end: dict[str, Any] = {}
+        first = True
+        while line := resp.readline():
+            event = json.loads(line)
+            if event.get("done"):
+                end = event
+                break
+            chunk({"content": str(event.get("text", "")) if first else " " + str(event.get("text", ""))})
+            first = False
+        faults = self.cfg.faults
+        prefill_id = prefill.get("prefill_worker_id")
+        decode_id = prefill_id if "same-worker-id" in faults else end.get("decode_worker_id")
+        prompt_tokens, completion_tokens = int(prefill.get("prompt_tokens", 0)), int(end.get("completion_tokens", 0))
+        final: dict[str, Any] = {
+            "nvext": {"worker_id": {"prefill_worker_id": prefill_id, "decode_worker_id": decode_id}}
+        }
+        if "missing-usage" not in faults:
+            final["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                              "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+        chunk({}, "abort" if "bad-finish-reason" in faults else end.get("finish_reason", "length"), **final)
+        req.wfile.write(b"data: [DONE]\n\n")
+        req.wfile.flush()
+        self.log(f"chat id={request_id} stream=live completion_tokens={completion_tokens}")
 
     def _prefill_decode(self, request_id: str, prompt: str, max_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates."""

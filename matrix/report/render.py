@@ -21,7 +21,7 @@ from matrix import __version__
 from matrix.plan import Selection
 from matrix.redact import redact_pair
 from matrix.report import links
-from matrix.report.compare import Comparison, Side, compare
+from matrix.report.compare import Comparison, Holding, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, evaluate_gate
@@ -233,7 +233,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
     compare_links = []
     for comparison in comparisons:
         name = links.compare_page(comparison.a.label, comparison.b.label)
-        _write(env, "compare.html", out_dir / name, {"comparison": comparison})
+        _write(env, "compare.html", out_dir / name, {"comparison": comparison, "holding": None})
         compare_links.append({"href": name, "title": comparison.title, "counts": comparison.counts()})
     from matrix.report.skew import load_skew_grid, skew_cases, skew_page
 
@@ -301,10 +301,11 @@ def _attempts(summaries: Mapping[int, CampaignSummary], campaign_id: int) -> int
     return summary.attempts if summary else 0
 
 
-def render_compare(comparison: Comparison, path: Path) -> Path:
-    """Write one comparison page (links to cells assume the report's runtime pages sit beside it)."""
+def render_compare(comparison: Comparison, path: Path, holding: Holding | None = None) -> Path:
+    """Write one comparison page (links to cells assume the report's runtime pages sit beside it); a
+    `--component` comparison also says what it held equal."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(environment(), "compare.html", path, {"comparison": comparison})
+    _write(environment(), "compare.html", path, {"comparison": comparison, "holding": holding})
     return path
 
 

@@ -45,6 +45,10 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "kv-corrupt-after-checksum": ("passed", None, None),
     # Listening on every interface is said, not failed, unless `--loopback-only` (test below).
     "listen-everywhere": ("passed", None, None),
+    # A streamed request's KV kept after its client dropped it; a decode that holds its slot for KV that
+    # never came. Each fails exactly its lifecycle check (test_lifecycle_faults_fail_exactly_their_check).
+    "leak-on-cancel": ("failed", "validation", "cancel_recovers"),
+    "hold-orphan-decode": ("failed", "validation", "orphan_decode_released"),
 }
 
 
@@ -126,6 +130,34 @@ def test_healthy_reference_pair_passes_every_check(fault_campaign: Matrix) -> No
     for timing in ("ready_s", "request_s", "teardown_s", "total_s"):
         assert isinstance(row[timing], float)
     assert_nothing_left(fault_campaign, str(row["uid"]))
+
+
+@pytest.mark.parametrize(("fault", "check"), [("leak-on-cancel", "cancel_recovers"),
+                                             ("hold-orphan-decode", "orphan_decode_released")])  # fmt: skip
+def test_lifecycle_faults_fail_exactly_their_check(fault_campaign: Matrix, fault: str, check: str) -> None:
+    """Only the targeted check fails, and its evidence (gauges before, during, after) shows why."""
+    row = _row(fault_campaign, case_name(fault))
+    assert {c["name"] for c in row["checks"]} == {check}, row["checks"]  # type: ignore[union-attr]
+    (log_dir,) = fault_campaign.sql("SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"])[0]
+    evidence = json.loads((Path(str(log_dir)) / f"{check}.json").read_text())
+    assert evidence["passed"] is False and evidence["before"] and evidence["during"], evidence
+    decode_after = evidence["after"]["decode"]
+    if fault == "leak-on-cancel":
+        assert decode_after["kv_usage"] > evidence["before"]["decode"]["kv_usage"], evidence
+    else:
+        assert decode_after["waiting"] == 1, evidence
+
+
+def test_healthy_pair_streams_cancels_and_releases_an_orphaned_decode(fault_campaign: Matrix) -> None:
+    """The healthy reference pair passes the lifecycle checks, with their evidence kept beside its logs."""
+    row = _row(fault_campaign, "reference_disaggregated")
+    (log_dir,) = fault_campaign.sql("SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"])[0]
+    for name in ("stream.json", "cancel_recovers.json", "orphan_decode_released.json"):
+        evidence = json.loads((Path(str(log_dir)) / name).read_text())
+        assert evidence.get("passed", True) is True and not evidence.get("failures"), evidence
+    cancel = json.loads((Path(str(log_dir)) / "cancel_recovers.json").read_text())
+    assert cancel["during"]["decode"]["running"] == 1 and not cancel["stream_ended_before_drop"], cancel
+    assert cancel["after"]["decode"]["kv_usage"] <= cancel["before"]["decode"]["kv_usage"], cancel
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))

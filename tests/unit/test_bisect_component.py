@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from matrix.bisect_component import find_pin, pin_component, variant_version
+from matrix.bisect_component import variant_version
+from matrix.component_sources import find_pin, pin_component
 from matrix.errors import ConfigError
 from matrix.launch.providers.recipe import check_provider
 from tests.conftest import DATA

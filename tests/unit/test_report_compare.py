@@ -106,3 +106,19 @@ def test_compare_bad_input_exits_2(history: Matrix) -> None:
         result = history(*args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+
+
+def test_compare_stands_on_the_newest_skip(matrix: Matrix) -> None:
+    # Only skips on side A: the case's standing attempt (`outcome.standing_attempt`) is the newest one, as in
+    # every other report, not the oldest.
+    sync(matrix)
+    with db(matrix) as s:
+        camp = campaign(s)
+        attempt(s, camp, "vllm_long_prompt", "vllm=0.29.0", "skipped")
+        attempt(s, camp, "vllm_long_prompt", "vllm=0.29.1rc1.dev347+gdee37d891", "skipped")
+        attempt(s, camp, "vllm_long_prompt", "vllm=0.30.0", "passed")
+    result = matrix("compare", "--component", "vllm", "0.29.0", "0.30.0", "--json")
+    assert result.exit_code == 0, result.output
+    case = next(c for c in json.loads(result.output)["cases"] if c["case"] == "vllm_long_prompt")
+    assert case["a"]["runtime"] == "vllm=0.29.1rc1.dev347+gdee37d891"
+    assert case["verdict"] == "new"

@@ -110,19 +110,6 @@ def oracle_spec(ctx: LaunchContext, port: int) -> OracleSpec | None:
     )
 
 
-# The most of a GPU's memory an engine's utilisation fraction may claim for its start-up to count as bounded
-# absolutely: vLLM checks `--gpu-memory-utilization` x total against free memory before its byte cap, and
-# SGLang's `--mem-fraction-static` is the share its weights and pool may take; tiny ones never decide.
-TINY_MEMORY_FRACTION = 0.1
-
-
-def tiny_fraction(value: object) -> bool:
-    try:
-        return 0 < float(str(value)) <= TINY_MEMORY_FRACTION
-    except ValueError:
-        return False
-
-
 def cell_scratch(ctx: LaunchContext, scratch: Mapping[str, str]) -> dict[str, str]:
     """The cell-local directories of `scratch` (variable -> path) except those the runtime's persistent
     caches provide: those stay in `ctx.env`, and are never removed with the cell."""

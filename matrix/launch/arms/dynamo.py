@@ -24,17 +24,13 @@ from matrix.launch.arms.base import (
     frontend_probes,
     gpu_env,
     loopback_url,
-    tiny_fraction,
 )
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
-from matrix.launch.arms.vllm_sidecar import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    decode_metrics,
-    scratch_env,
-    vllm_sidecar_processes,
-)
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
-from matrix.launch.options import KV_FLAGS, kv_arg
+from matrix.launch.arms.sidecar import AGGREGATED_ROLE
+from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
+from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
+from matrix.launch.engines import dynamo_engine
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
 SYSTEM_PORT_MAX = 32767
@@ -65,14 +61,14 @@ def _engine(case: CaseInfo) -> str:
 def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
     """Engine flags that bound the KV cache absolutely (bytes or blocks, not a fraction), forwarded by the launch
     script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
-    launch, arg = case.launch, kv_arg(case.kv_bound, engine) if engine in KV_FLAGS else None
-    if arg is None or engine == "trtllm":
+    launch, entry = case.launch, dynamo_engine(engine)
+    arg = entry.kv_arg(case.kv_bound) if entry is not None else None
+    if entry is None or arg is None or engine == "trtllm":
         return ()
     flag, value = arg
     if engine == "vllm":
         # vLLM checks the memory fraction before the byte cap, so the fraction must be tiny too.
-        utilization = str(launch.get("gpu_memory_utilization", 0.01))
-        return (flag, str(value), "--gpu-memory-utilization", utilization)
+        return (flag, str(value), *entry.fraction_argv(launch))
     graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph", True) else ()
     return (flag, str(value), *graph)
 
@@ -81,7 +77,8 @@ def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
     env = {}
     if "max_model_len" in case.launch:
         env["MAX_MODEL_LEN"] = str(case.launch["max_model_len"])
-    if engine == "trtllm" and (arg := kv_arg(case.kv_bound, engine)) is not None:
+    entry = dynamo_engine(engine)
+    if engine == "trtllm" and entry is not None and (arg := entry.kv_arg(case.kv_bound)) is not None:
         # TensorRT-LLM takes its KV bound from the engine config (kv_cache_config.max_tokens); the launch
         # script writes that config, so the bound travels as a variable.
         env[arg[0]] = str(arg[1])
@@ -99,8 +96,9 @@ def _response_stream_host(case: CaseInfo) -> str:
 
 
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
-    """Two workers for a disaggregated case; one for the aggregated control (which must fail the check)."""
-    return ("worker",) if case.launch.get("aggregated") else ("prefill", "decode")
+    """Two workers for a disaggregated case; one for an aggregated twin or control (which must fail the
+    distinct-workers check)."""
+    return (AGGREGATED_ROLE,) if case.launch.get("aggregated") else ("prefill", "decode")
 
 
 def _script_text(ctx: LaunchContext) -> str | None:
@@ -133,12 +131,11 @@ class DynamoArm:
         engine, launch = _engine(case), case.launch
         if launch.get("script") or launch.get("workspace_script"):
             return False
-        if engine == "vllm":
-            utilization = launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
-            return case.kv_bound.bytes is not None and tiny_fraction(utilization)
-        if engine == "sglang":
-            return sglang_server.absolute_memory(case)
-        return engine == "mocker"  # no GPU memory at all
+        if engine == "mocker":
+            return True  # no GPU memory at all
+        entry = dynamo_engine(engine)
+        # trtllm runs through its script only (refused above otherwise); its entry has no fraction.
+        return entry is not None and engine != "trtllm" and entry.absolute_memory(case.kv_bound, launch)
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)
@@ -178,6 +175,7 @@ class DynamoArm:
             env=env,
         )
         metrics: tuple[MetricsCheck, ...] = ()
+        lifecycle: LifecycleSpec | None = None
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
         script = _script_text(ctx)
         ready = frontend_probes(frontend_port)
@@ -190,12 +188,17 @@ class DynamoArm:
             wanted = tuple(".generate" for _ in _worker_roles(ctx.case))
             ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
         elif script is None and engine == "vllm":
-            workers = vllm_sidecar_processes(ctx, env)
-            metrics = (decode_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = vllm_sidecar_processes(ctx, env, roles)
+            # The aggregated twin moves no KV, so it has no transfer counter to watch.
+            metrics = () if ctx.case.launch.get("aggregated") else (decode_metrics(ctx),)
+            lifecycle = vllm_lifecycle(ctx, roles)
             scratch += scratch_env(ctx).values()
         elif script is None and engine == "sglang":
-            workers = sglang_sidecar_processes(ctx, env)
-            metrics = (sglang_server.kv_metrics(ctx),)
+            roles = _worker_roles(ctx.case)
+            workers = sglang_sidecar_processes(ctx, env, roles)
+            metrics = () if ctx.case.launch.get("aggregated") else (sglang_server.kv_metrics(ctx),)
+            lifecycle = LifecycleSpec(str(ctx.work_dir))  # the streaming twin; SGLang's gauges are not wired yet
             scratch += sglang_server.scratch_env(ctx).values()
         else:
             workers = (self._script(ctx, engine, env, script),)
@@ -210,6 +213,7 @@ class DynamoArm:
             gpu_ids=ctx.gpu_ids,
             metrics_checks=metrics,
             scratch_dirs=tuple(scratch),
+            lifecycle=lifecycle,
         )
 
     def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:

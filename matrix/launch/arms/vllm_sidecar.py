@@ -11,17 +11,16 @@ The decode engine's `/metrics` proves the KV really moved.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
-from matrix.launch.arms.sidecar import sidecar_process
-from matrix.launch.arms.vllm_native import CPU_KV_CACHE_BYTES, DEFAULT_KV_COUNTERS, omp_binding
-from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
-from matrix.launch.options import kv_arg
+from matrix.launch.arms.sidecar import AGGREGATED_ROLE, sidecar_process
+from matrix.launch.arms.vllm_native import DEFAULT_KV_COUNTERS, omp_binding, vllm_engine_flags
+from matrix.launch.engines import ENGINES
+from matrix.launch.launch_plan import EngineGauges, HealthProbe, LifecycleSpec, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.01
+ENGINE = ENGINES["dynamo-vllm"]
 
 
 def engine_port(role: str, kind: str) -> str:
@@ -30,42 +29,44 @@ def engine_port(role: str, kind: str) -> str:
     return f"VLLM_{role.upper()}_{kind}_PORT"
 
 
+def port_role(role: str) -> str:
+    """Whose allocated ports an engine uses: the aggregated twin's one engine takes decode's."""
+    return "decode" if role == AGGREGATED_ROLE else role
+
+
 def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding: Mapping[str, str]) -> ProcessSpec:
-    launch, on_gpu = ctx.case.launch, bool(ctx.gpu_ids)
-    connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    if not on_gpu:
-        connector["kv_buffer_device"] = "cpu"
-    kv_flag, kv_bytes = kv_arg(ctx.case.kv_bound, "vllm", CPU_KV_CACHE_BYTES)
-    http = ctx.ports[engine_port(role, "HTTP")]
+    launch = ctx.case.launch
+    ports = port_role(role)
+    http = ctx.ports[engine_port(ports, "HTTP")]
     argv = [
         "vllm-rs", "serve", str(ctx.model_dir or ctx.case.model),
         # The managed engine runs with the runtime's interpreter, not whichever python3 is first on PATH.
         "--python", ctx.python,
         "--host", "127.0.0.1",
         "--port", str(http),
-        "--grpc-port", str(ctx.ports[engine_port(role, "GRPC")]),
+        "--grpc-port", str(ctx.ports[engine_port(ports, "GRPC")]),
         "--max-model-len", str(launch.get("max_model_len", 2048)),
         "--served-model-name", ctx.case.model,
         # "auto" picks parsers from the model's config; a tiny generated qwen3 has no <think> token for them.
         "--reasoning-parser", str(launch.get("reasoning_parser", "none")),
         "--tool-call-parser", str(launch.get("tool_call_parser", "none")),
         "--",
-        "--enforce-eager",
-        "--kv-transfer-config", json.dumps(connector, separators=(",", ":")),
-        kv_flag, str(kv_bytes),
+        # The aggregated twin moves no KV: no connector, as upstream's agg case.
+        *vllm_engine_flags(ctx, ENGINE, None if role == AGGREGATED_ROLE else "kv_both"),
     ]  # fmt: skip
-    if on_gpu:
-        argv += ["--gpu-memory-utilization", str(launch.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))]
     argv += [str(a) for a in launch.get("extra_args", [])]
-    env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(role, "NIXL_SIDE_CHANNEL")])}
+    env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(ports, "NIXL_SIDE_CHANNEL")])}
     if role in binding:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
     env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
     return ProcessSpec(role=role, argv=tuple(argv), env=env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
-def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) -> tuple[ProcessSpec, ...]:
-    """Both engines first, then their sidecars (each after its own engine)."""
+def vllm_sidecar_processes(
+    ctx: LaunchContext, dynamo_env: Mapping[str, str], roles: tuple[str, ...] = ROLES
+) -> tuple[ProcessSpec, ...]:
+    """Both engines first, then their sidecars (each after its own engine); `roles` ("worker",) for the
+    aggregated twin: one engine serving both phases behind one sidecar."""
     on_gpu = bool(ctx.gpu_ids)
     base_env = {
         **dynamo_env,
@@ -76,10 +77,12 @@ def vllm_sidecar_processes(ctx: LaunchContext, dynamo_env: Mapping[str, str]) ->
         base_env["VLLM_TARGET_DEVICE"] = "cpu"
     base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
     binding = {} if on_gpu else omp_binding(ctx.cpu_ids)
-    engines = tuple(_engine(ctx, role, base_env, binding) for role in ROLES)
+    if roles == (AGGREGATED_ROLE,) and not on_gpu:  # one engine: all the host's cores
+        binding = {AGGREGATED_ROLE: ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"}
+    engines = tuple(_engine(ctx, role, base_env, binding) for role in roles)
     sidecars = (
-        sidecar_process(ctx, role, "dynamo.vllm.sidecar", ctx.ports[engine_port(role, "GRPC")], dynamo_env)
-        for role in ROLES
+        sidecar_process(ctx, role, "dynamo.vllm.sidecar", ctx.ports[engine_port(port_role(role), "GRPC")], dynamo_env)
+        for role in roles
     )
     return (*engines, *sidecars)
 
@@ -102,3 +105,20 @@ def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
     counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", SIDECAR_KV_COUNTERS))
     url = loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics")
     return MetricsCheck(url, counters, "any", record=str(ctx.work_dir / "metrics-decode.prom"))
+
+
+# Dynamo's frontend routes every request through its prefill worker first; nothing public starts a decode
+# on its own, so the orphaned-decode check cannot be driven on the sidecar system.
+ORPHAN_SKIP = ("Dynamo's frontend always asks a prefill worker first and exposes no decode-only request; "
+               "vllm-rs's own HTTP server is not the path the sidecar drives, so no public API starts an "
+               "orphaned decode here")  # fmt: skip
+
+
+def lifecycle(ctx: LaunchContext, roles: tuple[str, ...] = ROLES) -> LifecycleSpec:
+    """The streaming and cancel checks read every engine's vLLM gauges (vllm-rs serves them)."""
+    engines = tuple(
+        EngineGauges(role, loopback_url(ctx.ports[engine_port(port_role(role), "HTTP")], "/metrics")) for role in roles
+    )
+    max_len = int(ctx.case.launch.get("max_model_len", 2048))
+    return LifecycleSpec(str(ctx.work_dir), engines=engines, orphan_skip=ORPHAN_SKIP,
+                         cancel_max_tokens=max(16, min(1024, max_len - 128)))  # fmt: skip

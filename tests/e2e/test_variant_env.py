@@ -1,0 +1,116 @@
+"""A variant's environment is made from its base's (hard links, relocation, only the differing steps),
+built for real with pip from wheels made here; the base is never written through a shared link."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from matrix.cells import RuntimeInfo
+from matrix.launch.providers.buildprocs import never
+from matrix.launch.providers.variant import build_from_base, find_base
+from matrix.launch.providers.venv import TMP_PREFIX, locked, provision_target, resolve_target
+from tests.e2e.test_recipe_steps import make_wheel
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One base environment for the module (the one full build here); each test's variant has its own key."""
+    folder = tmp_path_factory.mktemp("wheels")
+    make_wheel(folder, "mtoolpkg", "1.0", "1.0.0")
+    for version in ("2.0", "3.0", "4.0", "5.0"):
+        make_wheel(folder, "othertool", version, f"{version}.1")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MATRIX_HOME", str(tmp_path_factory.mktemp("variant-home")))
+        patch.setenv("PIP_CONFIG_FILE", os.devnull)
+        patch.setenv("PIP_NO_INDEX", "1")
+        patch.setenv("PIP_FIND_LINKS", str(folder))
+        yield folder
+
+
+def _runtime(tool: str, version: str, pkg: str = "mtoolpkg==1.0") -> RuntimeInfo:
+    steps: list[Any] = [[pkg], {"extract": f"othertool=={tool}", "member": "othertool/mtool"}]
+    return RuntimeInfo(backend="toolbox", version=version, tag=f"v{version}",
+                       provider={"kind": "venv", "steps": steps}, components={"mtool": f"{tool}.1"})  # fmt: skip
+
+
+def _tool(path: Path) -> str:
+    return subprocess.run([str(path / "bin" / "mtool"), "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
+    lines: list[str] = []
+    base = provision_target(_runtime("2.0", "1.0"), echo=lines.append)
+    base_pip = (base.path / "bin" / "pip").read_bytes()
+    variant = provision_target(_runtime("3.0", "1.0+othertool.3.0"), echo=lines.append)
+    assert variant.built and variant.path != base.path
+    info = json.loads((variant.path / "env.json").read_text())
+    assert info["tool"] == "variant" and info["derived_from"]["name"] == base.path.name
+    assert info["components"] == {"mtool": "3.0.1"}  # asked from the environment itself
+    assert any("ready from" in line for line in lines), lines
+    # Only the differing file is new; the packages are the base's very inodes.
+    site = Path("lib") / next(p.name for p in (base.path / "lib").iterdir()) / "site-packages"
+    init = site / "mtoolpkg" / "__init__.py"
+    assert os.stat(base.path / init).st_ino == os.stat(variant.path / init).st_ino
+    assert info["extra_bytes"] < 2**20
+    # Each answers with its own tool; the base's scripts and tool are untouched.
+    assert _tool(variant.path).startswith("mtool 3.0.1") and _tool(base.path).startswith("mtool 2.0.1")
+    assert (base.path / "bin" / "pip").read_bytes() == base_pip
+    assert (variant.path / "bin" / "pip").read_bytes().startswith(f"#!{variant.path}/bin/".encode())
+    # The variant's interpreter is its own prefix: pip in it sees the packages, run from the final path.
+    done = subprocess.run([str(variant.path / "bin" / "pip"), "list"], capture_output=True, text=True, check=True)
+    assert "mtoolpkg" in done.stdout
+    assert not list(variant.path.parent.glob(f"{TMP_PREFIX}*"))
+
+
+def test_a_variant_differing_in_a_pip_step_has_no_base(wheels: Path) -> None:
+    provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    assert find_base(resolve_target(_runtime("4.0", "1.1", pkg="mtoolpkg"))) is None  # the pip step differs too
+    assert find_base(resolve_target(_runtime("4.0", "1.0+othertool.4.0"))) is not None
+
+
+def test_a_base_whose_lock_is_held_is_not_copied(wheels: Path) -> None:
+    base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    runtime = _runtime("4.0", "1.0+othertool.4.0")
+    target = resolve_target(runtime)
+    lines: list[str] = []
+    # Held: the base is being removed (prune) or rebuilt; its files may vanish under a copy.
+    with locked(base.path.parent / f"{base.path.name}.lock"):
+        assert build_from_base(runtime, target, lines.append, never) is None  # the caller builds from scratch
+    assert any("building from scratch" in line for line in lines), lines
+    assert not target.path.exists() and not list(target.root.glob(f"{TMP_PREFIX}{target.name}-*"))
+
+
+def test_a_variant_build_killed_midway_leaves_only_a_temporary_directory_the_next_build_removes(
+    wheels: Path,
+) -> None:
+    base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    target = resolve_target(_runtime("5.0", "1.0+othertool.5.0"))
+    # What a SIGKILL after the copy leaves: a hard-linked temporary directory under the variant's name.
+    stale = target.root / f"{TMP_PREFIX}{target.name}-999999-abcdef"
+    subprocess.run(["cp", "-a", "-l", str(base.path), str(stale)], check=True)
+    assert not target.path.exists()
+    variant = provision_target(_runtime("5.0", "1.0+othertool.5.0"), echo=lambda _line: None)
+    assert not stale.exists() and _tool(variant.path).startswith("mtool 5.0.1")
+    assert json.loads((variant.path / "env.json").read_text())["tool"] == "variant"
+    assert _tool(base.path).startswith("mtool 2.0.1")
+
+
+def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_downloaded(wheels: Path) -> None:
+    provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    # Another engine version whose recipe extracts othertool 4.0's tool: built from scratch (its pip step differs).
+    donor = provision_target(_runtime("4.0", "2.0", pkg="mtoolpkg"), echo=lambda _line: None)
+    variant = provision_target(_runtime("4.0", "1.0+othertool.4.0"), echo=lambda _line: None)
+    assert os.stat(variant.path / "bin" / "mtool").st_ino == os.stat(donor.path / "bin" / "mtool").st_ino
+    log = (variant.path / "provision.log").read_text()
+    assert f"hard-linked from environment {donor.path.name}" in log
+    assert "pip download" not in log.split("made from")[-1]
+    assert _tool(variant.path).startswith("mtool 4.0.1")
