@@ -16,16 +16,17 @@ from matrix.owners import orphaned_running, shown_campaign_status
 
 
 def find_cell(session: Session, text: str) -> CellRun:
-    """By MATRIX_CELL_ID, by row id, or `CASE@BACKEND-VERSION` (its latest attempt)."""
+    """By MATRIX_CELL_ID, by row id, or the cell's key `CASE@BACKEND-VERSION` / `CASE@BACKEND[prefill=A,...]`
+    (its latest attempt: a skew pair's rows share decode's runtime, so the whole key must match)."""
     row = session.scalar(select(CellRun).where(CellRun.uid == text))
     if row is None and text.isdigit():
         row = session.get(CellRun, int(text))
     if row is None and "@" in text:
-        case_name, _, label = text.partition("@")
+        case_name, _, _ = text.partition("@")
         candidates = session.scalars(
             select(CellRun).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
         )
-        row = next((r for r in candidates if r.runtime.label == label), None)
+        row = next((r for r in candidates if r.cell_key == text), None)
     if row is None:
         raise ConfigError(
             f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)"

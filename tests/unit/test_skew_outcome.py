@@ -103,3 +103,12 @@ def test_the_report_has_an_n_by_n_page_per_skew_case(seeded: Matrix, tmp_path: P
     assert page.count('<td class="skew hang">') == 1 and page.count('<td class="skew not-run">') == 4
     assert "NIXL compatibility hash mismatch" in page  # the reason, one click (an anchor) away
     assert 'href="skew-dynamo_mocker_disaggregated.html"' in (tmp_path / "index.html").read_text(encoding="utf-8")
+
+
+def test_show_by_key_tells_a_pair_from_the_diagonal_of_decodes_runtime(seeded: Matrix) -> None:
+    _grid_campaign(seeded)
+    diagonal = json.loads(seeded("show", "dynamo_mocker_disaggregated@dynamo-1.6.1", "--json").output)
+    assert diagonal["status"] == "passed"
+    key = "dynamo_mocker_disaggregated@dynamo[prefill=1.4.2,decode=1.6.1]"
+    pair = json.loads(seeded("show", key, "--json").output)
+    assert pair["status"] == "failed" and pair["cell"] == key
