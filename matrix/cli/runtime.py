@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,7 +185,7 @@ def provision_cmd(
 def envs_cmd(view: CatalogView, as_json: bool) -> None:
     """List provisioned environments: state, Python, the runtimes using them, size, creation time, recipe."""
     from matrix.launch.providers.store import list_envs
-    from matrix.launch.providers.venv import envs_dir, resolve_target
+    from matrix.launch.providers.venv import envs_dir, targets_of
     from matrix.output import print_json, print_table
 
     users: dict[str, list[str]] = {}
@@ -194,7 +193,8 @@ def envs_cmd(view: CatalogView, as_json: bool) -> None:
         if runtime.provider.get("kind") != "venv":
             continue
         try:
-            users.setdefault(resolve_target(runtime).name, []).append(runtime.label)
+            for target in targets_of(runtime):  # built by uv or by pip
+                users.setdefault(target.name, []).append(runtime.label)
         except MatrixError:  # a runtime whose recipe or interpreter is broken uses no environment
             continue
     entries = list_envs()
@@ -446,8 +446,7 @@ def wheelhouse_cmd(
     Resolution is for the target (--python, --platform), not this host. Progress goes to stderr. Build on the
     target with `matrix runtime provision --find-links DIR --offline` (or `matrix run ... --offline`).
     """
-    from matrix.launch.providers.wheelhouse import Manifest, read_manifest, write_manifest
-    from matrix.launch.providers.wheelresolve import check_writable, download, lock_of, plan_runtime
+    from matrix.launch.providers.wheelresolve import make_wheelhouse, wheelhouse_command_line
     from matrix.launch.providers.wheeltarget import WheelTarget, this_host
 
     _cases, runtimes, _markers, known_backends = view
@@ -459,26 +458,11 @@ def wheelhouse_cmd(
         venvs = ", ".join(r.label for r in runtimes if r.provider.get("kind") == "venv") or "none"
         raise ConfigError(f"no venv runtime in the selection (venv runtimes of the catalog: {venvs})")
     out = out.expanduser().resolve()
-    check_writable(out)
-    created = datetime.now(UTC).isoformat(timespec="seconds")
-    fresh = Manifest(target.python, target.platforms, target.key_platform, created)
-    existing = read_manifest(out)
-    if existing is not None:
-        existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
-
-    def say(line: str) -> None:
-        click.echo(line, err=True)
-
-    say(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
-    excluded = _split_names(exclude)
-    omitted = _split_names(omit)
-    planned = [plan_runtime(runtime, target, excluded, say, omitted) for runtime in chosen]
-    files = download([f for p in planned for s in p.steps for f in s.downloads()], out, say)
-    locks = {p.label: lock_of(p, files) for p in planned}
-    manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks)
-    if existing is not None:
-        manifest = existing.merged(manifest)
-    path = write_manifest(out, manifest)
+    excluded, omitted = _split_names(exclude), _split_names(omit)
+    selection = {"runtime": wanted, "backend": backends, "since": since, "until": until}
+    command = wheelhouse_command_line(selection, target, out, excluded, omitted)
+    path, manifest, locks = make_wheelhouse(chosen, target, out, exclude=excluded, omit=omitted, command=command,
+                                            echo=lambda line: click.echo(line, err=True))  # fmt: skip
     for lock in locks.values():
         provided = f"; provided by the host: {', '.join(lock.excluded)}" if lock.excluded else ""
         provided += f"; omitted: {', '.join(lock.omitted)}" if lock.omitted else ""

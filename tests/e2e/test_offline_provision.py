@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, NotProvisioned, ensure_provisioned, prepare
 from matrix.launch.providers.recipe import parse_venv
 from matrix.launch.providers.venv import resolve_target
+from matrix.launch.providers.venv.installer import find_uv
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.providers.wheeltarget import this_host
 from tests.conftest import Matrix, toml_value
@@ -121,7 +123,7 @@ def test_manifest_locks_each_step_and_leaves_excluded_names_to_the_host(wheelhou
                                   "key_platform": host.key_platform}  # fmt: skip
     lock = manifest["runtimes"]["toy-1.0"]
     runtime = RuntimeInfo(backend="toy", version="1.0", tag="v1.0", provider=TOY)
-    assert lock["key"] == resolve_target(runtime).key  # what provisioning on this host looks for
+    assert lock["key"] == resolve_target(runtime).recipe_key  # what provisioning on this host looks for
     steps = lock["steps"]
     assert [f["name"] for f in steps[0]["install"]] == ["six"]
     assert [f["name"] for f in steps[1]["install"]] == ["idna"] and steps[1]["source"]["name"] == "requests"
@@ -134,6 +136,36 @@ def test_manifest_locks_each_step_and_leaves_excluded_names_to_the_host(wheelhou
     for step in steps:
         for file in step["install"]:
             assert (wheelhouse / file["filename"]).stat().st_size == file["size"]
+    # The command that made it, every option spelled out: the upload can be rebuilt from the manifest alone.
+    assert manifest["commands"] == [
+        f"matrix runtime wheelhouse --runtime toy=1.0 --python {host.python} --platform {host.platforms[0]} "
+        f"--out {wheelhouse} --exclude certifi"
+    ]
+
+
+def test_each_runtime_gets_a_pep751_lock_that_uv_installs_offline(wheelhouse: Path, tmp_path: Path) -> None:
+    pylock = wheelhouse / "pylock.toy-1_0.toml"
+    document = tomllib.loads(pylock.read_text())
+    assert document["lock-version"] == "1.0" and document["created-by"] == "matrix"
+    manifest = json.loads((wheelhouse / "wheelhouse.json").read_text())
+    installed = {f["filename"]: f for s in manifest["runtimes"]["toy-1.0"]["steps"] for f in s["install"]}
+    assert {p["name"] for p in document["packages"]} == {"six", "idna", "requests"}  # certifi: the host's
+    for package in document["packages"]:
+        (wheel,) = package["wheels"]
+        assert wheel["hashes"]["sha256"] == installed[wheel["path"]]["sha256"]
+    # A standard installer takes it as it is, with no index: uv installs exactly those files.
+    uv = find_uv()
+    assert uv is not None
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "env")], check=True)
+    done = subprocess.run(
+        [uv, "pip", "install", "--offline", "--no-index", "--python", str(tmp_path / "env" / "bin" / "python"),
+         "-r", str(pylock)],
+        capture_output=True, text=True, env={**os.environ, **OFFLINE}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    frozen = subprocess.run([uv, "pip", "freeze", "--python", str(tmp_path / "env" / "bin" / "python")],
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert sorted(frozen) == ["idna==3.10", "requests==2.32.3", "six==1.16.0"]
 
 
 def test_offline_provision_builds_from_the_wheelhouse(
@@ -211,7 +243,7 @@ def test_a_runtime_the_wheelhouse_lacks_and_merging_another_into_it(
     assert "already there" in done.stderr  # six is kept, not downloaded again
     manifest = json.loads((directory / "wheelhouse.json").read_text())
     assert set(manifest["runtimes"]) == {"toy-1.0", "toy-2.0"}  # added, the earlier one kept
-    assert manifest["runtimes"]["toy-2.0"]["key"] == resolve_target(small).key
+    assert manifest["runtimes"]["toy-2.0"]["key"] == resolve_target(small).recipe_key
 
 
 def test_bad_wheelhouse_input_exits_2(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, NotProvisioned, ProvisionFailed, prepare
 from matrix.launch.providers.store import list_envs, prune
-from matrix.launch.providers.venv import ProvisionError, provision_target, resolve_target
+from matrix.launch.providers.venv import ProvisionError, choose_installer, provision_target, resolve_target
 from tests.conftest import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -131,9 +131,14 @@ def test_provision_builds_the_recipe_atomically(home: Path) -> None:
     assert {"six", "requests", "idna", "certifi"} <= frozen
     assert not {"urllib3", "charset-normalizer"} & frozen
     assert (target.path / "provision.log").exists()
-    # Relocated: console scripts name the final interpreter, not the temporary directory.
-    first_line = (target.path / "bin" / "pip").read_text().splitlines()[0]
-    assert first_line.startswith(f"#!{target.path}/bin/python")
+    # Relocated: scripts name the final directory, never the temporary one (pip's own console script, when
+    # pip built it, names the final interpreter; uv leaves no pip in the environment).
+    scripts = [p for p in (target.path / "bin").iterdir() if p.is_file() and not p.is_symlink()]
+    assert not [p.name for p in scripts if b"/.tmp-" in p.read_bytes()]
+    assert f"{target.path}" in (target.path / "bin" / "activate").read_text()
+    if info["installer"] == "pip":
+        first_line = (target.path / "bin" / "pip").read_text().splitlines()[0]
+        assert first_line.startswith(f"#!{target.path}/bin/python")
 
     environment = prepare(runtime)
     assert isinstance(environment, Environment)
@@ -209,7 +214,10 @@ def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
     failed = prepare(runtime)
     assert isinstance(failed, ProvisionFailed)  # the recipe does not build: its cells fail
     assert "failed to build" in failed.reason and "failed at step 2/3" in failed.reason
-    assert "build error: ERROR: " in message
+    # The installer's own error line, naming what was not found (uv's comes with the cause it prints under it).
+    error = "ERROR: " if choose_installer().name == "pip" else "error: "
+    line = next(line for line in message.splitlines() if line.startswith("build error: "))
+    assert line.startswith(f"build error: {error}") and "matrix-no-such-distribution" in line, line
 
 
 def test_runtime_commands(home: Path) -> None:

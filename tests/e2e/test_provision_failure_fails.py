@@ -1,15 +1,17 @@
 """[M21] item 2: a runtime whose recipe fails to build is a failure of that release, not a green skip.
 
-Two venv runtimes through a real `matrix run` (real `python -m venv` and pip, offline): one whose recipe
-asks pip for a distribution that does not exist (the build fails), one that asks for a Python this host
-does not have (the host cannot build it). The first's cell fails with kind `provision` and pip's own
-error line, and the run exits 1; the second's is skipped, as before.
+Two venv runtimes through a real `matrix run` (a real environment and installer, uv or pip, offline): one
+whose recipe asks for a distribution that does not exist (the build fails), one that asks for a Python this
+host does not have (the host cannot build it). The first's cell fails with kind `provision` and the
+installer's own error line (pip's `ERROR: ...`, uv's `error: ...` with its cause), and the run exits 1; the
+second's is skipped, as before.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from matrix.launch.providers.venv import choose_installer
 from tests.conftest import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -44,7 +46,8 @@ def test_a_recipe_that_fails_to_build_fails_the_run_and_a_missing_python_skips(m
     run = matrix.subprocess("run", "--backend", "toyrt", "--no-report", timeout=200)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
-    assert "toyrt-1.0: not provisioned, its cells will fail (kind provision): ERROR: " in out, out
+    error = "ERROR: " if choose_installer().name == "pip" else "error: "  # the installer's own error line
+    assert f"toyrt-1.0: not provisioned, its cells will fail (kind provision): {error}" in out, out
     assert "toyrt-2.0: not provisioned, its cells will be skipped: this host cannot build it" in out, out
     rows = dict(
         (version, (status, kind, message))
@@ -56,7 +59,7 @@ def test_a_recipe_that_fails_to_build_fails_the_run_and_a_missing_python_skips(m
     status, kind, message = rows["1.0"]
     assert (status, kind) == ("failed", "provision"), rows["1.0"]
     first = str(message).splitlines()[0]
-    assert first.startswith("runtime toyrt 1.0 failed to build") and "ERROR: " in first, first
+    assert first.startswith("runtime toyrt 1.0 failed to build") and error in first, first
     assert "matrix-no-such-distribution" in first
     status, kind, message = rows["2.0"]
     assert (status, kind) == ("skipped", None), rows["2.0"]

@@ -1,5 +1,6 @@
 """A variant's environment is made from its base's (hard links, relocation, only the differing steps),
-built for real with pip from wheels made here; the base is never written through a shared link."""
+built for real with the installer (uv, or pip) from wheels made here; the base is never written through a
+shared link."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from matrix.cells import RuntimeInfo
 from matrix.launch.providers.buildprocs import never
 from matrix.launch.providers.variant import build_from_base, find_base
-from matrix.launch.providers.venv import TMP_PREFIX, locked, provision_target, resolve_target
+from matrix.launch.providers.venv import TMP_PREFIX, choose_installer, locked, provision_target, resolve_target
 from tests.e2e.test_recipe_steps import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -49,7 +50,12 @@ def _tool(path: Path) -> str:
 def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
     lines: list[str] = []
     base = provision_target(_runtime("2.0", "1.0"), echo=lines.append)
-    base_pip = (base.path / "bin" / "pip").read_bytes()
+    # Scripts that name the environment's path: activate always, and pip's entry point where pip built it
+    # (uv's environments have no pip).
+    scripts = ["activate", *(["pip"] if (base.path / "bin" / "pip").exists() else [])]
+    assert choose_installer().name == "uv" or "pip" in scripts
+    before = {name: (base.path / "bin" / name).read_bytes() for name in scripts}
+    assert all(str(base.path).encode() in content for content in before.values())
     variant = provision_target(_runtime("3.0", "1.0+othertool.3.0"), echo=lines.append)
     assert variant.built and variant.path != base.path
     info = json.loads((variant.path / "env.json").read_text())
@@ -63,11 +69,18 @@ def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: P
     assert info["extra_bytes"] < 2**20
     # Each answers with its own tool; the base's scripts and tool are untouched.
     assert _tool(variant.path).startswith("mtool 3.0.1") and _tool(base.path).startswith("mtool 2.0.1")
-    assert (base.path / "bin" / "pip").read_bytes() == base_pip
-    assert (variant.path / "bin" / "pip").read_bytes().startswith(f"#!{variant.path}/bin/".encode())
-    # The variant's interpreter is its own prefix: pip in it sees the packages, run from the final path.
-    done = subprocess.run([str(variant.path / "bin" / "pip"), "list"], capture_output=True, text=True, check=True)
-    assert "mtoolpkg" in done.stdout
+    for name in scripts:
+        assert (base.path / "bin" / name).read_bytes() == before[name]
+        relocated = (variant.path / "bin" / name).read_bytes()
+        assert str(variant.path).encode() in relocated and str(base.path).encode() not in relocated, name
+    if "pip" in scripts:
+        assert (variant.path / "bin" / "pip").read_bytes().startswith(f"#!{variant.path}/bin/".encode())
+    # The variant's interpreter is its own prefix: it imports the packages, run from the final path.
+    probe = "import sys, mtoolpkg; print(sys.prefix); print(mtoolpkg.__file__)"
+    done = subprocess.run([str(variant.path / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    prefix, module = done.stdout.splitlines()
+    assert prefix == str(variant.path) and module.startswith(str(variant.path)), done.stdout
     assert not list(variant.path.parent.glob(f"{TMP_PREFIX}*"))
 
 
@@ -84,7 +97,8 @@ def test_a_base_whose_lock_is_held_is_not_copied(wheels: Path) -> None:
     lines: list[str] = []
     # Held: the base is being removed (prune) or rebuilt; its files may vanish under a copy.
     with locked(base.path.parent / f"{base.path.name}.lock"):
-        assert build_from_base(runtime, target, lines.append, never) is None  # the caller builds from scratch
+        # The caller builds from scratch.
+        assert build_from_base(runtime, target, lines.append, never, choose_installer()) is None
     assert any("building from scratch" in line for line in lines), lines
     assert not target.path.exists() and not list(target.root.glob(f"{TMP_PREFIX}{target.name}-*"))
 

@@ -141,7 +141,7 @@ def build(argv: list[str]) -> int:
     from matrix.cli.runtime import _catalog
     from matrix.launch.providers import wheelresolve
 
-    real = wheelresolve.pip_report
+    real = wheelresolve.uv_report
     memo: dict[str, Future[list[wheelresolve.Resolved]]] = {}
     lock = threading.Lock()
     # A loaded host needs more than the default resolution timeout for vLLM's first step.
@@ -161,7 +161,7 @@ def build(argv: list[str]) -> int:
                 future.set_exception(exc)
         return future.result()
 
-    wheelresolve.pip_report = remembered  # type: ignore[assignment]
+    wheelresolve.uv_report = remembered  # type: ignore[assignment]
     wanted = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--runtime"]
     python = argv[argv.index("--python") + 1]
     platforms = tuple(argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--platform")

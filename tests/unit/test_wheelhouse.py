@@ -152,3 +152,37 @@ def test_source_options(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"has no {MANIFEST_NAME}: make the wheelhouse with"):
         ProvisionSource.of(tmp_path, True)
     assert ProvisionSource.of(tmp_path, False) == ProvisionSource(tmp_path.resolve(), False)  # online: extra links
+
+
+def test_uv_platform_is_the_newest_glibc_of_the_target() -> None:
+    from matrix.launch.providers.wheelresolve import uv_platform
+
+    assert uv_platform(WheelTarget.of("3.12", ["manylinux_2_28_x86_64", "manylinux_2_39_x86_64"])) == (
+        "x86_64-manylinux_2_39"
+    )
+    assert uv_platform(WheelTarget.of("3.12", ["manylinux2014_aarch64"])) == "aarch64-manylinux_2_17"
+    assert uv_platform(WheelTarget.of("3.11", ["musllinux_1_2_x86_64"])) == "x86_64-unknown-linux-musl"
+
+
+def test_of_a_locked_package_the_wheel_the_target_would_take_is_kept() -> None:
+    from matrix.launch.providers.wheelresolve import _best_wheel, _tag_ranks
+
+    target = WheelTarget.of("3.12", ["manylinux_2_28_x86_64"])
+    base = "https://files.example/"
+    package = {
+        "name": "charset-normalizer",
+        "version": "3.5.3",
+        "wheels": [
+            {"url": base + "charset_normalizer-3.5.3-py3-none-any.whl", "hashes": {"sha256": "a"}},
+            {"url": base + "charset_normalizer-3.5.3-cp37-abi3-manylinux_2_28_x86_64.whl", "hashes": {"sha256": "b"}},
+            {"url": base + "charset_normalizer-3.5.3-cp312-cp312-manylinux_2_39_x86_64.whl", "hashes": {"sha256": "c"}},
+            {"url": base + "charset_normalizer-3.5.3-cp312-cp312-manylinux_2_17_x86_64.whl", "hashes": {"sha256": "d"}},
+        ],
+    }
+    # cp312's own ABI over abi3 over pure Python; a glibc newer than the target's never.
+    assert _best_wheel(package, _tag_ranks(target), "x") == (base + package["wheels"][3]["url"][len(base):], "d")
+    package["wheels"] = package["wheels"][:2]
+    assert _best_wheel(package, _tag_ranks(target), "x")[1] == "b"
+    package["wheels"] = [{"url": base + "charset_normalizer-3.5.3-cp313-cp313-manylinux_2_28_x86_64.whl"}]
+    with pytest.raises(ConfigError, match="none of its wheels fits the target"):
+        _best_wheel(package, _tag_ranks(target), "x")

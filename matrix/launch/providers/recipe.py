@@ -189,14 +189,18 @@ class VenvRecipe:
     steps: tuple[Step, ...]
     env: Mapping[str, str] = field(default_factory=dict)
 
-    def key(self, python_version: str, platform: str) -> str:
-        """sha256 of the canonical JSON of the steps, the interpreter's major.minor and the platform."""
-        document = {
+    def key(self, python_version: str, platform: str, installer: str = "pip") -> str:
+        """sha256 of the canonical JSON of the steps, the interpreter's major.minor, the platform and the
+        installer that builds the environment (absent for pip, so environments pip built keep their keys;
+        a wheelhouse's locks are found by that pip key, whichever installer builds from them)."""
+        document: dict[str, Any] = {
             "layout": ENV_LAYOUT,
             "platform": platform,
             "python": python_version,
             "steps": [step.canonical() for step in self.steps],
         }
+        if installer != "pip":
+            document["installer"] = installer
         canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 

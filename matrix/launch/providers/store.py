@@ -21,7 +21,7 @@ from matrix.launch.providers.venv import (
     locked,
     read_info,
     remove_tree,
-    resolve_target,
+    targets_of,
     tree_size,
 )
 
@@ -97,12 +97,12 @@ class PruneReport:
 
 def referenced_names(runtimes: Iterable[RuntimeInfo]) -> set[str]:
     """Environment names the catalog's venv runtimes use (runtimes whose interpreter is absent use none)."""
-    names = set()
+    names: set[str] = set()
     for runtime in runtimes:
         if runtime.provider.get("kind") != "venv":
             continue
         try:
-            names.add(resolve_target(runtime).name)
+            names.update(target.name for target in targets_of(runtime))  # built by uv or by pip
         except MatrixError:
             continue
     return names

