@@ -41,7 +41,7 @@ from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Selection
 from matrix.progress import Event, make_reporter
-from matrix.schedule.claims import add_pending_rows, latest_statuses, leave_campaign, pending_attempts
+from matrix.schedule.claims import add_pending_rows, cell_ids, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
@@ -231,6 +231,10 @@ def _stored_cells(session: Session, campaign: Campaign) -> list[Cell]:
         cases=tuple(stored.get("cases", ())),
         runtimes=tuple(stored.get("runtimes", ())),
         strict_markers=False,
+        skew=bool(stored.get("skew", False)),
+        skew_frontend=bool(stored.get("skew_frontend", False)),
+        prefill_runtime=stored.get("prefill_runtime"),
+        decode_runtime=stored.get("decode_runtime"),
     )
     keys = set(stored.get("cells", ()))
     return [c for c in plan_from_db(session, selection).cells if c.key in keys]
@@ -241,15 +245,13 @@ def _cells_with_latest(session: Session, campaign: Campaign) -> list[tuple[Cell,
     state = latest_statuses(session, campaign.id)
     out = []
     for cell in _stored_cells(session, campaign):
-        assert cell.case.id is not None and cell.runtime.id is not None
-        attempt, status = state.get((cell.case.id, cell.runtime.id), (0, ""))
+        attempt, status = state.get(cell_ids(cell), (0, ""))
         out.append((cell, attempt, status))
     return out
 
 
-def _key(cell: Cell) -> tuple[int, int]:
-    assert cell.case.id is not None and cell.runtime.id is not None
-    return cell.case.id, cell.runtime.id
+def _key(cell: Cell) -> tuple[int, int, str]:
+    return cell_ids(cell)
 
 
 def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[Cell, int, bool]]:
@@ -325,6 +327,15 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     return campaign.id, [(cell, n, False) for n in range(1, options.repeat + 1) for cell in planned]
 
 
+def _runtimes_of(cells: list[Cell]) -> list[RuntimeInfo]:
+    """Every runtime the cells run, each once: a skew cell's roles' runtimes too."""
+    found: dict[str, RuntimeInfo] = {}
+    for cell in cells:
+        for runtime in (cell.runtime, *(r for _, r in cell.roles)):
+            found.setdefault(runtime.label, runtime)
+    return list(found.values())
+
+
 def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSignal, hooks: HostHooks) -> None:
     """Build the environments the cells need first, with progress; cells of a failed build are skipped.
 
@@ -337,7 +348,7 @@ def _provision(cells: list[Cell], options: RunOptions, echo: Echo, stop: StopSig
             echo(line)
 
     failures = hooks.provision(
-        [cell.runtime for cell in cells], say, options.provision_source, stop=lambda: stop.requested
+        _runtimes_of(cells), say, options.provision_source, stop=lambda: stop.requested
     )
     for label, error in failures.items():
         say(f"{label}: not provisioned, its cells will {_consequence(error)}: {_first_error(error)}")

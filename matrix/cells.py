@@ -25,7 +25,8 @@ _ID_HEX = 12
 
 
 def cell_id(key: str) -> str:
-    """The stable id of a cell key `CASE@BACKEND-VERSION` (database ids change between databases; keys do not)."""
+    """The stable id of a cell key `CASE@BACKEND-VERSION` or, for a skew cell, `CASE@BACKEND[prefill=A,decode=B]`
+    (database ids change between databases; keys do not)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:_ID_HEX]
 
 
@@ -90,6 +91,21 @@ class RuntimeInfo:
         return parse_version(self.version)
 
 
+# The roles a cell's processes play, in the order a skew cell's key names them (a Dynamo arm has a frontend).
+ROLES = ("frontend", "prefill", "decode")
+
+
+def roles_key(roles: Mapping[str, str]) -> str:
+    """`prefill=0.29.0,decode=0.30.0` for {role: version} in ROLES order; '' for a diagonal cell."""
+    return ",".join(f"{role}={roles[role]}" for role in ROLES if role in roles)
+
+
+def skew_cell_key(case: str, backend: str, version: str, roles: Mapping[str, str]) -> str:
+    """A cell's key from its parts (a database row's too): `CASE@BACKEND-VERSION` for a diagonal cell,
+    `CASE@BACKEND[prefill=A,decode=B]` for a skew one."""
+    return f"{case}@{backend}[{roles_key(roles)}]" if roles else f"{case}@{backend}-{version}"
+
+
 @dataclass(frozen=True)
 class Cell:
     case: CaseInfo
@@ -97,10 +113,26 @@ class Cell:
     # Required fixes this runtime lacks, e.g. ("vllm#54814",): the cell is expected to fail.
     missing_fixes: tuple[str, ...] = ()
     missing_reasons: tuple[str, ...] = ()
+    # A skew cell's runtime per role, every role the skew names, in ROLES order; roles it does not name run
+    # `runtime`. Empty for an ordinary (diagonal) cell, so its key stays `CASE@BACKEND-VERSION`.
+    roles: tuple[tuple[str, RuntimeInfo], ...] = ()
+
+    def runtime_of(self, role: str) -> RuntimeInfo:
+        """The runtime whose environment runs `role`'s process."""
+        return dict(self.roles).get(role, self.runtime)
+
+    @property
+    def skewed(self) -> bool:
+        return bool(self.roles)
+
+    @property
+    def role_versions(self) -> dict[str, str]:
+        """{role: version} of a skew cell ({} for a diagonal one): what the database records per role."""
+        return {role: runtime.version for role, runtime in self.roles}
 
     @property
     def key(self) -> str:
-        return f"{self.case.name}@{self.runtime.label}"
+        return skew_cell_key(self.case.name, self.runtime.backend, self.runtime.version, self.role_versions)
 
     @property
     def expected_failure(self) -> str:
@@ -113,4 +145,5 @@ class Cell:
             "version": self.runtime.version, "tag": self.runtime.tag, "arm": self.case.arm,
             "gpus": self.case.gpus_needed, "markers": list(self.case.marker_texts),
             "missing_fixes": list(self.missing_fixes), "note": self.expected_failure,
+            "roles": self.role_versions,
         }  # fmt: skip

@@ -46,6 +46,13 @@ FAILED_STATUSES = frozenset({"failed", "error", "timeout", "interrupted"})
 CELL_FAULT_STATUSES = FAILED_STATUSES - {"interrupted"}
 # Failures worth another attempt under `--max-attempts`: the deployment did not come up, or the runner lost it.
 RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
+# Failure kinds by name, for readers that sort failures by where they stopped (`matrix.skew_outcome`).
+STARTUP: Final = "startup"
+HEALTH: Final = "health"
+REQUEST: Final = "request"
+VALIDATION: Final = "validation"
+# Matrix could not run the pair at all: no evidence about the engines.
+NO_EVIDENCE_KINDS = frozenset({"config", "provision", "infra"})
 
 
 @dataclass(frozen=True)

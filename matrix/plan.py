@@ -14,7 +14,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from matrix.cells import CaseInfo, Cell, RuntimeInfo
+from matrix.cells import ROLES, CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.markers import Expression, check_known, matches
 from matrix.versions import (
@@ -48,6 +48,11 @@ class Selection:
     cases: tuple[str, ...] = ()
     runtimes: tuple[str, ...] = ()
     strict_markers: bool = True
+    # Version skew (`matrix.skew`): every ordered pair of the selected runtimes, or one named pair.
+    skew: bool = False
+    skew_frontend: bool = False
+    prefill_runtime: str | None = None
+    decode_runtime: str | None = None
 
     def __post_init__(self) -> None:
         # `-m ""` means no marker filter, as on pytest's command line (an empty CI variable must not
@@ -63,7 +68,16 @@ class Selection:
             "backends": list(self.backends),
             "cases": list(self.cases),
             "runtimes": list(self.runtimes),
+            **(self._skew_dict() if self.skewed else {}),
         }
+
+    def _skew_dict(self) -> dict[str, Any]:
+        return {"skew": self.skew, "skew_frontend": self.skew_frontend,
+                "prefill_runtime": self.prefill_runtime, "decode_runtime": self.decode_runtime}  # fmt: skip
+
+    @property
+    def skewed(self) -> bool:
+        return self.skew or self.prefill_runtime is not None
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,9 @@ class Plan:
         data: dict[str, Any] = {"cells": [cell.as_dict() for cell in self.cells]}
         if explain:
             data["excluded"] = [exclusion.as_dict() for exclusion in self.excluded]
+            if self.selection.skewed:
+                data["pairs"] = [{"cell": c.key, **{role: c.runtime_of(role).version for role in ROLES}}
+                                 for c in self.cells]  # fmt: skip
         return data
 
 
@@ -145,6 +162,9 @@ def make_plan(
         if bound.backend is not None:
             _check_names("backend", [bound.backend], known_backends)
     wanted_runtimes = {_runtime_selector(r, known_backends) for r in selection.runtimes}
+    pair = _named_pair(selection, known_backends)
+    if pair:
+        wanted_runtimes = set(pair)
     if wanted_runtimes:
         present = {(r.backend, r.parsed_version) for r in runtimes}
         for backend, version in wanted_runtimes - present:
@@ -166,7 +186,35 @@ def make_plan(
             cells.append(Cell(case, runtime, tuple(k for k, _ in missing), tuple(why for _, why in missing)))
         if not by_backend.get(case.backend):
             excluded.append(Exclusion(case.name, "-", f"backend {case.backend} has no runtimes"))
+    if pair:
+        from matrix.skew import pair_cells
+
+        backend = pair[0][0]
+        find = {(r.backend, r.parsed_version): r for r in runtimes}
+        cells = pair_cells([c for c in cells if c.case.backend == backend], find[pair[0]], find[pair[1]],
+                           lambda case, runtime, why: excluded.append(Exclusion(case, runtime, why)))  # fmt: skip
+    elif selection.skew:
+        from matrix.skew import expand_skew
+
+        cells = expand_skew(cells, frontend=selection.skew_frontend)
     return Plan(tuple(cells), tuple(excluded), selection)
+
+
+def _named_pair(selection: Selection, backends: set[str]) -> tuple[tuple[str, Version], tuple[str, Version]] | None:
+    """--prefill-runtime and --decode-runtime: one (backend, version) each, of one backend; both or neither."""
+    prefill, decode = selection.prefill_runtime, selection.decode_runtime
+    if prefill is None and decode is None:
+        if selection.skew_frontend and not selection.skew:
+            raise ConfigError("--skew-frontend widens --skew: add --skew")
+        return None
+    if prefill is None or decode is None:
+        raise ConfigError("--prefill-runtime and --decode-runtime name one pair: give both")
+    if selection.skew or selection.runtimes:
+        raise ConfigError("--prefill-runtime/--decode-runtime name one pair: drop --skew and --runtime")
+    p, d = _runtime_selector(prefill, backends), _runtime_selector(decode, backends)
+    if p[0] != d[0]:
+        raise ConfigError(f"a pair runs one backend: prefill is {p[0]}, decode is {d[0]}")
+    return p, d
 
 
 def _exclusion_reason(

@@ -16,16 +16,17 @@ from matrix.owners import orphaned_running, shown_campaign_status
 
 
 def find_cell(session: Session, text: str) -> CellRun:
-    """By MATRIX_CELL_ID, by row id, or `CASE@BACKEND-VERSION` (its latest attempt)."""
+    """By MATRIX_CELL_ID, by row id, or the cell's key `CASE@BACKEND-VERSION` / `CASE@BACKEND[prefill=A,...]`
+    (its latest attempt: a skew pair's rows share decode's runtime, so the whole key must match)."""
     row = session.scalar(select(CellRun).where(CellRun.uid == text))
     if row is None and text.isdigit():
         row = session.get(CellRun, int(text))
     if row is None and "@" in text:
-        case_name, _, label = text.partition("@")
+        case_name, _, _ = text.partition("@")
         candidates = session.scalars(
             select(CellRun).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
         )
-        row = next((r for r in candidates if r.runtime.label == label), None)
+        row = next((r for r in candidates if r.cell_key == text), None)
     if row is None:
         raise ConfigError(
             f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)"
@@ -51,7 +52,7 @@ def _pass_rate(row: CellRun) -> dict[str, Any] | None:
         return None
     statuses = session.scalars(
         select(CellRun.status)
-        .where(CellRun.case_id == row.case_id, CellRun.runtime_id == row.runtime_id)
+        .where(CellRun.case_id == row.case_id, CellRun.runtime_id == row.runtime_id, CellRun.roles_key == row.roles_key)
         .order_by(CellRun.id)
     )
     return pass_rate(list(statuses)).as_dict()
@@ -88,32 +89,34 @@ def campaign_rows(session: Session, limit: int) -> list[dict[str, Any]]:
     What a user needs to pick a campaign for `--resume`, `--join` or `--rerun-failed`.
     """
     campaigns = list(session.scalars(select(Campaign).order_by(Campaign.id.desc()).limit(limit)))
-    latest: dict[int, dict[tuple[int, int], tuple[int, str]]] = {c.id: {} for c in campaigns}
+    # A cell is (case, runtime, roles key): a skew cell's pairs share decode's runtime id.
+    latest: dict[int, dict[tuple[int, int, str], tuple[int, str]]] = {c.id: {} for c in campaigns}
     if campaigns:
         rows = session.execute(
-            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
+            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.attempt,
+                   CellRun.status)
             .where(CellRun.campaign_id.in_(latest))
             .order_by(CellRun.attempt)
-        )
-        by_cell = highest_attempts(((c, case, rt), attempt, status) for c, case, rt, attempt, status in rows)
-        for (campaign_id, case_id, runtime_id), state in by_cell.items():
-            latest[campaign_id][(case_id, runtime_id)] = state
+        )  # fmt: skip
+        by_cell = highest_attempts(((c, case, rt, rk), attempt, status) for c, case, rt, rk, attempt, status in rows)
+        for (campaign_id, case_id, runtime_id, roles), state in by_cell.items():
+            latest[campaign_id][(case_id, runtime_id, roles)] = state
     out = []
     now = utcnow()
     # A running row whose runner is gone counts as interrupted, as the campaign's status says.
     orphans = orphaned_running(session, now, latest)
     gone = {
-        (c, case, rt, attempt)
-        for c, case, rt, attempt in session.execute(
-            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.attempt).where(
+        (c, case, rt, rk, attempt)
+        for c, case, rt, rk, attempt in session.execute(
+            select(CellRun.campaign_id, CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.attempt).where(
                 CellRun.id.in_(sorted(orphans))
             )
         )
     } if orphans else set()  # fmt: skip
     for campaign in campaigns:
         counts: dict[str, int] = {}
-        for (case_id, runtime_id), (attempt, status) in latest[campaign.id].items():
-            shown = "interrupted" if (campaign.id, case_id, runtime_id, attempt) in gone else status
+        for (case_id, runtime_id, roles), (attempt, status) in latest[campaign.id].items():
+            shown = "interrupted" if (campaign.id, case_id, runtime_id, roles, attempt) in gone else status
             counts[shown] = counts.get(shown, 0) + 1
         out.append(
             {

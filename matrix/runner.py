@@ -38,6 +38,7 @@ from matrix.launch.providers import (
     remove_cell_containers,
     wrap_plan,
 )  # fmt: skip
+from matrix.launch.roles import compose_roles
 from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
@@ -174,12 +175,17 @@ def _run(
     if gpus_needed > len(resources.gpu_ids) and not cpu_ok:
         return skipped(f"needs {gpus_needed} GPU, host has {resources.host_gpus}")
     environment = prepare(cell.runtime)
-    if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
-        return failure("config", environment.reason)
-    if isinstance(environment, ProvisionFailed):  # a recipe that does not build fails the release's cells
-        return provision_failed(environment.reason)
     if isinstance(environment, Unavailable):
-        return skipped(environment.reason)
+        return _unready(environment)
+    # A skew cell's other runtimes, one environment each (`matrix.launch.roles`).
+    role_envs: dict[str, Environment] = {}
+    for role, runtime in cell.roles:
+        if runtime.label != cell.runtime.label:
+            role_env = prepare(runtime)
+            if isinstance(role_env, Unavailable):
+                unready = _unready(role_env)
+                return replace(unready, message=f"{role} runtime {runtime.label}: {unready.message}")
+            role_envs[role] = role_env
     # Persistent per-runtime engine caches (compiled kernels...); none for a container runtime. A variable
     # the runtime's provider sets itself is the catalog's choice and stays.
     caches = cache_env(cell.runtime) if environment.container is None else {}
@@ -210,6 +216,9 @@ def _run(
             plan = wrap_plan(
                 environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir, model_dir=model_dir
             )
+            if role_envs:
+                plan = compose_roles(plan, {role: _role_plan(arm, context, cell.runtime_of(role), env, log_dir)
+                                            for role, env in role_envs.items()})  # fmt: skip
             if case.launch.get("lifecycle", True) is False:  # a timing study: only the primary request
                 plan = replace(plan, lifecycle=None)
         except MatrixError as exc:
@@ -230,8 +239,29 @@ def _run(
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
         return replace(outcome, ports={**ports, **outcome.ports}, components=dict(environment.components), gpu=gpu)
     finally:
-        remove_cell_containers(environment, cell_id)
+        for env in (environment, *role_envs.values()):
+            remove_cell_containers(env, cell_id)
         allocator.release(cell_id)
+
+
+def _unready(environment: Unavailable) -> CellOutcome:
+    """The outcome of a runtime whose environment cannot run the cell."""
+    if isinstance(environment, Mismatch):  # first: a Mismatch is a kind of Unavailable
+        return failure("config", environment.reason)
+    if isinstance(environment, ProvisionFailed):  # a recipe that does not build fails the release's cells
+        return provision_failed(environment.reason)
+    return skipped(environment.reason)
+
+
+def _role_plan(arm: Any, context: LaunchContext, runtime: Any, environment: Environment, log_dir: Path) -> LaunchPlan:
+    """The cell planned in one role's runtime: same ports and directories, that runtime's interpreter,
+    environment and caches (`compose_roles` takes that role's processes from it)."""
+    caches = cache_env(runtime) if environment.container is None else {}
+    caches = {name: path for name, path in caches.items() if name not in environment.env}
+    role_context = replace(context, runtime=runtime, python=environment.python,
+                           env={**environment.env, **caches}, caches=caches)  # fmt: skip
+    return wrap_plan(environment, arm.plan(role_context), case=context.case, runtime=runtime, workspace=log_dir,
+                     model_dir=context.model_dir)  # fmt: skip
 
 
 Query = Callable[[LaunchPlan, float], CellOutcome]

@@ -185,7 +185,24 @@ def make_selection(**kw: Any) -> Selection:
         cases=tuple(kw["cases"]),
         runtimes=tuple(kw["runtimes"]),
         strict_markers=kw["strict_markers"],
+        skew=kw.get("skew", False),
+        skew_frontend=kw.get("skew_frontend", False),
+        prefill_runtime=kw.get("prefill_runtime"),
+        decode_runtime=kw.get("decode_runtime"),
     )
+
+
+def skew_options(func: F) -> F:
+    """--skew, --skew-frontend, --prefill-runtime, --decode-runtime (`matrix.skew`)."""
+    options = [
+        click.option("--skew", is_flag=True, help="Every ordered prefill x decode pair of the selected runtimes."),
+        click.option("--skew-frontend", is_flag=True, help="With --skew: a Dynamo arm's frontend varies too."),
+        click.option("--prefill-runtime", metavar="BACKEND=V", help="One pair: prefill's runtime."),
+        click.option("--decode-runtime", metavar="BACKEND=V", help="One pair: decode's runtime."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
 
 
 def json_option(func: F) -> F:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from matrix.cli.app import App, json_option, make_selection, pass_app, selection_options, with_session
+from matrix.cli.app import App, json_option, make_selection, pass_app, selection_options, skew_options, with_session
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 @click.command("plan")
 @selection_options
+@skew_options
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
 @json_option
 @click.option(
@@ -45,7 +46,10 @@ def plan_cmd(
         raise click.UsageError("--max-jobs applies to --format github-matrix")
     if explain and output_format == "github-matrix":
         raise click.UsageError("--explain applies to --format table or json")
-    plan = plan_from_db(session, make_selection(**kw))
+    selection = make_selection(**kw)
+    if selection.skewed and output_format == "github-matrix":
+        raise click.UsageError("shards do not carry skew cells yet: drop --format github-matrix")
+    plan = plan_from_db(session, selection)
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
 
@@ -54,7 +58,7 @@ def plan_cmd(
     if output_format == "json":
         print_json(plan.as_dict(explain=explain))
         return
-    rows = [(c.case.name, c.runtime.backend, c.runtime.version, c.case.arm, c.case.gpus_needed, c.expected_failure)
+    rows = [(c.case.name, c.runtime.backend, _versions(c), c.case.arm, c.case.gpus_needed, c.expected_failure)
             for c in plan.cells]  # fmt: skip
     print_table(("case", "backend", "version", "arm", "gpus", "note"), rows)
     click.echo(
@@ -62,10 +66,21 @@ def plan_cmd(
     )
     if explain and plan.excluded:
         print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
+    if explain and selection.skewed:
+        from matrix.cells import ROLES, cell_id
+
+        print_table(("cell", "id", *ROLES), [(c.key, cell_id(c.key), *(c.runtime_of(r).version for r in ROLES))
+                                             for c in plan.cells])  # fmt: skip
+
+
+def _versions(cell: Any) -> str:
+    """A diagonal cell's version, or a skew cell's `prefill=A decode=B`."""
+    return " ".join(f"{role}={v}" for role, v in cell.role_versions.items()) or str(cell.runtime.version)
 
 
 @click.command("run")
 @selection_options
+@skew_options
 @click.option("-j", "--jobs", type=int, help="Cells at once (default: the number of slots).")
 @click.option("--gpus", "gpus", metavar="LIST", help="Only these GPUs: NVML indices or UUIDs, e.g. 0,2.")
 @click.option("--pack", is_flag=True, help="Share a GPU between cells while their memory budgets fit.")
@@ -161,6 +176,8 @@ def run_cmd(
         raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
+    if results_out is not None and (kw.get("skew") or kw.get("prefill_runtime")):
+        raise click.UsageError("shard results do not carry skew cells' roles yet: drop --results-out")
     if results_out is not None:
         from matrix.cli.fanout import check_results_path
 
@@ -220,7 +237,8 @@ def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[s
             "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
         )
     flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
-             "cases": "--case", "runtimes": "--runtime"}  # fmt: skip
+             "cases": "--case", "runtimes": "--runtime", "skew": "--skew", "skew_frontend": "--skew-frontend",
+             "prefill_runtime": "--prefill-runtime", "decode_runtime": "--decode-runtime"}  # fmt: skip
     given = [flag for key, flag in flags.items() if kw.get(key)]
     if given:
         raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")

@@ -25,6 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from matrix.cells import skew_cell_key
+
 # A naming convention makes constraint names deterministic, which Alembic's batch mode on SQLite needs to
 # drop or alter constraints in later migrations.
 NAMING_CONVENTION = {
@@ -251,7 +253,7 @@ class CellRun(Base):
 
     __tablename__ = "cell_run"
     # One row per attempt: two runners racing for the same attempt of a cell cannot both insert it.
-    __table_args__ = (UniqueConstraint("campaign_id", "case_id", "runtime_id", "attempt"),)
+    __table_args__ = (UniqueConstraint("campaign_id", "case_id", "runtime_id", "roles_key", "attempt"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # The MATRIX_CELL_ID every process of this attempt carries.
@@ -296,6 +298,10 @@ class CellRun(Base):
     kv_ledger: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # [{"role", "proto", "address", "port"}]: every socket the attempt's processes listened on.
     listeners: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # A version-skew cell's {role: version} (`matrix.skew`), and the same as text for the unique key
+    # (`matrix.cells.roles_key`); {} and '' when every role ran `runtime`, as all attempts before them did.
+    roles: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    roles_key: Mapped[str] = mapped_column(String(128), default="", server_default="")
 
     campaign: Mapped[Campaign] = relationship(back_populates="cells")
     case: Mapped[Case] = relationship()
@@ -303,6 +309,6 @@ class CellRun(Base):
 
     @property
     def cell_key(self) -> str:
-        return f"{self.case.name}@{self.runtime.label}"
+        return skew_cell_key(self.case.name, self.runtime.backend.name, self.runtime.version, self.roles or {})
 
 

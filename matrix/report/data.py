@@ -391,7 +391,9 @@ def load_campaigns(session: Session) -> list[CampaignView]:
 
 def iter_attempt_rows(session: Session, stmt_filter: Iterable[Any] = ()) -> Iterator[AttemptRow]:
     """Summaries of attempts (oldest first), filtered by the given SQL conditions."""
-    stmt: Select[Any] = select(*_SUMMARY_COLUMNS).order_by(CellRun.id)
+    # Skew cells' attempts (roles_key set) are the skew pages' (`matrix.report.skew`): in the diagonal's
+    # views they would pass for attempts of the diagonal cell of decode's runtime.
+    stmt: Select[Any] = select(*_SUMMARY_COLUMNS).where(CellRun.roles_key == "").order_by(CellRun.id)
     for condition in stmt_filter:
         stmt = stmt.where(condition)
     # A running row whose runner was killed is interrupted for every reader, though only the next
@@ -438,7 +440,9 @@ def load_details(
     `case_ids` filters in Python, not in SQL: a long ``IN`` list can lead SQLite to the case index and
     to scanning every attempt of those cases on every runtime.
     """
-    stmt: Select[Any] = select(*_DETAIL_COLUMNS).where(CellRun.runtime_id == runtime_id).order_by(CellRun.id)
+    stmt: Select[Any] = (
+        select(*_DETAIL_COLUMNS).where(CellRun.runtime_id == runtime_id, CellRun.roles_key == "").order_by(CellRun.id)
+    )
     if campaign_id is not None:
         stmt = stmt.where(CellRun.campaign_id == campaign_id)
     wanted = set(case_ids) if case_ids is not None else None

@@ -83,7 +83,7 @@ def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
                CellRun.completion_tokens, CellRun.kv_ledger)
-        .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED)
+        .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
         .order_by(CellRun.id)
     )  # fmt: skip
     for case_id, runtime_id, ready, ttft, request, tokens, ledger in session.execute(stmt):

@@ -235,12 +235,19 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
         name = links.compare_page(comparison.a.label, comparison.b.label)
         _write(env, "compare.html", out_dir / name, {"comparison": comparison, "holding": None})
         compare_links.append({"href": name, "title": comparison.title, "counts": comparison.counts()})
+    from matrix.report.skew import load_skew_grid, skew_cases, skew_page
+
+    skews = skew_cases(session)
+    for case in skews:  # version-skew grids, one page per case (matrix/report/skew.py)
+        _write(env, "skew.html", out_dir / skew_page(case), {"grid": load_skew_grid(session, case),
+                                                              "anchor": links.slug})  # fmt: skip
     index = out_dir / links.INDEX
     _write(env, "index.html", index, {
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
         "sections": backend_sections(results, reasons, gates),
         "comparisons": compare_links,
+        "skews": [{"case": case, "href": skew_page(case)} for case in skews],
         "campaigns": [
             {**_campaign_context(c), "href": links.campaign_page(c.id), "attempts": _attempts(summaries, c.id)}
             for c in reversed(campaigns)

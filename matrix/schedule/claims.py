@@ -25,7 +25,7 @@ from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cells import Cell
+from matrix.cells import Cell, roles_key
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
 from matrix.outcome import highest_attempts
@@ -40,18 +40,23 @@ def new_uid() -> str:
     return f"c{uuid.uuid4().hex[:12]}"
 
 
-def _ids(cell: Cell) -> tuple[int, int]:
+# A cell's identity in a campaign's rows: (case id, runtime id, roles key); '' for a diagonal cell.
+CellIds = tuple[int, int, str]
+
+
+def cell_ids(cell: Cell) -> CellIds:
     if cell.case.id is None or cell.runtime.id is None:
         raise RuntimeError(f"cell {cell.key} was not planned from the database")
-    return cell.case.id, cell.runtime.id
+    return cell.case.id, cell.runtime.id, roles_key(cell.role_versions)
 
 
-def new_cell_row(
-    session: Session, campaign: Campaign, case_id: int, runtime_id: int, uid: str, attempt: int
-) -> CellRun:
+def new_cell_row(session: Session, campaign: Campaign, cell: Cell, uid: str, attempt: int) -> CellRun:
     """The `running` row of an attempt that had no pending row (a retry, or a campaign from before them)."""
+    case_id, runtime_id, key = cell_ids(cell)
     row = CellRun(
         uid=uid,
+        roles=cell.role_versions,
+        roles_key=key,
         campaign=campaign,
         case=session.get_one(Case, case_id),
         runtime=session.get_one(Runtime, runtime_id),
@@ -72,10 +77,10 @@ def add_pending_rows(session: Session, campaign_id: int, cells: Iterable[Cell], 
     the campaign). Each repeat is an attempt like any other: claimed, run and recorded on its own."""
     values: list[dict[str, Any]] = []
     for cell in cells:
-        case_id, runtime_id = _ids(cell)
+        case_id, runtime_id, key = cell_ids(cell)
         values.extend(
             {"uid": new_uid(), "campaign_id": campaign_id, "case_id": case_id, "runtime_id": runtime_id,
-             "attempt": attempt, "status": "pending", "checks": []}
+             "roles": cell.role_versions, "roles_key": key, "attempt": attempt, "status": "pending", "checks": []}
             for attempt in range(1, repeat + 1)
         )  # fmt: skip
     if values:
@@ -89,8 +94,9 @@ def claim_attempt(
 
     `log_dir` maps the attempt's uid to the directory its logs go to.
     """
-    case_id, runtime_id = _ids(cell)
-    same_cell = (CellRun.campaign_id == campaign_id, CellRun.case_id == case_id, CellRun.runtime_id == runtime_id)
+    case_id, runtime_id, key = cell_ids(cell)
+    same_cell = (CellRun.campaign_id == campaign_id, CellRun.case_id == case_id, CellRun.runtime_id == runtime_id,
+                 CellRun.roles_key == key)  # fmt: skip
     now = utcnow()
     with transaction(factory) as session:
         pending = session.execute(
@@ -122,7 +128,7 @@ def claim_attempt(
             if taken is not None:
                 return None
             campaign = session.get_one(Campaign, campaign_id)
-            row = new_cell_row(session, campaign, case_id, runtime_id, uid, attempt)
+            row = new_cell_row(session, campaign, cell, uid, attempt)
             row.log_dir = log_dir(uid)
             session.flush()
             return uid, row.id
@@ -130,27 +136,28 @@ def claim_attempt(
         return None
 
 
-def pending_attempts(session: Session, campaign_id: int) -> dict[tuple[int, int], list[int]]:
-    """(case id, runtime id) -> the attempt numbers still `pending` in a campaign (never started)."""
-    found: dict[tuple[int, int], list[int]] = {}
+def pending_attempts(session: Session, campaign_id: int) -> dict[CellIds, list[int]]:
+    """`cell_ids` -> the attempt numbers still `pending` in a campaign (never started)."""
+    found: dict[CellIds, list[int]] = {}
     rows = session.execute(
-        select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt)
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.attempt)
         .where(CellRun.campaign_id == campaign_id, CellRun.status == "pending")
         .order_by(CellRun.attempt)
     )
-    for case_id, runtime_id, attempt in rows:
-        found.setdefault((case_id, runtime_id), []).append(attempt)
+    for case_id, runtime_id, key, attempt in rows:
+        found.setdefault((case_id, runtime_id, key), []).append(attempt)
     return found
 
 
-def latest_statuses(session: Session, campaign_id: int) -> dict[tuple[int, int], tuple[int, str]]:
-    """(case id, runtime id) -> (its highest attempt, that one's status) within a campaign (`highest_attempts`)."""
+def latest_statuses(session: Session, campaign_id: int) -> dict[CellIds, tuple[int, str]]:
+    """`cell_ids` -> (its highest attempt, that one's status) within a campaign (`highest_attempts`)."""
     rows = session.execute(
-        select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt, CellRun.status)
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.attempt, CellRun.status)
         .where(CellRun.campaign_id == campaign_id)
         .order_by(CellRun.attempt)
     )
-    return highest_attempts(((case_id, runtime_id), attempt, status) for case_id, runtime_id, attempt, status in rows)
+    return highest_attempts(((case_id, runtime_id, key), attempt, status)
+                            for case_id, runtime_id, key, attempt, status in rows)  # fmt: skip
 
 
 def leave_campaign(factory: sessionmaker[Session], campaign_id: int, *, interrupted: bool) -> str:

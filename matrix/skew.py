@@ -1,0 +1,82 @@
+"""Version-skew cells: a case whose prefill and decode (and, on a Dynamo arm, frontend) run different runtimes.
+
+Operators upgrade a disaggregated deployment one pool at a time, so a prefill worker of version A hands KV to a
+decode worker of version B for hours. `expand_skew` turns the diagonal cells a plan selected into every ordered
+pair of their runtimes (N x N, the diagonal included); `pair_cell` makes the one pair that
+`--prefill-runtime`/`--decode-runtime` name. Pure: no database, no processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from matrix.cells import ROLES, CaseInfo, Cell, RuntimeInfo
+
+# The arms whose frontend is an engine process of its own (and so can run another version than the workers).
+FRONTEND_ARMS = frozenset({"dynamo"})
+
+
+@dataclass(frozen=True)
+class SkewAsk:
+    """What the command line asked of the skew: a grid (`--skew`, `--skew-frontend`) or one named pair."""
+
+    grid: bool = False
+    frontend: bool = False
+    prefill: str | None = None
+    decode: str | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self.grid or self.prefill is not None
+
+
+def roles_for(case: CaseInfo, frontend: bool) -> tuple[str, ...]:
+    """The roles a skew of `case` varies: prefill and decode, and the frontend of a Dynamo arm when asked."""
+    return ROLES if frontend and case.arm in FRONTEND_ARMS else ROLES[1:]
+
+
+def skew_cell(diagonal: Sequence[Cell], by_role: dict[str, Cell]) -> Cell:
+    """The cell whose roles run the runtimes of `by_role`'s cells (all of one case); a diagonal tuple gives
+    the diagonal cell itself, so its id does not change. Missing fixes of every role's runtime carry over."""
+    runtimes = {role: cell.runtime for role, cell in by_role.items()}
+    if len({r.label for r in runtimes.values()}) == 1:
+        return next(iter(by_role.values()))
+    fixes: dict[str, str] = {}
+    for role in ROLES:
+        if role in by_role:
+            cell = by_role[role]
+            for key, why in zip(cell.missing_fixes, cell.missing_reasons, strict=True):
+                fixes.setdefault(key, f"{role} {cell.runtime.version} {why}")
+    base = by_role.get("decode", diagonal[0])
+    roles = tuple((role, runtimes[role]) for role in ROLES if role in runtimes)
+    return Cell(base.case, base.runtime, tuple(fixes), tuple(fixes.values()), roles)
+
+
+def expand_skew(cells: Sequence[Cell], *, frontend: bool) -> list[Cell]:
+    """Every ordered tuple of each case's selected runtimes, one cell each, grouped by case in plan order."""
+    out: list[Cell] = []
+    for _, group in itertools.groupby(cells, key=lambda c: c.case.name):
+        diagonal = list(group)
+        roles = roles_for(diagonal[0].case, frontend)
+        for choice in itertools.product(diagonal, repeat=len(roles)):
+            out.append(skew_cell(diagonal, dict(zip(roles, choice, strict=True))))
+    return out
+
+
+def pair_cells(
+    cells: Sequence[Cell], prefill: RuntimeInfo, decode: RuntimeInfo, excluded: Callable[[str, str, str], None]
+) -> list[Cell]:
+    """The one named pair for each case both runtimes were selected for; `excluded(case, runtime, why)` hears
+    of each case of that backend that one of the two was excluded from."""
+    out: list[Cell] = []
+    for name, group in itertools.groupby(cells, key=lambda c: c.case.name):
+        by_label = {c.runtime.label: c for c in group}
+        missing = [r.label for r in (prefill, decode) if r.label not in by_label]
+        if missing:
+            excluded(name, " ".join(missing), "the named pair needs both runtimes selected for the case")
+            continue
+        out.append(skew_cell(list(by_label.values()), {"prefill": by_label[prefill.label],
+                                                       "decode": by_label[decode.label]}))  # fmt: skip
+    return out
