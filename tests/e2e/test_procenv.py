@@ -18,8 +18,12 @@ NAME = "MATRIX_TEST_PROCENV"
 def tagged() -> Iterator[subprocess.Popen[bytes]]:
     """A live process whose environment holds NAME=a b (first entry) among others."""
     env = {NAME: "a b", **{k: v for k, v in os.environ.items() if k != NAME}}
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    script = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE)
     try:
+        # Popen returns once exec has begun, but the kernel fills /proc/PID/environ a moment later (it read
+        # empty once in CI): wait until the child runs its own code.
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         yield proc
     finally:
         proc.kill()
