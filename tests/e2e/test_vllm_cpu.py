@@ -46,6 +46,11 @@ __all__ = ["base_image", "docker_engine"]  # fixtures, used by name
 # The vllm-rs each version's variant takes: the seed's combination is an older Python engine with a newer
 # vllm-rs (0.29.0 with 0.30.0's), and its reverse a newer engine with the vllm-rs that lacks the fix.
 VARIANT_RS = {"0.29.0": "0.30.0", "0.30.0": "0.29.0", "0.32.0": "0.29.0"}
+# How a vllm-rs without vllm#54814 fails over each Python engine, as its logs showed.
+SEEN_WITHOUT_FIX = {
+    "0.30.0": "TypeError: 'float' object cannot be interpreted as an integer",
+    "0.32.0": "messagepack decode failed for vllm_engine_core_client::protocol::output::EngineCoreOutputs",
+}
 
 
 @dataclass(frozen=True)
@@ -218,9 +223,14 @@ def test_the_sidecar_cell_on_a_variant_with_another_releases_vllm_rs(campaign: V
     log = Path(str(row["log_dir"]))
     decode = (log / "decode.log").read_text(errors="replace")
     if rs == LACKS_FIX:
-        # vllm-rs 0.29.0 lacks vllm#54814 whatever Python engine it drives: pp_size arrives as a float.
+        # vllm-rs 0.29.0 lacks vllm#54814 and fails, annotated so, whatever Python engine it drives; how it fails
+        # depends on the engine (seen 2026-12-01): over 0.30.0 pp_size arrives as a float in decode's NIXL
+        # handshake; over 0.32.0 it fails before any KV moves, because vllm-rs 0.29.0 cannot read 0.32.0's
+        # engine-core messages (the protocol skew of a vllm-rs and a Python vLLM of different releases).
         assert row["status"] == "failed" and "lacks vllm#54814" in str(row["expected_failure"]), row["message"]
-        assert "TypeError: 'float' object cannot be interpreted as an integer" in decode
+        logs = "".join(p.read_text(errors="replace") for p in log.glob("*.log"))
+        seen = SEEN_WITHOUT_FIX.get(version, SEEN_WITHOUT_FIX["0.30.0"])
+        assert seen in logs, f"expected {seen!r} in the cell's logs"
     else:
         # A vllm-rs with the fix over an engine without it in its own vllm-rs: the pp_size bug is gone (the
         # handshake passes, no range(float)) whatever happens next. Seen on a 2-core host on 2026-12-01:

@@ -46,8 +46,10 @@ PYTHON_LABEL = "matrix.python"
 INSPECT_TIMEOUT_S = 30.0
 PULL_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
-# /dev/shm for engines that move KV blocks through shared memory (upstream's containers use 10 GiB).
-DEFAULT_SHM_GIB: Mapping[str, float] = {"trtllm": 10.0}
+# /dev/shm for engines that move KV blocks through shared memory (upstream's containers use 10 GiB). vLLM's
+# multiprocess executor alone asks for 160 MiB of it at start ("Insufficient space in /dev/shm ... 64 MiB free"
+# under Docker's default); a tmpfs limit costs nothing until it is used.
+DEFAULT_SHM_GIB: Mapping[str, float] = {"trtllm": 10.0, "vllm": 2.0, "vllm-cpu": 2.0, "sglang": 2.0}
 
 _status: dict[str, tuple[float, str | None]] = {}
 # (image id, python, component names) -> what the probe found in that image.
@@ -236,7 +238,7 @@ def _probe(
 
 def shm_gib_for(case: CaseInfo, runtime: RuntimeInfo) -> float | None:
     """Size of the shared-memory mount in GiB: the case's ``launch.shm_gib``, else the engine's default
-    (trtllm: 10 GiB), else None (the container engine's own default)."""
+    (trtllm: 10 GiB; vLLM and SGLang: 2 GiB), else None (the container engine's own default)."""
     value = case.launch.get("shm_gib")
     if value is not None:
         return float(value)
