@@ -51,7 +51,7 @@ from matrix.launch.providers.venv import (
     locked,
     read_info,
 )
-from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles
+from matrix.launch.providers.venv.wheelfiles import WheelFiles, fetched_wheel
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is
 # made from the base's environment.
@@ -245,22 +245,11 @@ class _VariantBuild:
     def wheel(self, requirement: str) -> Iterator[WheelFiles]:
         """One pinned distribution's wheel, not installed (as the full build reads it): unpacked by uv from
         its cache, or downloaded by pip; removed afterwards."""
-        download = self.tmp / ".download"
-        download.mkdir()
-        try:
-            if self.installer.uv and self.installer.name == "uv":
-                self.run([self.installer.uv, "pip", "install", "--python", self.python, "--target", str(download),
-                          "--no-deps", "--only-binary", ":all:", *self.installer.args, requirement])  # fmt: skip
-                yield UnpackedWheel.of(download, requirement)
-                return
-            self.run([self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest",
-                      str(download), requirement])  # fmt: skip
-            wheels = sorted(download.glob("*.whl"))
-            if len(wheels) != 1:
-                raise ProvisionError(f"`pip download {requirement}` gave {len(wheels)} wheels, expected one")
-            yield WheelFile(wheels[0])
-        finally:
-            shutil.rmtree(download, ignore_errors=True)
+        uv = self.installer.uv if self.installer.name == "uv" else None
+        with fetched_wheel(
+            self.run, self.tmp / ".download", requirement, python=self.python, uv=uv, uv_args=self.installer.args
+        ) as wheel:
+            yield wheel
 
     def expose(self, step: ExposeStep) -> None:
         site = self.tmp / "lib" / f"python{self.target.python_version}" / "site-packages"

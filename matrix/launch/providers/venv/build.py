@@ -38,7 +38,7 @@ from matrix.launch.providers.recipe import (
 )
 from matrix.launch.providers.venv.installer import Installer
 from matrix.launch.providers.venv.relocate import relocate
-from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles
+from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles, fetched_wheel
 from matrix.launch.providers.venv.target import (
     INFO_NAME,
     LOG_NAME,
@@ -285,26 +285,11 @@ class Builder:
             assert self.current is not None and self.current.source is not None and self.source.find_links
             yield WheelFile(self.source.find_links / self.current.source.filename)
             return
-        download = self.tmp / ".download"
-        download.mkdir()
-        try:
-            if self.uv:
-                self.run(
-                    [self.uv, "pip", "install", "--python", self.python, "--target", str(download), "--no-deps",
-                     "--only-binary", ":all:", *self.installer.args, *self.find_links, requirement]
-                )  # fmt: skip
-                yield UnpackedWheel.of(download, requirement)
-                return
-            self.run(
-                [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *self.find_links,
-                 "--dest", str(download), requirement]
-            )  # fmt: skip
-            wheels = sorted(download.glob("*.whl"))
-            if len(wheels) != 1:
-                raise ProvisionError(f"`pip download {requirement}` gave {len(wheels)} wheels, expected one")
-            yield WheelFile(wheels[0])
-        finally:
-            shutil.rmtree(download, ignore_errors=True)
+        with fetched_wheel(
+            self.run, self.tmp / ".download", requirement, python=self.python, uv=self.uv,
+            uv_args=[*self.installer.args, *self.find_links], pip_args=self.find_links,
+        ) as wheel:  # fmt: skip
+            yield wheel
 
     def requirements_of(self, step: RequirementsOfStep) -> None:
         """Install what the step's distribution requires here, read from its wheel's METADATA."""

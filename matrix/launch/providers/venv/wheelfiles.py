@@ -3,10 +3,13 @@ file (pip's download, the wheelhouse's copy) or the tree uv unpacked from it (`u
 
 from __future__ import annotations
 
+import shutil
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from matrix.launch.providers.recipe import wheel_metadata
 from matrix.launch.providers.venv.target import ProvisionError
@@ -84,3 +87,28 @@ def _wheel_name(dist_info: Path) -> str:
     tags = [line.split(":", 1)[1].strip().split("-") for line in lines if line.startswith("Tag:")]
     parts = [".".join(dict.fromkeys(tag[i] for tag in tags if len(tag) == 3)) for i in range(3)] if tags else []
     return "-".join([stem, *parts]) + ".whl"
+
+
+@contextmanager
+def fetched_wheel(
+    run: Callable[[list[str]], Any], download: Path, requirement: str, *, python: str, uv: str | None,
+    uv_args: Sequence[str] = (), pip_args: Sequence[str] = (),
+) -> Iterator[WheelFiles]:
+    """One pinned distribution's wheel (no dependencies), not installed: unpacked by uv (from its cache)
+    into `download`, or downloaded there by `python -m pip`; `download` is removed afterwards. The full build
+    and a variant's build both read wheels this way."""
+    download.mkdir()
+    try:
+        if uv:
+            run([uv, "pip", "install", "--python", python, "--target", str(download), "--no-deps",
+                 "--only-binary", ":all:", *uv_args, requirement])  # fmt: skip
+            yield UnpackedWheel.of(download, requirement)
+            return
+        run([python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *pip_args, "--dest",
+             str(download), requirement])  # fmt: skip
+        wheels = sorted(download.glob("*.whl"))
+        if len(wheels) != 1:
+            raise ProvisionError(f"`pip download {requirement}` gave {len(wheels)} wheels, expected one")
+        yield WheelFile(wheels[0])
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
