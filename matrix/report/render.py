@@ -107,7 +107,9 @@ def _scope_text(results: Results) -> str:
         return f"Campaign {results.campaign_id}"
     if results.selection is None:
         return "Every planned cell and every cell with results"
-    parts = [f"{k}={v}" for k, v in results.selection.as_dict().items() if v]
+    # Lists in words (`backends=reference, vllm`), never a Python repr (`backends=['reference']`).
+    parts = [f"{k}={', '.join(map(str, v)) if isinstance(v, list | tuple) else v}"
+             for k, v in results.selection.as_dict().items() if v]  # fmt: skip
     return "Selection " + (", ".join(parts) if parts else "(everything)")
 
 

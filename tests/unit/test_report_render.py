@@ -153,6 +153,8 @@ def test_selection_scopes_the_report(matrix: Matrix, tmp_path: Path) -> None:
     assert "runtime-reference-0.1.0.html" in names
     assert not [n for n in names if n.startswith("runtime-vllm")]
     assert "campaign-2.html" in names and "campaign-1.html" not in names
+    index = (tmp_path / "r" / "index.html").read_text()
+    assert "Selection backends=reference" in index and "[&#39;" not in index  # words, not a Python list
     assert matrix("report", "--out", str(tmp_path / "x"), "--backend", "nosuch").exit_code == 2
 
 
