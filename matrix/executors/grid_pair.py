@@ -12,6 +12,7 @@ teardown judged on that pair's row. The message says which engines the pair star
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -88,6 +89,9 @@ def _pair(
             return run_cell(cell, cell_id, log_dir, allocator, resources, live)
         environments[role] = environment
     log_dir.mkdir(parents=True, exist_ok=True)
+    # The generated model first, once: the engines starting side by side would each build it otherwise.
+    with contextlib.suppress(Exception):  # its error is recorded by the engines' start-up and `_serve`
+        resolve_model_dir(cell.case.launch.get("model_dir"), cell.case.source_dir, environments["decode"].python)
     engines.start_ahead(_grid_environments(engines), cell.case, cell.key)
     # Both engines start side by side when both are needed, as a per-cell pair's do.
     acquiring = time.monotonic()

@@ -221,9 +221,9 @@ class SharedEngines:
             engine.ports = self._allocator.allocate(engine_id, (PortRequest(f"{role}_http"),
                                                                 PortRequest(f"{role}_side_channel")))  # fmt: skip
             engine.plan = engine_plan(engine.key, engine.runtime, environment, case, engine_id, engine.ports, work_dir)
-        except MatrixError as exc:
+        except Exception as exc:  # a model that could not be generated in time too: this engine's failure
             self._allocator.release(engine_id)
-            return ReadyResult(False, "startup", f"cannot start shared {engine.name}: {exc}", 0.0, "")
+            return ReadyResult(False, "startup", f"cannot start shared {engine.name}: {exc!r}", 0.0, "")
         for scratch in engine.plan.scratch_dirs:
             Path(scratch).mkdir(parents=True, exist_ok=True)
         engine.supervisor = Supervisor(engine.plan, work_dir)
@@ -277,7 +277,7 @@ class SharedEngines:
 
 def start_slots() -> int:
     """How many engines of a grid start at once: two, as a per-cell pair's, or one per two CPUs on a larger host."""
-    return max(2, (os.cpu_count() or 2) // 2)
+    return max(2, len(os.sched_getaffinity(0)) // 2)  # the CPUs this runner may use, not the host's
 
 
 def engine_plan(

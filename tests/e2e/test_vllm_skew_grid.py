@@ -7,7 +7,8 @@ class; the diagonal works; and nothing (engine, proxy, port) is left once the ru
 off-diagonal pairs do is recorded, not assumed (docs/results/skew.md explains it from the logs).
 
 Costs about 4 engine start-ups plus 4 requests (~5 min on 2 busy cores) once the two environments exist;
-`MATRIX_TEST_ENVS_DIR` names an existing environment store to reuse, otherwise they are built (~10 min more).
+`MATRIX_TEST_ENVS_DIR` names an existing environment store to reuse, otherwise they are built (~10 min more);
+`MATRIX_TEST_MODELS_DIR` a models directory holding the generated tiny model (otherwise it is generated).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     shared = os.environ.get("MATRIX_TEST_ENVS_DIR")
     if shared:
         (home / "envs").symlink_to(shared)
+    models = os.environ.get("MATRIX_TEST_MODELS_DIR")  # a data directory's generated models, to reuse
+    if models:
+        (home / "models").symlink_to(models)
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
     runtimes = [arg for version in VERSIONS for arg in ("--runtime", f"vllm-cpu={version}")]
