@@ -33,6 +33,7 @@ from matrix.launch.providers import Environment, Unavailable, prepare, wrap_plan
 from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
+    FAILED,
     PASSED,
     REQUEST,
     CellOutcome,
@@ -133,7 +134,7 @@ def _pair(
     if died and outcome.status == PASSED:
         # The pair answered, but an engine died under it: a worker died, as a per-cell teardown would show.
         who = ", ".join(f"{acquired[role].engine.name} exited with code {code}" for role, code in died.items())
-        outcome = replace(outcome, status="failed", failure_kind=REQUEST, message=f"{who} during the pair",
+        outcome = replace(outcome, status=FAILED, failure_kind=REQUEST, message=f"{who} during the pair",
                           checks=(*outcome.checks, CheckFailure("engine_alive", who)))  # fmt: skip
     _copy_logs(acquired, offsets, log_dir)
     reports = engines.release(keys)
