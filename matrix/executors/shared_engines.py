@@ -100,7 +100,8 @@ class Engine:
     started_for: str = ""
     # The pairs this instance served so far, in order (a row names what the engine had seen before it).
     served: list[str] = field(default_factory=list)
-    # A start-up that failed: (ReadyResult kind, message); not retried for the grid's later pairs.
+    # A start-up that failed: (ReadyResult kind, message); a process that died starting is not started again
+    # for the grid's later pairs (they get its failure), one that was not ready in time is.
     failed: tuple[str | None, str] | None = None
     failed_for: str = ""
     # How the previous instance ended (exit code) and under which pair it was seen dead.
@@ -181,6 +182,10 @@ class SharedEngines:
         ahead = self._ahead.pop(key, None)
         if ahead is not None:
             ahead.result()  # its failure, if any, is the engine's `failed`
+        if engine.failed is not None and engine.failed[0] == "timeout":
+            # Not ready in time is not the engine's verdict (a loaded host): the next pair tries it afresh,
+            # as its own per-cell start-up would.
+            engine.failed = None
         if engine.failed is not None:
             kind, message = engine.failed
             return ReadyResult(False, kind, f"{message}\n(shared {engine.name} failed to start for pair "
