@@ -92,8 +92,11 @@ def test_each_pair_ran_on_its_own_engines_started_once_per_grid(grid: Matrix) ->
     rows = _rows(grid)
     engine_dirs = {p.name for row in rows for p in Path(str(row["log_dir"])).parent.glob("shared-engines-*/grid-*")}
     restarts = sum(str(row["message"]).count("restarted (start") for row in rows)
-    # 2N start-ups for N = 2 runtimes (plus one per restart, which the row of the pair that needed it names).
-    assert len(engine_dirs) == 2 * len(VERSIONS) + restarts, (engine_dirs, [r["message"] for r in rows])
+    retried = sum(str(row["message"]).count("engine: not ready after") for row in rows)
+    # 2N start-ups for N = 2 runtimes, plus one per restart or retried start-up, each named by the row of
+    # the pair that needed it.
+    assert 2 * len(VERSIONS) <= len(engine_dirs) <= 2 * len(VERSIONS) + restarts + retried, (
+        engine_dirs, [r["message"] for r in rows])  # fmt: skip
     for row in rows:
         assert "shared engines:" in str(row["message"]), row["message"]
         log_dir = Path(str(row["log_dir"]))
