@@ -297,8 +297,7 @@ def engine_plan(
     caches = {name: path for name, path in caches.items() if name not in environment.env}
     model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
     # The other role's and the proxy's ports are not this engine's: its process never reads them.
-    names = ("proxy", *(f"{r}_{kind}" for r in ENGINE_ROLES for kind in ("http", "side_channel")))
-    all_ports = dict.fromkeys(names, 0)
+    all_ports = dict.fromkeys((request.name for request in arm.port_requests(case)), 0)
     context = LaunchContext(
         cell_id=engine_id, case=case, runtime=runtime, ports={**all_ports, **ports}, work_dir=work_dir,
         python=environment.python, env={**environment.env, **caches}, caches=caches, model_dir=model_dir,
