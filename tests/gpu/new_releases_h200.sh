@@ -6,11 +6,14 @@
 # `matrix gate` decides each. Run by hand on an NVIDIA host (not part of CI); every command, the ones made
 # where an index is reachable too, is in docs/results/gpu-h200-new-releases.md.
 #
-#   there:  KIT=STAGING PHASES="prepare vllm" bash tests/gpu/new_releases_h200.sh OUTDIR
+#   there:  KIT=STAGING PHASES="prepare" bash tests/gpu/new_releases_h200.sh OUTDIR
+#           KIT=STAGING PHASES="vllm" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           KIT=STAGING PHASES="sglang collect" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           (one phase list per command, so that none outlasts the host's command limit; MATRIX_HOME and
 #           the wheelhouse stay in /tmp between the commands; a phase cut short is continued with
-#           `matrix run --resume CAMPAIGN`, the id its first line printed)
+#           `matrix run --resume CAMPAIGN`, the id its first line printed). BACKENDS="vllm" (or "sglang")
+#           when the upload holds one backend's wheelhouse only: prepare then discovers and provisions
+#           that backend alone, collect gates it alone.
 #
 # OUTDIR receives, per phase, its log lines on stdout and, from `collect`, the rows (one JSON line per cell),
 # the gate outputs, the report and the cells' logs (tarballs).
@@ -22,8 +25,8 @@ KIT=${KIT:?set KIT to the staging folder that holds the uploaded chunks}
 PHASES=${PHASES:-"prepare vllm sglang collect"}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse-new}
 DEPS=${DEPS:-/tmp/matrix-deps}
-VLLM="0.32.0 0.33.0"
-SGLANG="0.5.22 0.5.23"
+BACKENDS=${BACKENDS:-"vllm sglang"}
+declare -A NEW=([vllm]="0.32.0 0.33.0" [sglang]="0.5.22 0.5.23")
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # Never NVLink multicast on a shared host.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,14 +58,16 @@ for phase in $PHASES; do
     m catalog sync data/*.toml > /dev/null || exit 1
     m gpus
     stamp "discover the new releases, the wheelhouse served on loopback as the index"
-    for backend in vllm sglang; do
+    for backend in $BACKENDS; do
       "$PY" "$HERE/wheelhouse_index.py" "$WHEELHOUSE" -- "$PY" -m matrix discover "$backend" \
         --index-url "{index}" | tee "$OUT/discover-$backend.txt" || exit 1
     done
     m runtimes list | grep -E "discovered|version"
-    stamp "provision the four runtimes offline, side by side"
-    for r in $(for v in $VLLM; do echo "vllm=$v"; done) $(for v in $SGLANG; do echo "sglang=$v"; done); do
-      m runtime provision --runtime "$r" "${offline[@]}" > "$OUT/provision-$r.txt" 2>&1 &
+    stamp "provision the new runtimes offline, side by side"
+    for backend in $BACKENDS; do
+      for v in ${NEW[$backend]}; do
+        m runtime provision --runtime "$backend=$v" "${offline[@]}" > "$OUT/provision-$backend=$v.txt" 2>&1 &
+      done
     done
     wait
     tail -n 3 "$OUT"/provision-*.txt
@@ -105,8 +110,11 @@ for row in sqlite3.connect(sys.argv[1]).execute(q):
 PYEOF
     cut -c1-900 "$OUT/rows.jsonl"
     stamp "gate each new release"
-    for v in $VLLM; do m gate vllm "$v" --html "$OUT/gate-vllm-$v.html" | tee -a "$OUT/gate.txt"; done
-    for v in $SGLANG; do m gate sglang "$v" --html "$OUT/gate-sglang-$v.html" | tee -a "$OUT/gate.txt"; done
+    for backend in $BACKENDS; do
+      for v in ${NEW[$backend]}; do
+        m gate "$backend" "$v" --html "$OUT/gate-$backend-$v.html" | tee -a "$OUT/gate.txt"
+      done
+    done
     m export markdown > "$OUT/summary.md"
     m report --out "$OUT/report"
     stamp "anything left?"; left; smi
