@@ -249,6 +249,7 @@ def build(argv: list[str]) -> int:
     _cases, runtimes, _markers, _backends = _catalog(App(None))
     chosen = [r for r in runtimes if f"{r.backend}={r.version}" in wanted]
     print(f"resolving {len(chosen)} runtime(s) in parallel: {', '.join(r.label for r in chosen)}", file=sys.stderr)
+    find_uv()  # before the threads, as in derive
     with ThreadPoolExecutor(len(chosen) or 1) as pool:
         list(pool.map(lambda r: plan_runtime(r, target, (), lambda line: print(line, file=sys.stderr)), chosen))
     try:
