@@ -28,6 +28,15 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
          {}, "hang", "no answer within 60 s: decode waited on prefill's KV (WAITING_FOR_REMOTE_KVS)"),
         ("failed", "validation", "completion is empty", [{"name": "completion_nonempty", "message": "empty"}], {},
          "healthy-but-wrong", "answered, but completion_nonempty failed: completion is empty"),
+        # vLLM's decode answers 500 and logs the hash mismatch: the runner copies that line into the message.
+        ("failed", "validation", f"failed checks: http_status, kv_transfer\n--- error lines (decode.log) ---\n"
+         f"line 120: ERROR [base_worker.py:1175] RuntimeError: {NIXL}",
+         [{"name": "http_status"}, {"name": "kv_transfer"}], {}, "clean-reject",
+         f"line 120: ERROR [base_worker.py:1175] RuntimeError: {NIXL}"),
+        # The same refusal without a line naming the incompatibility is not a clean one.
+        ("failed", "validation", "failed checks: http_status\n--- error lines (decode.log) ---\nline 9: ERROR oops",
+         [{"name": "http_status"}], {}, "healthy-but-wrong",
+         "answered, but http_status failed: failed checks: http_status"),
         ("failed", "startup", "prefill exited with -11 before ready", [], {"prefill": -11}, "crash",
          "prefill exited -11; prefill exited with -11 before ready"),
         ("failed", "request", "decode died mid-request (exit code 137)", [], {"decode": 137}, "crash",
