@@ -54,6 +54,7 @@ from matrix.runner import (
     _supervise,
     _teardown_checks,
     _unready,
+    _with_refusal_evidence,
     run_cell,
 )
 
@@ -137,6 +138,9 @@ def _pair(
         outcome = replace(outcome, status=FAILED, failure_kind=REQUEST, message=f"{who} during the pair",
                           checks=(*outcome.checks, CheckFailure("engine_alive", who)))  # fmt: skip
     _copy_logs(acquired, offsets, log_dir)
+    # A refused request's evidence is in the engines' logs, which the proxy's supervisor does not own: the
+    # pair's slices of them give the row the error lines a per-cell row gets from its own engines.
+    outcome = _with_refusal_evidence(outcome, {role: log_dir / f"{role}.log" for role in acquired})
     reports = engines.release(keys)
     return _with_engines(outcome, acquired, died, reports, notes, log_dir)
 
