@@ -109,6 +109,7 @@ def _pair(
         role, ready = failed[0]
         outcome = not_ready(ready.kind, f"shared {role} engine: {ready.message}{_ready_details(ready)}")
         notes = [a.note for a in acquired.values()]
+        notes += [f"{r} {cell.runtime_of(r).version} did not start for this pair" for r, _ready in failed]
         return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
     offsets = {role: _size(a.engine.log_path) for role, a in acquired.items()}
     try:

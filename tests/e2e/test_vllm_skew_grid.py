@@ -128,6 +128,7 @@ def test_worker_ids_name_each_pairs_own_engines(grid: Matrix) -> None:
         assert prefill and decode
         by_prefill.setdefault(prefill.group(2), set()).add(row["prefill_worker_id"])
         by_decode.setdefault(decode.group(2), set()).add(row["decode_worker_id"])
+    assert by_prefill and by_decode, "no pair answered: nothing to compare"
     # One engine per (role, runtime): every pair on it names it with the same id, and no other engine's.
     assert all(len(ids) == 1 for ids in (*by_prefill.values(), *by_decode.values())), (by_prefill, by_decode)
     for ids in (by_prefill, by_decode):
