@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from packaging.version import Version
@@ -79,9 +79,13 @@ class CaseInfo:
     id: int | None = None
 
     def __post_init__(self) -> None:
-        raw: object = self.launch
-        if isinstance(raw, Mapping):
-            object.__setattr__(self, "launch", launch_table(self.arm, raw))
+        given: object = self.launch
+        if isinstance(given, Mapping):
+            object.__setattr__(self, "launch", launch_table(self.arm, given))
+        elif type(given) is CommonLaunch and self.arm in LAUNCH_TYPES:
+            # The default (or a table of common keys only): widened to the arm's type, its own keys left out.
+            common = {spec.name: getattr(given, spec.name) for spec in fields(CommonLaunch)}
+            object.__setattr__(self, "launch", LAUNCH_TYPES[self.arm](**common))
 
     @property
     def gpus_needed(self) -> int:
@@ -104,6 +108,13 @@ class RuntimeInfo:
     id: int | None = None
     # A variant made by `matrix bisect --component` (source "derived"): planned only when named by --runtime.
     derived: bool = False
+    # `provider` parsed into its typed recipe (`launch.providers.recipe.with_spec`), once where the catalog is
+    # read, so no cell parses it again; None: not parsed (a builtin runtime, one made in code, or an entry
+    # that does not parse, whose cells then fail on it as before). Typed `object` because the recipe types
+    # live with their parser (it needs `packaging` and the plugin directory), out of this leaf's reach; the
+    # providers read it through `host_config`, `venv_recipe` and `container_config`. A `replace` of
+    # `provider` must drop it (`spec=None`).
+    spec: object = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:

@@ -108,10 +108,10 @@ def _ask_engine(engine: str) -> str | None:
 def prepare_container(runtime: RuntimeInfo) -> Environment | Unavailable:
     """The image's environment when its engine runs here, the image is here (or pulls) and holds the
     runtime's components; otherwise why not (`Mismatch`: components differ, the cell fails as config)."""
-    from matrix.launch.providers.recipe import parse_container  # see `matrix.launch.providers`
+    from matrix.launch.providers.recipe import container_config  # see `matrix.launch.providers`
 
     try:
-        config = parse_container(runtime.provider, runtime.label)
+        config = container_config(runtime)
     except ConfigError as exc:
         return Mismatch(str(exc))
     engine = config.engine or default_engine()
