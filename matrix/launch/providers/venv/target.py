@@ -115,8 +115,8 @@ class Target:
 
 
 def resolve_target(runtime: RuntimeInfo, installer: str | None = None) -> Target:
-    """Parse the runtime's recipe and compute its key for `installer` (None: the one the next build would
-    use). `ConfigError`: bad recipe or installer; `ProvisionError`: its interpreter is not here."""
+    """The runtime's recipe (carried by it, else parsed now) and its key for `installer` (None: the one the next
+    build would use). `ConfigError`: bad recipe or installer; `ProvisionError`: its interpreter is not here."""
     recipe = venv_recipe(runtime)
     version = python_version_of(recipe.python)
     platform = host_platform()
