@@ -110,10 +110,10 @@ class RuntimeInfo:
     derived: bool = False
     # `provider` parsed into its typed recipe (`launch.providers.recipe.with_spec`), once per run for all the
     # runtime's cells (the campaign's `HostHooks.with_specs`), so no cell parses it again; None: not parsed (a
-    # builtin runtime, one made in code, or an entry that does not parse, whose cells fail on it as before). Typed `object` because the recipe types
-    # live with their parser (it needs `packaging` and the plugin directory), out of this leaf's reach; the
-    # providers read it through `host_config`, `venv_recipe` and `container_config`. A `replace` of
-    # `provider` must drop it (`spec=None`).
+    # builtin runtime, one made in code, or an entry that does not parse, whose cells fail on it as before).
+    # Typed `object` because the recipe types live with their parser (it needs `packaging` and the plugin
+    # directory), out of this leaf's reach; the providers read it through `host_config`, `venv_recipe` and
+    # `container_config`. A `replace` of `provider` must drop it (`spec=None`).
     spec: object = field(default=None, compare=False, repr=False)
 
     @property
