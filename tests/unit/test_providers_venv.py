@@ -246,7 +246,7 @@ def test_list_and_prune(matrix: Matrix) -> None:
 def test_a_carried_spec_is_not_parsed_again_by_prepare(matrix: Matrix, monkeypatch: pytest.MonkeyPatch) -> None:
     """[M18] The campaign parses each runtime's entry once (`LocalHooks.with_specs`); preparing a cell's
     environment then reads the carried recipe, where before it parsed the entry once per installer."""
-    from matrix.cells import Cell
+    from matrix.cells import CaseInfo, Cell
     from matrix.executors.hooks import LocalHooks
     from matrix.launch.providers import recipe
 
@@ -257,7 +257,7 @@ def test_a_carried_spec_is_not_parsed_again_by_prepare(matrix: Matrix, monkeypat
     monkeypatch.setattr(recipe, "check_keys", lambda provider, label: parses.append(label) or real(provider, label))
     assert isinstance(prepare(runtime), Environment) and len(parses) == 2  # without a spec: once per installer
     other = _runtime("1.6.2")
-    case = __import__("matrix.cells", fromlist=["CaseInfo"]).CaseInfo("c", "dynamo", "dynamo", "m", ())
+    case = CaseInfo("c", "dynamo", "dynamo", "m", ())
     cells = [Cell(case, runtime), Cell(case, runtime), Cell(case, other, roles=(("prefill", runtime),))]
     parses.clear()
     parsed = LocalHooks().with_specs(cells)
