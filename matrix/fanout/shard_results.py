@@ -4,7 +4,8 @@ One JSON object per file: the format and its version, the writing matrix's versi
 (key, selection, host, git sha, start and end) and every attempt of the campaign with natural keys
 (case, backend, runtime version, a skew cell's version per role, attempt, uid) instead of database ids, so
 another database can take them in. Each attempt carries the tail of each of its role logs (bounded, so a
-shard of many cells stays a small artifact) so that `matrix show` and the report still have something to show after import.
+shard of many cells stays a small artifact) so that `matrix show` and the report still have something to
+show after import.
 
 Reading validates everything (types of every field, known statuses) and names the file and the entry
 at fault; the importer writes nothing unless every file is valid.

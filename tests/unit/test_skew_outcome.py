@@ -29,6 +29,13 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
          {}, "hang", "no answer within 60 s: decode waited on prefill's KV (WAITING_FOR_REMOTE_KVS)"),
         ("failed", "validation", "completion is empty", [{"name": "completion_nonempty", "message": "empty"}], {},
          "healthy-but-wrong", "answered, but completion_nonempty failed: completion is empty"),
+        # What a reference pair whose prefill drops the KV transfer records (two http_status checks, the
+        # unary and the streamed request): each check named once, and the check's own message quoted.
+        ("failed", "validation", "failed checks: http_status",
+         [{"name": "http_status", "message": "HTTP status is 502; expected 200; body 'KV transfer failed'"},
+          {"name": "http_status", "message": "stream: HTTP status is 502"}], {},
+         "healthy-but-wrong", "answered, but http_status failed: HTTP status is 502; expected 200; body 'KV transfer "
+         "failed'"),
         ("failed", "startup", "prefill exited with -11 before ready", [], {"prefill": -11}, "crash",
          "prefill exited -11; prefill exited with -11 before ready"),
         ("failed", "request", "decode died mid-request (exit code 137)", [], {"decode": 137}, "crash",
