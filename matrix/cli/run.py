@@ -123,8 +123,8 @@ def _versions(cell: Any) -> str:
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
 @click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
-              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix`, or "
-              "CASE@BACKEND-VERSION. Repeatable.")
+              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix` (skew "
+              "cells' too, without --skew), or CASE@BACKEND-VERSION / CASE@BACKEND[prefill=A,decode=B]. Repeatable.")
 @click.option("--results-out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="After the run, write the campaign's outcomes (with log tails) to FILE for `matrix import`.")
 @click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
