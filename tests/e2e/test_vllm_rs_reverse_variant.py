@@ -19,7 +19,8 @@ import pytest
 from tests.conftest import Matrix
 from tests.e2e.test_run_reference import assert_nothing_left
 
-# One environment build plus one cell: 6-9 minutes on 2 cores; the timeout covers `matrix run`'s own limit.
+# One environment build plus one cell: 10.3 minutes on a loaded 2-core host (build 248 s, ready 202 s; ~4-6
+# minutes quiet); the timeout covers `matrix run`'s own limit.
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(2100)]
 
 VERSION, RS = "0.30.0", "0.29.0"
