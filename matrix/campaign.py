@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -115,6 +115,11 @@ class HostHooks(Protocol):
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         """Whether the case's arm bounds its GPU memory absolutely (its start-ups need not queue)."""
+        ...
+
+    def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
+        """The cells with each runtime's provider entry parsed once into its typed recipe (`RuntimeInfo.spec`),
+        shared by all the cells of that runtime, so that no cell parses it again."""
         ...
 
     def provision(
@@ -241,7 +246,16 @@ def _stored_cells(session: Session, campaign: Campaign) -> list[Cell]:
         decode_runtime=stored.get("decode_runtime"),
     )
     keys = set(stored.get("cells", ()))
-    return [c for c in plan_from_db(session, selection).cells if c.key in keys]
+    cells = [c for c in plan_from_db(session, selection).cells if c.key in keys]
+    if len(cells) < len(keys):
+        # Skew cells a shard ran by id (`--cell`) without --skew in its selection: made from the diagonal.
+        from matrix.skew import every_skew_cell
+
+        found = {c.key for c in cells}
+        diagonal = plan_from_db(session, replace(selection, skew=False, skew_frontend=False,
+                                                 prefill_runtime=None, decode_runtime=None)).cells  # fmt: skip
+        cells += [c for c in every_skew_cell(diagonal) if c.key in keys and c.key not in found]
+    return cells
 
 
 def _cells_with_latest(session: Session, campaign: Campaign) -> list[tuple[Cell, int, str]]:
@@ -335,7 +349,7 @@ def _runtimes_of(cells: list[Cell]) -> list[RuntimeInfo]:
     """Every runtime the cells run, each once: a skew cell's roles' runtimes too."""
     found: dict[str, RuntimeInfo] = {}
     for cell in cells:
-        for runtime in (cell.runtime, *(r for _, r in cell.roles)):
+        for runtime in cell.runtimes:
             found.setdefault(runtime.label, runtime)
     return list(found.values())
 
@@ -445,6 +459,8 @@ def _run(
     recover_stale(factory, echo, hooks)
     with transaction(factory) as session:
         campaign_id, selected = _selected_cells(session, options, echo)
+        parsed = hooks.with_specs([cell for cell, _attempt, _failed in selected])
+        selected = [(cell, attempt, failed) for cell, (_, attempt, failed) in zip(parsed, selected, strict=True)]
         if not selected and options.resume is None and options.rerun_failed is None and options.join is None:
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()

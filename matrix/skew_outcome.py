@@ -95,6 +95,11 @@ def classify(
         who = ", ".join(f"{role} exited {code}" for role, code in sorted(died.items()))
         return SkewVerdict("crash", "; ".join(part for part in (who, _first_line(message)) if part))
     if failure_kind in (VALIDATION, REQUEST) or checks:
-        names = ", ".join(str(c.get("name", "?")) for c in checks) or failure_kind or "a check"
-        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {_first_line(message)}")
+        names = ", ".join(dict.fromkeys(str(c.get("name", "?")) for c in checks)) or failure_kind or "a check"
+        detail = _first_line(message)
+        if detail.startswith("failed checks"):
+            # The attempt's message only lists the checks; the first check's own message is the evidence
+            # ("HTTP status is 502; ... KV transfer failed: ...").
+            detail = next((_first_line(str(c["message"])) for c in checks if c.get("message")), detail)
+        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {detail}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")

@@ -70,7 +70,7 @@ def run_pair(
         outcome = _pair(cell, cell_id, log_dir, allocator, resources, live, engines)
     total = time.monotonic() - started - queued
     outcome = replace(outcome, queued_s=queued, total_s=total, log_dir=str(log_dir))
-    outcome = judge_control(outcome, cell.case.launch.get("expect_failed_checks", []))
+    outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
     return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 
@@ -93,7 +93,7 @@ def _pair(
     log_dir.mkdir(parents=True, exist_ok=True)
     # The generated model first, once: the engines starting side by side would each build it otherwise.
     with contextlib.suppress(Exception):  # its error is recorded by the engines' start-up and `_serve`
-        resolve_model_dir(cell.case.launch.get("model_dir"), cell.case.source_dir, environments["decode"].python)
+        resolve_model_dir(cell.case.launch.model_dir, cell.case.source_dir, environments["decode"].python)
     engines.start_ahead(_grid_environments(engines), cell.case, cell.key)
     # Both engines start side by side when both are needed, as a per-cell pair's do.
     acquiring = time.monotonic()
@@ -173,7 +173,7 @@ def _serve(
         caches = cache_env(cell.runtime) if environment.container is None else {}
         caches = {name: path for name, path in caches.items() if name not in environment.env}
         try:
-            model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
+            model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
         except MatrixError as exc:
             return failure("config", str(exc), ports=ports)
         context = LaunchContext(
@@ -189,7 +189,7 @@ def _serve(
         # Only the proxy is the pair's own process; its teardown checks cover its port alone.
         proxy = tuple(p for p in full.processes if p.role == "proxy")
         plan = replace(full, processes=proxy, ports=dict(ports), scratch_dirs=())
-        if case.launch.get("lifecycle", True) is False:
+        if case.launch.lifecycle is False:
             plan = replace(plan, lifecycle=None)
         supervisor = Supervisor(plan, log_dir)
         live.add(cell_id, supervisor)

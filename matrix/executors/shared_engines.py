@@ -295,7 +295,7 @@ def engine_plan(
     arm = get_arm(case.arm)
     caches = cache_env(runtime) if environment.container is None else {}
     caches = {name: path for name, path in caches.items() if name not in environment.env}
-    model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
+    model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
     # The other role's and the proxy's ports are not this engine's: its process never reads them.
     all_ports = dict.fromkeys((request.name for request in arm.port_requests(case)), 0)
     context = LaunchContext(
