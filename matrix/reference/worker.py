@@ -279,7 +279,9 @@ class WorkerApp:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
         began = time.perf_counter()
         try:
-            got_blocks, block_bytes, data = pull_blocks(host, port, handle)
+            # kv-transfer-stall: decode waits for the KV as long as it takes, as an engine without a KV timeout.
+            timeout_s = None if "kv-transfer-stall" in self.cfg.faults else 30.0
+            got_blocks, block_bytes, data = pull_blocks(host, port, handle, timeout_s)
             if block_bytes != self.cfg.block_bytes:
                 raise KVTransferError(f"block size {block_bytes} differs from decode's {self.cfg.block_bytes}")
             if got_blocks != num_blocks:
@@ -430,7 +432,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         pool.close()
         return 1
     try:
-        side = SideChannelServer(cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults)
+        side = SideChannelServer(
+            cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults, "kv-transfer-stall" in faults
+        )
     except OSError as exc:
         log(f"error: cannot listen on side channel 127.0.0.1:{cfg.side_channel_port}: {exc}")
         http_server.server_close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from matrix.cells import CaseInfo
+from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LOOPBACK_ENV,
@@ -26,6 +27,7 @@ from matrix.launch.arms.base import (
     pd_proxy,
     served_plan,
 )  # fmt: skip
+from matrix.launch.case_launch import VllmNativeLaunch, for_role, parse_launch
 from matrix.launch.engines import ENGINES, Engine
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
@@ -35,11 +37,14 @@ DEFAULT_KV_COUNTERS = ("vllm:nixl_xfer_time_seconds_count",)
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
-def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -> list[str]:
+def vllm_engine_flags(
+    ctx: LaunchContext, engine: Engine, kv_role: str | None, role_launch: VllmNativeLaunch | None = None
+) -> list[str]:
     """The engine flags of every vLLM instance matrix starts (this arm's and Dynamo's `vllm-rs` engines):
     eager mode, NixlConnector in `kv_role` (None: no connector), the KV bound from `engine`'s entry and, on a
     GPU, its memory fraction. On a CPU host the KV buffer lives in host memory, and the model runs in float32
-    (a case's `extra_args` come later and may say otherwise)."""
+    (a case's `extra_args` come later and may say otherwise). `role_launch`, this instance's launch table with
+    its role's overrides, adds the block size and the connector's handshake check."""
     flags = ["--enforce-eager"]
     if not ctx.gpu_ids:
         # On a CPU with AMX, vLLM picks its AMX attention kernel for bfloat16; a decode instance whose first
@@ -51,7 +56,11 @@ def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -
         connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
         if not ctx.gpu_ids:
             connector["kv_buffer_device"] = "cpu"
+        if role_launch is not None and role_launch.enforce_handshake_compat is not None:
+            connector["kv_connector_extra_config"] = {"enforce_handshake_compat": role_launch.enforce_handshake_compat}
         flags += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
+    if role_launch is not None and role_launch.block_size is not None:
+        flags += ["--block-size", str(role_launch.block_size)]
     flags += engine.kv_argv(ctx.case.kv_bound)
     if ctx.gpu_ids:
         flags += engine.fraction_argv(ctx.case.launch)
@@ -106,9 +115,13 @@ class VllmNativeArm:
         base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
         return base_env
 
-    def _engine_argv(self, ctx: LaunchContext, port: int, kv_role: str | None = None) -> list[str]:
-        """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector)."""
+    def _engine_argv(self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None) -> list[str]:
+        """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector), with
+        `role`'s launch overrides (`role_launch`)."""
         launch = ctx.case.launch
+        typed = for_role(parse_launch(self.name, launch), role)
+        if not isinstance(typed, VllmNativeLaunch):  # parse_launch gives each arm its own table
+            raise ConfigError(f"the {self.name} arm read a {type(typed).__name__} launch table")
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1",
@@ -116,7 +129,7 @@ class VllmNativeArm:
             "--model", str(ctx.model_dir or ctx.case.model),
             "--served-model-name", ctx.case.model,
             "--max-model-len", str(launch.get("max_model_len", 512)),
-            *vllm_engine_flags(ctx, ENGINE, kv_role),
+            *vllm_engine_flags(ctx, ENGINE, kv_role, typed),
         ]  # fmt: skip
         options = equivalence_options(ctx.case)
         if options is not None:
@@ -134,7 +147,8 @@ class VllmNativeArm:
         if not ctx.gpu_ids:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"
         env.update({str(k): str(v) for k, v in ctx.case.launch.get("role_env", {}).get("decode", {}).items()})
-        argv = (*self._engine_argv(ctx, port), *self._extra_args(ctx))
+        # The oracle's baseline serves as the decode side does (its runtime and its role's overrides).
+        argv = (*self._engine_argv(ctx, port, "decode"), *self._extra_args(ctx))
         health = (HealthProbe(loopback_url(port, "/health")),)
         return served_plan(
             ctx,
@@ -156,7 +170,7 @@ class VllmNativeArm:
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             connected = not (role == "decode" and launch.get("decode_without_connector"))
-            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], kv_role if connected else None)
+            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], role, kv_role if connected else None)
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
             if role in binding:
