@@ -8,7 +8,8 @@ message, checks, exit codes):
 - `works`: the attempt passed (every check, the KV-transfer proof and, where on, the equivalence oracle);
 - `clean-reject`: it failed at start-up or on the request with an error that names an incompatibility
   (the error line is quoted);
-- `hang`: it timed out (matrix cut it at the bound); the message says which process waited on what;
+- `hang`: it timed out (matrix cut it at the bound); a request's timeout carries which process waited on what
+  (state, wchan, last log lines: `matrix.launch.hang`), and that evidence is the reason;
 - `healthy-but-wrong`: the pair answered but a check (content, token counts, KV proof, oracle) failed;
 - `crash`: a process died (start-up or mid-request) without naming an incompatibility;
 - `not-run`: no evidence (skipped, interrupted, not run, still running).
@@ -42,6 +43,9 @@ _NAMES_INCOMPATIBILITY = re.compile(
     r"unknown (?:field|variant|message)|failed to (?:deserial|decode)|protocol",
     re.IGNORECASE,
 )
+# How much of a hang's evidence (the request in flight, each process's state, wchan and last log lines) the
+# reason keeps: enough for every role of a pair, short enough for a table cell.
+HANG_REASON_CHARS = 3000
 # A mid-request death reads as a failed request whose message says a process exited.
 _DIED = re.compile(r"exited|died|killed|signal|exit code|segmentation|panick", re.IGNORECASE)
 
@@ -75,6 +79,9 @@ def classify(
         return SkewVerdict("works", "every check passed")
     if status not in CELL_FAULT_STATUSES:
         return SkewVerdict("not-run", f"no evidence: the attempt is {status}")
+    if status == TIMEOUT and failure_kind == REQUEST:
+        # A pair cut after ready: its reason is the evidence of who waited on what (`matrix.launch.hang`).
+        return SkewVerdict("hang", message.strip()[:HANG_REASON_CHARS] or "no answer within the bound")
     if status == TIMEOUT or failure_kind == HEALTH:
         return SkewVerdict("hang", _first_line(message) or "no answer within the bound")
     if failure_kind in NO_EVIDENCE_KINDS:

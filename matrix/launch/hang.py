@@ -67,9 +67,7 @@ def _process_line(proc: psutil.Process) -> str:
         pid = proc.pid
     except psutil.Error:
         return f"pid {proc.pid}: gone"
-    return (
-        f"pid {pid} {name}: state {_state(pid)}, wchan {_wchan(Path(f'/proc/{pid}/wchan'))}; {_threads(pid)}"
-    )
+    return f"pid {pid} {name}: state {_state(pid)}, wchan {_wchan(Path(f'/proc/{pid}/wchan'))}; {_threads(pid)}"
 
 
 def _tree(pid: int) -> list[psutil.Process]:

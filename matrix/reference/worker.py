@@ -278,6 +278,8 @@ class WorkerApp:
     def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
         began = time.perf_counter()
+        # Said before the pull, so a pull that never returns leaves its last line naming what decode waits on.
+        self.log(f"decode handle={handle} pulling {num_blocks} blocks from side channel {host}:{port}")
         try:
             # kv-transfer-stall: decode waits for the KV as long as it takes, as an engine without a KV timeout.
             timeout_s = None if "kv-transfer-stall" in self.cfg.faults else 30.0
