@@ -95,5 +95,8 @@ def classify(
         return SkewVerdict("crash", "; ".join(part for part in (who, _first_line(message)) if part))
     if failure_kind in (VALIDATION, REQUEST) or checks:
         names = ", ".join(str(c.get("name", "?")) for c in checks) or failure_kind or "a check"
-        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {_first_line(message)}")
+        # The first failed check's own words (the oracle's "0/8 prompts token-identical ...") say more than the
+        # attempt's message, which only lists the names again.
+        said = next((str(c["message"]) for c in checks if c.get("message")), "") or message
+        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {_first_line(said)}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")

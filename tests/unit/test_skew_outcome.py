@@ -27,7 +27,11 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
         ("timeout", "request", "no answer within 60 s: decode waited on prefill's KV (WAITING_FOR_REMOTE_KVS)", [],
          {}, "hang", "no answer within 60 s: decode waited on prefill's KV (WAITING_FOR_REMOTE_KVS)"),
         ("failed", "validation", "completion is empty", [{"name": "completion_nonempty", "message": "empty"}], {},
-         "healthy-but-wrong", "answered, but completion_nonempty failed: completion is empty"),
+         "healthy-but-wrong", "answered, but completion_nonempty failed: empty"),
+        ("failed", "validation", "failed checks: equivalent_to_aggregated; aggregated instance 99.7 s",
+         [{"name": "equivalent_to_aggregated", "message": "0/8 prompts token-identical to aggregated, 8 real"}], {},
+         "healthy-but-wrong", "answered, but equivalent_to_aggregated failed: 0/8 prompts token-identical to "
+         "aggregated, 8 real"),
         ("failed", "startup", "prefill exited with -11 before ready", [], {"prefill": -11}, "crash",
          "prefill exited -11; prefill exited with -11 before ready"),
         ("failed", "request", "decode died mid-request (exit code 137)", [], {"decode": 137}, "crash",
