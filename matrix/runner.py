@@ -40,7 +40,7 @@ from matrix.launch.providers import (
     wrap_plan,
 )  # fmt: skip
 from matrix.launch.roles import compose_roles
-from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
+from matrix.launch.supervisor import Supervisor, TeardownReport, error_lines, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
@@ -59,6 +59,7 @@ from matrix.outcome import (
     skipped,
     timed_out,
 )
+from matrix.skew_outcome import first_incompatibility
 from matrix.telemetry import PeakSampler
 
 # How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
@@ -366,6 +367,7 @@ def _request(
         )
     validation = validate_chat_response(response.status_code, response.body)
     failures = list(validation.failures)
+    refused = _refusal_evidence(supervisor) if response.status_code != 200 else ""
     kv_ledger: dict[str, Any] = {}
     if plan.metrics_checks:
         scraped_after: dict[int, str] = {}
@@ -393,7 +395,22 @@ def _request(
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
         oracle_answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
-    return checked(failures, **common)
+    outcome = checked(failures, **common)
+    return replace(outcome, message=f"{outcome.message}\n{refused}") if refused else outcome
+
+
+def _refusal_evidence(supervisor: Supervisor) -> str:
+    """The error lines of every role's log, for an answer that is not a 200: an engine that refuses its peer
+    (vLLM's "NIXL compatibility hash mismatch") says why in its own log, while the client only sees a 500."""
+    parts = []
+    for role, path in supervisor.log_paths().items():
+        said = first_incompatibility(path)  # first: a long traceback may push it past the error lines kept
+        if said:
+            parts.append(f"--- {role} says: {said}")
+        lines = error_lines(path)
+        if lines:
+            parts.append(f"--- {role} error lines ---\n{lines}")
+    return "\n".join(parts)
 
 
 def _equivalence(

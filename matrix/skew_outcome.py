@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from matrix.outcome import (
@@ -46,6 +47,7 @@ _NAMES_INCOMPATIBILITY = re.compile(
 # How much of a hang's evidence (the request in flight, each process's state, wchan and last log lines) the
 # reason keeps: enough for every role of a pair, short enough for a table cell.
 HANG_REASON_CHARS = 3000
+_SAYS_INCOMPATIBLE = re.compile(r"incompatib|mismatch|not compatible", re.IGNORECASE)
 # A mid-request death reads as a failed request whose message says a process exited.
 _DIED = re.compile(r"exited|died|killed|signal|exit code|segmentation|panick", re.IGNORECASE)
 
@@ -60,9 +62,29 @@ class SkewVerdict:
 
 
 def _incompatibility_line(message: str) -> str | None:
-    for line in message.splitlines():
-        if _NAMES_INCOMPATIBILITY.search(line):
-            return line.strip()[:400]
+    """The line that names the incompatibility: one that says so outright first (a traceback's file names
+    may hold a weaker word such as "protocol"), then any line with one of the words."""
+    lines = message.splitlines()
+    for pattern in (_SAYS_INCOMPATIBLE, _NAMES_INCOMPATIBILITY):
+        for line in lines:
+            if pattern.search(line):
+                return line.strip()[:400]
+    return None
+
+
+def first_incompatibility(log: Path, scan_bytes: int = 64 * 2**20) -> str | None:
+    """The first line of a log that says outright that the peers are incompatible (cut to 400 characters), or
+    None; only the first `scan_bytes` are read."""
+    try:
+        with log.open("rb") as handle:
+            for raw in iter(lambda: handle.readline(65_536), b""):
+                if handle.tell() > scan_bytes:
+                    break
+                line = raw.decode("utf-8", "replace")
+                if _SAYS_INCOMPATIBLE.search(line):
+                    return line.strip()[:400]
+    except OSError:
+        return None
     return None
 
 
@@ -88,6 +110,9 @@ def classify(
         return SkewVerdict("not-run", f"matrix could not run the pair ({failure_kind}): {_first_line(message)}")
     quoted = _incompatibility_line(message)
     if failure_kind in (STARTUP, REQUEST) and quoted:
+        return SkewVerdict("clean-reject", quoted)
+    if failure_kind == VALIDATION and quoted and any(c.get("name") == "http_status" for c in checks):
+        # Refused with an error status, the reason in an engine's own log (the runner adds its error lines).
         return SkewVerdict("clean-reject", quoted)
     died = {role: code for role, code in exit_codes.items() if code not in (None, 0, -15)}
     if failure_kind == STARTUP or (failure_kind == REQUEST and (died or _DIED.search(message))):
