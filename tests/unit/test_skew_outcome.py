@@ -128,7 +128,7 @@ def test_show_by_key_tells_a_pair_from_the_diagonal_of_decodes_runtime(seeded: M
 
 def test_the_first_line_of_a_log_that_says_incompatible_is_found_past_a_long_traceback(tmp_path: Path) -> None:
     log = tmp_path / "decode.log"
-    noise = "".join(f"ERROR [base_worker.py:1318]   File \"protocol_{i}.py\", line {i}\n" for i in range(400))
+    noise = "".join(f'ERROR [base_worker.py:1318]   File "protocol_{i}.py", line {i}\n' for i in range(400))
     log.write_text(f"INFO starting\n{noise}ERROR [base_worker.py:1318] RuntimeError: {NIXL}\nINFO later mismatch\n")
     assert first_incompatibility(log) == f"ERROR [base_worker.py:1318] RuntimeError: {NIXL}"
     assert first_incompatibility(tmp_path / "missing.log") is None
