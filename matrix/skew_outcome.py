@@ -48,6 +48,7 @@ _NAMES_INCOMPATIBILITY = re.compile(
 # reason keeps: enough for every role of a pair, short enough for a table cell.
 HANG_REASON_CHARS = 3000
 _SAYS_INCOMPATIBLE = re.compile(r"incompatib|mismatch|not compatible", re.IGNORECASE)
+_ERRORISH = re.compile(r"error|fatal|panic|refus|reject", re.IGNORECASE)
 # A mid-request death reads as a failed request whose message says a process exited.
 _DIED = re.compile(r"exited|died|killed|signal|exit code|segmentation|panick", re.IGNORECASE)
 
@@ -73,19 +74,35 @@ def _incompatibility_line(message: str) -> str | None:
 
 
 def first_incompatibility(log: Path, scan_bytes: int = 64 * 2**20) -> str | None:
-    """The first line of a log that says outright that the peers are incompatible (cut to 400 characters), or
-    None; only the first `scan_bytes` are read."""
+    """The first error line of a log that says outright that the peers are incompatible (cut to 400
+    characters), or None; only the first `scan_bytes` are read."""
     try:
         with log.open("rb") as handle:
             for raw in iter(lambda: handle.readline(65_536), b""):
                 if handle.tell() > scan_bytes:
                     break
                 line = raw.decode("utf-8", "replace")
-                if _SAYS_INCOMPATIBLE.search(line):
+                # An error line only: engines log harmless "not compatible" notes (vLLM: "Triton not installed
+                # or not compatible") at every start.
+                if _SAYS_INCOMPATIBLE.search(line) and _ERRORISH.search(line):
                     return line.strip()[:400]
     except OSError:
         return None
     return None
+
+
+def refused_unexplained(verdict: SkewVerdict, checks: Sequence[Mapping[str, Any]]) -> bool:
+    """An error status whose attempt does not say why: the engines' logs may (`logged_refusal`)."""
+    return verdict.cls == "healthy-but-wrong" and any(c.get("name") == "http_status" for c in checks)
+
+
+def logged_refusal(log_dir: str | None) -> str:
+    """`--- ROLE says: LINE` for each log in an attempt's directory that names an incompatibility; '' when the
+    directory is gone (another host, cleaned up) or none does."""
+    if not log_dir or not Path(log_dir).is_dir():
+        return ""
+    found = ((path.stem, first_incompatibility(path)) for path in sorted(Path(log_dir).glob("*.log")))
+    return "\n".join(f"--- {role} says: {line}" for role, line in found if line)
 
 
 def _first_line(message: str) -> str:

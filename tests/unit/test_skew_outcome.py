@@ -10,7 +10,7 @@ import pytest
 from matrix.campaign import RunOptions, _selected_cells
 from matrix.db.engine import create_db_engine, session_factory, transaction
 from matrix.plan import Selection
-from matrix.skew_outcome import classify, first_incompatibility
+from matrix.skew_outcome import classify, first_incompatibility, logged_refusal, refused_unexplained
 from tests.conftest import Matrix
 
 NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill and decode instances have "
@@ -129,6 +129,19 @@ def test_show_by_key_tells_a_pair_from_the_diagonal_of_decodes_runtime(seeded: M
 def test_the_first_line_of_a_log_that_says_incompatible_is_found_past_a_long_traceback(tmp_path: Path) -> None:
     log = tmp_path / "decode.log"
     noise = "".join(f'ERROR [base_worker.py:1318]   File "protocol_{i}.py", line {i}\n' for i in range(400))
-    log.write_text(f"INFO starting\n{noise}ERROR [base_worker.py:1318] RuntimeError: {NIXL}\nINFO later mismatch\n")
+    note = "INFO Triton not installed or not compatible"  # not an error: every vLLM start logs it
+    log.write_text(f"{note}\n{noise}ERROR [base_worker.py:1318] RuntimeError: {NIXL}\nINFO later mismatch\n")
     assert first_incompatibility(log) == f"ERROR [base_worker.py:1318] RuntimeError: {NIXL}"
     assert first_incompatibility(tmp_path / "missing.log") is None
+
+
+def test_an_attempt_recorded_without_the_engines_words_is_explained_from_its_logs(tmp_path: Path) -> None:
+    (tmp_path / "decode.log").write_text(f"INFO up\nERROR [base_worker.py:1042] RuntimeError: {NIXL}\n")
+    (tmp_path / "prefill.log").write_text("INFO up\n")
+    checks = [{"name": "http_status", "message": "HTTP status is 500"}]
+    verdict = classify("failed", "validation", "failed checks: http_status", checks, {})
+    assert refused_unexplained(verdict, checks)
+    said = logged_refusal(str(tmp_path))
+    assert said == f"--- decode says: ERROR [base_worker.py:1042] RuntimeError: {NIXL}"
+    assert classify("failed", "validation", f"failed checks: http_status\n{said}", checks, {}).cls == "clean-reject"
+    assert logged_refusal(str(tmp_path / "gone")) == "" and logged_refusal(None) == ""
