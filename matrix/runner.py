@@ -299,6 +299,10 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, q
         peaks = sampler.stop() if sampler.is_alive() else {}
         for scratch in plan.scratch_dirs:
             shutil.rmtree(scratch, ignore_errors=True)
+    if any(check.name == "http_status" for check in outcome.checks):
+        # Read after teardown, when every log is complete: the refusal's line lands a moment after the 500.
+        refused = _refusal_evidence(supervisor)
+        outcome = replace(outcome, message=f"{outcome.message}\n{refused}") if refused else outcome
     exit_codes = {e.role: e.returncode for e in report.exits}
     outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
                       listeners=(*outcome.listeners, *listeners))  # fmt: skip
@@ -367,7 +371,6 @@ def _request(
         )
     validation = validate_chat_response(response.status_code, response.body)
     failures = list(validation.failures)
-    refused = _refusal_evidence(supervisor) if response.status_code != 200 else ""
     kv_ledger: dict[str, Any] = {}
     if plan.metrics_checks:
         scraped_after: dict[int, str] = {}
@@ -395,8 +398,7 @@ def _request(
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
         oracle_answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
-    outcome = checked(failures, **common)
-    return replace(outcome, message=f"{outcome.message}\n{refused}") if refused else outcome
+    return checked(failures, **common)
 
 
 def _refusal_evidence(supervisor: Supervisor) -> str:
