@@ -59,7 +59,7 @@ from matrix.outcome import (
     skipped,
     timed_out,
 )
-from matrix.skew_outcome import first_incompatibility
+from matrix.skew_outcome import first_incompatibility, names_incompatibility
 from matrix.telemetry import PeakSampler
 
 # How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
@@ -299,14 +299,40 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, q
         peaks = sampler.stop() if sampler.is_alive() else {}
         for scratch in plan.scratch_dirs:
             shutil.rmtree(scratch, ignore_errors=True)
-    if any(check.name == "http_status" for check in outcome.checks):
-        # Read after teardown, when every log is complete: the refusal's line lands a moment after the 500.
-        refused = _refusal_evidence(supervisor)
-        outcome = replace(outcome, message=f"{outcome.message}\n{refused}") if refused else outcome
     exit_codes = {e.role: e.returncode for e in report.exits}
     outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
                       listeners=(*outcome.listeners, *listeners))  # fmt: skip
-    return after_teardown(outcome, _teardown_checks(report))
+    return after_teardown(_with_refusal_evidence(outcome, supervisor.log_paths()), _teardown_checks(report))
+
+
+# Checks whose failure means the pair refused the request rather than answered it wrongly.
+_REFUSED_CHECKS = frozenset({"http_status", "request"})
+_EVIDENCE_LINES = 3  # per role: the first error lines, and the first lines that name an incompatibility
+
+
+def _with_refusal_evidence(outcome: CellOutcome, log_paths: dict[str, Path]) -> CellOutcome:
+    """A request the pair refused (an HTTP error, a failed request) gets its processes' error lines in its message.
+
+    The answer's body seldom says why: vLLM's decode answers 500 while its own log says "NIXL compatibility hash
+    mismatch ... Prefill and decode instances have incompatible configurations", often after a traceback of a
+    dozen lines. The lines naming an incompatibility are the evidence a reader (and the skew outcome class)
+    needs, and the logs may be rotated away before anyone reads them.
+    """
+    if not any(check.name in _REFUSED_CHECKS for check in outcome.checks):
+        return outcome
+    found: list[str] = []
+    for role, path in sorted(log_paths.items()):
+        lines = error_lines(path).splitlines()
+        naming = [line for line in lines if names_incompatibility(line)][:_EVIDENCE_LINES]
+        said = first_incompatibility(path)  # a long traceback may push it past the error lines kept
+        if said and not any(said in line for line in naming):
+            naming.insert(0, said)
+        first = [line for line in lines if line not in naming and not line.startswith("...")][:_EVIDENCE_LINES]
+        if naming or first:
+            found.append(f"--- error lines ({role}.log) ---\n" + "\n".join(naming + first))
+    if not found:
+        return outcome
+    return replace(outcome, message="\n".join((outcome.message, *found)))
 
 
 def _start_and_query(
@@ -399,20 +425,6 @@ def _request(
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
         oracle_answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
     return checked(failures, **common)
-
-
-def _refusal_evidence(supervisor: Supervisor) -> str:
-    """The error lines of every role's log, for an answer that is not a 200: an engine that refuses its peer
-    (vLLM's "NIXL compatibility hash mismatch") says why in its own log, while the client only sees a 500."""
-    parts = []
-    for role, path in supervisor.log_paths().items():
-        said = first_incompatibility(path)  # first: a long traceback may push it past the error lines kept
-        if said:
-            parts.append(f"--- {role} says: {said}")
-        lines = error_lines(path)
-        if lines:
-            parts.append(f"--- {role} error lines ---\n{lines}")
-    return "\n".join(parts)
 
 
 def _equivalence(

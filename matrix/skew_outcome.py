@@ -62,6 +62,11 @@ class SkewVerdict:
         return {"class": self.cls, "reason": self.reason}
 
 
+def names_incompatibility(line: str) -> bool:
+    """Whether an error line names an incompatibility between the two sides (the runner keeps such lines)."""
+    return _NAMES_INCOMPATIBILITY.search(line) is not None
+
+
 def _incompatibility_line(message: str) -> str | None:
     """The line that names the incompatibility: one that says so outright first (a traceback's file names
     may hold a weaker word such as "protocol"), then any line with one of the words."""
@@ -126,19 +131,21 @@ def classify(
     if failure_kind in NO_EVIDENCE_KINDS:
         return SkewVerdict("not-run", f"matrix could not run the pair ({failure_kind}): {_first_line(message)}")
     quoted = _incompatibility_line(message)
-    if failure_kind in (STARTUP, REQUEST) and quoted:
-        return SkewVerdict("clean-reject", quoted)
-    if failure_kind == VALIDATION and quoted and any(c.get("name") == "http_status" for c in checks):
-        # Refused with an error status, the reason in an engine's own log (the runner adds its error lines).
+    # A refused request (an HTTP error) whose processes' logs name the incompatibility is a reject too: the
+    # runner copies those lines into the message (vLLM's decode answers 500 and logs the NIXL hash mismatch).
+    refused = any(check.get("name") in ("http_status", "request") for check in checks)
+    if quoted and (failure_kind in (STARTUP, REQUEST) or (failure_kind == VALIDATION and refused)):
         return SkewVerdict("clean-reject", quoted)
     died = {role: code for role, code in exit_codes.items() if code not in (None, 0, -15)}
     if failure_kind == STARTUP or (failure_kind == REQUEST and (died or _DIED.search(message))):
         who = ", ".join(f"{role} exited {code}" for role, code in sorted(died.items()))
         return SkewVerdict("crash", "; ".join(part for part in (who, _first_line(message)) if part))
     if failure_kind in (VALIDATION, REQUEST) or checks:
-        names = ", ".join(str(c.get("name", "?")) for c in checks) or failure_kind or "a check"
-        # The first failed check's own words (the oracle's "0/8 prompts token-identical ...") say more than the
-        # attempt's message, which only lists the names again.
-        said = next((str(c["message"]) for c in checks if c.get("message")), "") or message
-        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {_first_line(said)}")
+        names = ", ".join(dict.fromkeys(str(c.get("name", "?")) for c in checks)) or failure_kind or "a check"
+        detail = _first_line(message)
+        if detail.startswith("failed checks"):
+            # The attempt's message only lists the checks; the first check's own message is the evidence
+            # ("HTTP status is 502; ... KV transfer failed: ...").
+            detail = next((_first_line(str(c["message"])) for c in checks if c.get("message")), detail)
+        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {detail}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")
