@@ -11,7 +11,6 @@ leave nothing running.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -53,8 +52,8 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
 
 
 def test_the_stalled_pair_is_cut_with_who_waited_on_what(stalled: Matrix) -> None:
-    ((uid, status, kind, message, request_s, log_dir),) = stalled.sql(
-        "SELECT uid, status, failure_kind, message, request_s, log_dir FROM cell_run"
+    ((uid, status, kind, message, request_s),) = stalled.sql(
+        "SELECT uid, status, failure_kind, message, request_s FROM cell_run"
     )
     assert (status, kind) == ("timeout", "request"), message
     text = str(message)
@@ -72,7 +71,9 @@ def test_the_stalled_pair_is_cut_with_who_waited_on_what(stalled: Matrix) -> Non
     decode_part = text.split("\ndecode:\n", 1)[1].split("\nfrontend:\n", 1)[0]
     assert decode_part.rstrip().splitlines()[-1].split("] ", 1)[1].startswith("decode handle="), decode_part
     assert "pulling" in decode_part.rstrip().splitlines()[-1], decode_part
-    assert "KV transfer failed" not in (Path(str(log_dir)) / "decode.log").read_text()  # it never gave up
+    # It had not given up when matrix read it (at teardown prefill's exit may close the channel first, and
+    # decode then logs a failed pull, after the evidence was taken).
+    assert "KV transfer failed" not in decode_part, decode_part
     assert_nothing_left(stalled, str(uid))
 
 
