@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from matrix.case_launch import VllmNativeLaunch, for_role, parse_launch
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
-from matrix.launch.case_launch import VllmNativeLaunch, for_role, parse_launch
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.options import check_case_options
 from tests.conftest import DATA, Matrix

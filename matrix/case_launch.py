@@ -238,3 +238,22 @@ def parse_launch(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
     if isinstance(parsed, VllmNativeLaunch):
         _check_block_sizes(parsed)
     return parsed
+
+
+LaunchT = TypeVar("LaunchT", bound=CommonLaunch)
+
+
+def launch_as(table: CommonLaunch, launch_type: type[LaunchT]) -> LaunchT:
+    """`table` as the arm's own type: a case's table is parsed for its arm, so another type is a bug."""
+    if not isinstance(table, launch_type):
+        raise TypeError(f"a {type(table).__name__} where a {launch_type.__name__} was expected")
+    return table
+
+
+ValueT = TypeVar("ValueT")
+
+
+def or_default(value: ValueT | None, default: ValueT) -> ValueT:
+    """A launch field's value, else the arm's default where it reads it (None: the case left the key out;
+    a value given, even an empty one, is the case's)."""
+    return default if value is None else value
