@@ -13,10 +13,13 @@ Pure data: this module imports nothing of the launch machinery, so the catalog m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, TypeVar
 
 from matrix.errors import ConfigError
+
+# The roles a `role_launch` table may name: the two sides of a disaggregated pair.
+OVERRIDE_ROLES = ("prefill", "decode")
 
 # The kinds of value a launch key takes: how the refusal names it, and an example of one.
 KINDS = {
@@ -28,6 +31,7 @@ KINDS = {
     "args": ("a list of strings or numbers", '["--flag", 1]'),
     "env": ("a table of variables", '{ NAME = "value" }'),
     "role_env": ("a table of variables per role", '{ decode = { NAME = "value" } }'),
+    "role_launch": ("a table of launch keys per role", "{ decode = { block_size = 64 } }"),
     "any": ("any value", "..."),
 }
 
@@ -57,6 +61,8 @@ def _valid(kind: str, value: object) -> bool:
         return isinstance(value, Mapping) and all(_scalar(v) for v in value.values())
     if kind == "role_env":
         return isinstance(value, Mapping) and all(_valid("env", v) for v in value.values())
+    if kind == "role_launch":
+        return isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values())
     return True
 
 
@@ -103,6 +109,17 @@ class VllmNativeLaunch(_ServedLaunch):
     decode_without_connector: bool | None = _key("bool")
     gpu_memory_utilization: float | None = _key("number")
     orphan_decode: bool | None = _key("bool")
+    # vLLM's `--block-size` (tokens per KV block); the prefill and decode of vllm#42895 disagreed on it.
+    # vLLM's CPU attention takes multiples of 32 only, so a CPU case is refused another value at sync.
+    block_size: int | None = _key("int")
+    # NixlConnector's `kv_connector_extra_config.enforce_handshake_compat`: false lets a peer whose NIXL
+    # compatibility hash differs (another vLLM version, another KV layout) through the handshake.
+    enforce_handshake_compat: bool | None = _key("bool")
+    # Per-role overrides of the keys in ROLE_KEYS: `{ decode = { block_size = 64 } }` runs decode with 64
+    # and prefill with the case's value (a skew of launch options instead of versions).
+    role_launch: Mapping[str, Mapping[str, object]] | None = _key("role_launch")
+
+    ROLE_KEYS: ClassVar[frozenset[str]] = frozenset({"block_size", "enforce_handshake_compat"})
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,57 @@ LAUNCH_TYPES: dict[str, type[CommonLaunch]] = {
 }
 
 
+def _check_role_launch(arm: str, launch_type: type[CommonLaunch], table: Mapping[str, Any]) -> None:
+    """Each role of a `role_launch` table is a side of the pair and each of its keys one the arm lets a role
+    override, of the key's own kind."""
+    allowed: frozenset[str] = getattr(launch_type, "ROLE_KEYS", frozenset())
+    kinds = {spec.name: spec.metadata["kind"] for spec in fields(launch_type)}
+    for role, overrides in table.items():
+        if role not in OVERRIDE_ROLES:
+            raise ConfigError(
+                f"launch.role_launch names role {role!r}; the {arm} arm's roles are {', '.join(OVERRIDE_ROLES)}"
+            )
+        for key, value in overrides.items():
+            if key not in allowed:
+                known = ", ".join(sorted(allowed)) or "none"
+                raise ConfigError(
+                    f"launch.role_launch.{role}.{key} cannot be set per role on the {arm} arm; keys a role may "
+                    f"override: {known}"
+                )
+            if not _valid(kinds[key], value):
+                what, example = KINDS[kinds[key]]
+                raise ConfigError(
+                    f"launch.role_launch.{role}.{key} must be {what}, got {value!r}: write {key} = {example}"
+                )
+
+
+def _check_block_sizes(launch: VllmNativeLaunch) -> None:
+    """vLLM's CPU attention refuses a block size that is not a multiple of 32; say so at sync, not at start."""
+    if not launch.cpu:
+        return
+    sizes = {"block_size": launch.block_size}
+    for role, overrides in (launch.role_launch or {}).items():
+        sizes[f"role_launch.{role}.block_size"] = overrides.get("block_size")  # type: ignore[assignment]
+    for key, size in sizes.items():
+        if isinstance(size, int) and (size <= 0 or size % 32):
+            raise ConfigError(
+                f"launch.{key} = {size}: vLLM on a CPU takes block sizes that are multiples of 32 only; "
+                "write 32, 64, 96 or 128"
+            )
+
+
+_Launch = TypeVar("_Launch", bound="CommonLaunch")
+
+
+def for_role(launch: _Launch, role: str) -> _Launch:
+    """`launch` as `role` runs it: its `role_launch` overrides for that role applied (the same table when the
+    arm has none or the role has none)."""
+    overrides = (getattr(launch, "role_launch", None) or {}).get(role)
+    if not overrides:
+        return launch
+    return replace(launch, **{str(k): v for k, v in overrides.items()})
+
+
 def keys_of(launch_type: type[CommonLaunch]) -> frozenset[str]:
     return frozenset(f.name for f in fields(launch_type))
 
@@ -164,7 +232,12 @@ def parse_launch(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
                 f"launch.{spec.name} must be {what} for the {arm} arm, got {value!r}: write {spec.name} = {example}"
             )
         values[spec.name] = tuple(value) if isinstance(value, list) else value
-    return launch_type(**values)
+    if values.get("role_launch"):
+        _check_role_launch(arm, launch_type, values["role_launch"])
+    parsed = launch_type(**values)
+    if isinstance(parsed, VllmNativeLaunch):
+        _check_block_sizes(parsed)
+    return parsed
 
 
 LaunchT = TypeVar("LaunchT", bound=CommonLaunch)

@@ -27,6 +27,7 @@ from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
 from matrix.launch.caches import cache_env
+from matrix.launch.hang import waiting_on
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import (
@@ -56,12 +57,16 @@ from matrix.outcome import (
     passed,
     provision_failed,
     skipped,
+    timed_out,
 )
-from matrix.skew_outcome import names_incompatibility
+from matrix.skew_outcome import first_incompatibility, names_incompatibility
 from matrix.telemetry import PeakSampler
 
 # How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
 COMPLETION_WINDOW = 16_384
+# A skew cell is decided within this long after its pair is ready ([M20]: on a 2-core CPU host a vLLM pair
+# answers in seconds): a request unanswered by then is a hang, cut with the evidence of who waited on what.
+SKEW_BOUND_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,8 @@ def _run(
                                             for role, env in role_envs.items()})  # fmt: skip
             if case.launch.lifecycle is False:  # a timing study: only the primary request
                 plan = replace(plan, lifecycle=None)
+            if cell.skewed:
+                plan = _bounded(plan, SKEW_BOUND_S)
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
@@ -230,7 +237,9 @@ def _run(
         live.add(cell_id, supervisor)
         pd_answers: list[oracle.Completion | str] = []
         try:
-            outcome = _supervise(supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers))
+            outcome = _supervise(
+                supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers, supervisor)
+            )
         finally:
             live.remove(cell_id)
         if plan.oracle is not None and outcome.status == PASSED:
@@ -243,6 +252,13 @@ def _run(
         for env in (environment, *role_envs.values()):
             remove_cell_containers(env, cell_id)
         allocator.release(cell_id)
+
+
+def _bounded(plan: LaunchPlan, bound_s: float) -> LaunchPlan:
+    """`plan` whose requests (the primary one, the lifecycle's, the oracle's) give up after `bound_s` at most."""
+    request = replace(plan.request, timeout_s=min(plan.request.timeout_s, bound_s))
+    oracle_spec = replace(plan.oracle, timeout_s=min(plan.oracle.timeout_s, bound_s)) if plan.oracle else None
+    return replace(plan, request=request, oracle=oracle_spec)
 
 
 def _unready(environment: Unavailable) -> CellOutcome:
@@ -308,6 +324,9 @@ def _with_refusal_evidence(outcome: CellOutcome, log_paths: dict[str, Path]) -> 
     for role, path in sorted(log_paths.items()):
         lines = error_lines(path).splitlines()
         naming = [line for line in lines if names_incompatibility(line)][:_EVIDENCE_LINES]
+        said = first_incompatibility(path)  # a long traceback may push it past the error lines kept
+        if said and not any(said in line for line in naming):
+            naming.insert(0, said)
         first = [line for line in lines if line not in naming and not line.startswith("...")][:_EVIDENCE_LINES]
         if naming or first:
             found.append(f"--- error lines ({role}.log) ---\n" + "\n".join(naming + first))
@@ -343,10 +362,23 @@ def _start_and_query(
     return query(plan, ready.ready_s)
 
 
-def _request(plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Completion | str]) -> CellOutcome:
+def _request(
+    plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Completion | str], supervisor: Supervisor
+) -> CellOutcome:
     scraped_before: dict[int, str] = {}
     before = metrics.baseline(plan.metrics_checks, scraped_before) if plan.metrics_checks else []
     response = send_chat(plan.request)
+    if response.error_kind == "timeout":
+        # A hang: read who waited on what while the pair is still up, before teardown takes the evidence.
+        evidence = waiting_on(supervisor.pids(), supervisor.log_paths(), plan.request, response.request_s or 0.0)
+        return timed_out(
+            "request",
+            f"no answer within {plan.request.timeout_s:g} s after ready ({response.error}); matrix cut the "
+            f"pair\n--- who waited on what ---\n{evidence}",
+            checks=(CheckFailure("request", response.error or "timed out"),),
+            ready_s=ready_s,
+            request_s=response.request_s,
+        )
     if response.error is not None and response.error_kind != "oversized":
         return failure(
             "request",

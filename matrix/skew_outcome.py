@@ -8,7 +8,8 @@ message, checks, exit codes):
 - `works`: the attempt passed (every check, the KV-transfer proof and, where on, the equivalence oracle);
 - `clean-reject`: it failed at start-up or on the request with an error that names an incompatibility
   (the error line is quoted);
-- `hang`: it timed out (matrix cut it at the bound); the message says which process waited on what;
+- `hang`: it timed out (matrix cut it at the bound); a request's timeout carries which process waited on what
+  (state, wchan, last log lines: `matrix.launch.hang`), and that evidence is the reason;
 - `healthy-but-wrong`: the pair answered but a check (content, token counts, KV proof, oracle) failed;
 - `crash`: a process died (start-up or mid-request) without naming an incompatibility;
 - `not-run`: no evidence (skipped, interrupted, not run, still running).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from matrix.outcome import (
@@ -42,6 +44,11 @@ _NAMES_INCOMPATIBILITY = re.compile(
     r"unknown (?:field|variant|message)|failed to (?:deserial|decode)|protocol",
     re.IGNORECASE,
 )
+# How much of a hang's evidence (the request in flight, each process's state, wchan and last log lines) the
+# reason keeps: enough for every role of a pair, short enough for a table cell.
+HANG_REASON_CHARS = 3000
+_SAYS_INCOMPATIBLE = re.compile(r"incompatib|mismatch|not compatible", re.IGNORECASE)
+_ERRORISH = re.compile(r"error|fatal|panic|refus|reject", re.IGNORECASE)
 # A mid-request death reads as a failed request whose message says a process exited.
 _DIED = re.compile(r"exited|died|killed|signal|exit code|segmentation|panick", re.IGNORECASE)
 
@@ -61,10 +68,46 @@ def names_incompatibility(line: str) -> bool:
 
 
 def _incompatibility_line(message: str) -> str | None:
-    for line in message.splitlines():
-        if names_incompatibility(line):
-            return line.strip()[:400]
+    """The line that names the incompatibility: one that says so outright first (a traceback's file names
+    may hold a weaker word such as "protocol"), then any line with one of the words."""
+    lines = message.splitlines()
+    for pattern in (_SAYS_INCOMPATIBLE, _NAMES_INCOMPATIBILITY):
+        for line in lines:
+            if pattern.search(line):
+                return line.strip()[:400]
     return None
+
+
+def first_incompatibility(log: Path, scan_bytes: int = 64 * 2**20) -> str | None:
+    """The first error line of a log that says outright that the peers are incompatible (cut to 400
+    characters), or None; only the first `scan_bytes` are read."""
+    try:
+        with log.open("rb") as handle:
+            for raw in iter(lambda: handle.readline(65_536), b""):
+                if handle.tell() > scan_bytes:
+                    break
+                line = raw.decode("utf-8", "replace")
+                # An error line only: engines log harmless "not compatible" notes (vLLM: "Triton not installed
+                # or not compatible") at every start.
+                if _SAYS_INCOMPATIBLE.search(line) and _ERRORISH.search(line):
+                    return line.strip()[:400]
+    except OSError:
+        return None
+    return None
+
+
+def refused_unexplained(verdict: SkewVerdict, checks: Sequence[Mapping[str, Any]]) -> bool:
+    """An error status whose attempt does not say why: the engines' logs may (`logged_refusal`)."""
+    return verdict.cls == "healthy-but-wrong" and any(c.get("name") == "http_status" for c in checks)
+
+
+def logged_refusal(log_dir: str | None) -> str:
+    """`--- ROLE says: LINE` for each log in an attempt's directory that names an incompatibility; '' when the
+    directory is gone (another host, cleaned up) or none does."""
+    if not log_dir or not Path(log_dir).is_dir():
+        return ""
+    found = ((path.stem, first_incompatibility(path)) for path in sorted(Path(log_dir).glob("*.log")))
+    return "\n".join(f"--- {role} says: {line}" for role, line in found if line)
 
 
 def _first_line(message: str) -> str:
@@ -80,6 +123,9 @@ def classify(
         return SkewVerdict("works", "every check passed")
     if status not in CELL_FAULT_STATUSES:
         return SkewVerdict("not-run", f"no evidence: the attempt is {status}")
+    if status == TIMEOUT and failure_kind == REQUEST:
+        # A pair cut after ready: its reason is the evidence of who waited on what (`matrix.launch.hang`).
+        return SkewVerdict("hang", message.strip()[:HANG_REASON_CHARS] or "no answer within the bound")
     if status == TIMEOUT or failure_kind == HEALTH:
         return SkewVerdict("hang", _first_line(message) or "no answer within the bound")
     if failure_kind in NO_EVIDENCE_KINDS:

@@ -195,7 +195,11 @@ def _serve(
         live.add(cell_id, supervisor)
         pd_answers: list[oracle.Completion | str] = []
         try:
-            outcome = _supervise(supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers))
+            # A hang's evidence covers the pair's own process (the proxy); the shared engines' logs are in its
+            # log directory's slices.
+            outcome = _supervise(
+                supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers, supervisor)
+            )
         finally:
             live.remove(cell_id)
         if plan.oracle is not None and outcome.status == PASSED:

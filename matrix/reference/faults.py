@@ -33,6 +33,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "non-json-body": "the frontend answers 200 with a text/plain body that is not JSON",
     "oversized-body": "the frontend answers 200 with valid JSON padded to more than 8 MiB, streamed",
     "kv-transfer-dropped": "the prefill side channel closes mid-transfer, so decode answers 502",
+    "kv-transfer-stall": "the prefill side channel takes decode's pull and never answers, and decode and the "
+    "frontend wait for it without a timeout: the pair stays healthy while the request never ends (a decode "
+    "stuck waiting for remote KV)",
     "ignore-sigterm": "every process ignores SIGTERM, so only SIGKILL stops it",
     "escaped-child": "the prefill worker spawns a setsid child that sleeps forever with its environment",
     "kv-corrupt-after-checksum": "the decode worker inverts the last KV block it pulled after the transfer's "
@@ -56,6 +59,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "crash-once",
     "flaky-start",
     "kv-transfer-dropped",
+    "kv-transfer-stall",
     "escaped-child",
     "ignore-sigterm",
     "hostile-output",
@@ -63,6 +67,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",
+    "kv-transfer-stall",
     "ignore-sigterm",
     "kv-corrupt-after-checksum",
     "leak-on-cancel",
@@ -81,6 +86,7 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "ignore-sigterm",
         "hostile-output",
         "slow-request",
+        "kv-transfer-stall",
     }
 )
 

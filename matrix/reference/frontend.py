@@ -63,7 +63,7 @@ WHOLE_ANSWER_FAULTS = frozenset(
 )
 
 
-def call_worker(up: Upstream, method: str, path: str, body: Any, timeout_s: float) -> tuple[int, Any]:
+def call_worker(up: Upstream, method: str, path: str, body: Any, timeout_s: float | None) -> tuple[int, Any]:
     """One JSON call to a worker; connection trouble becomes 503/504, non-JSON replies 502."""
     conn = http.client.HTTPConnection(up.host, up.port, timeout=timeout_s)
     try:
@@ -249,7 +249,8 @@ class FrontendApp:
         )
         body = json.dumps({"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens,
                            "stream": True}).encode("utf-8")  # fmt: skip
-        conn = http.client.HTTPConnection(dec.host, dec.port, timeout=timeout)
+        wait = None if "kv-transfer-stall" in self.cfg.faults else timeout
+        conn = http.client.HTTPConnection(dec.host, dec.port, timeout=wait)
         try:
             try:
                 conn.request("POST", "/decode", body=body, headers={"Content-Type": "application/json"})
@@ -316,7 +317,9 @@ class FrontendApp:
         )
         dec = self.cfg.decode
         decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
-        return prefill, _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, timeout))
+        # kv-transfer-stall: a gateway without a timeout of its own waits for decode as long as decode waits.
+        wait = None if "kv-transfer-stall" in self.cfg.faults else timeout
+        return prefill, _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, wait))
 
     def completions(self, req: JSONHandler) -> None:
         """A plain-text completion in vLLM's shape, with `logprobs` (top-N per token, N <= 2 here) and

@@ -260,7 +260,7 @@ def _recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
     return bytes(buf)
 
 
-def pull_blocks(host: str, port: int, handle: str, timeout_s: float = 30.0) -> tuple[int, int, bytes]:
+def pull_blocks(host: str, port: int, handle: str, timeout_s: float | None = 30.0) -> tuple[int, int, bytes]:
     """Fetch a handle's blocks from a prefill worker: (num_blocks, block_bytes, data)."""
     raw = handle.encode("utf-8")
     try:
@@ -279,16 +279,21 @@ def pull_blocks(host: str, port: int, handle: str, timeout_s: float = 30.0) -> t
 
 
 class SideChannelServer(socketserver.ThreadingTCPServer):
-    """Serves pulls from one pool; `drop_mid_transfer` is the kv-transfer-dropped fault."""
+    """Serves pulls from one pool; `drop_mid_transfer` is the kv-transfer-dropped fault, `stall` kv-transfer-stall."""
 
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
 
-    def __init__(self, port: int, pool: KVPool, log: Callable[[str], None], drop_mid_transfer: bool) -> None:
+    def __init__(
+        self, port: int, pool: KVPool, log: Callable[[str], None], drop_mid_transfer: bool, stall: bool = False
+    ) -> None:
         self.pool = pool
         self.log = log
         self.drop_mid_transfer = drop_mid_transfer
+        self.stall = stall
+        # Never set: a stalled pull waits on it until the process exits (the handler threads are daemons).
+        self.stalled = threading.Event()
         super().__init__(("127.0.0.1", port), _PullHandler)
 
 
@@ -311,6 +316,10 @@ class _PullHandler(socketserver.BaseRequestHandler):
                 self._error(sock, f"unknown KV handle {handle!r} (never stored, already pulled or expired)")
                 return
             num_blocks = len(data) // srv.pool.block_bytes
+            if srv.stall:
+                srv.log(f"side-channel pull handle={handle} stalled: never answering (fault kv-transfer-stall)")
+                srv.stalled.wait()
+                return
             header = bytes([_OK]) + struct.pack(">II", num_blocks, srv.pool.block_bytes)
             if srv.drop_mid_transfer:
                 # Fault: half the blocks, then a hard close, as when a NIXL agent dies mid-READ.

@@ -278,8 +278,12 @@ class WorkerApp:
     def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
         began = time.perf_counter()
+        # Said before the pull, so a pull that never returns leaves its last line naming what decode waits on.
+        self.log(f"decode handle={handle} pulling {num_blocks} blocks from side channel {host}:{port}")
         try:
-            got_blocks, block_bytes, data = pull_blocks(host, port, handle)
+            # kv-transfer-stall: decode waits for the KV as long as it takes, as an engine without a KV timeout.
+            timeout_s = None if "kv-transfer-stall" in self.cfg.faults else 30.0
+            got_blocks, block_bytes, data = pull_blocks(host, port, handle, timeout_s)
             if block_bytes != self.cfg.block_bytes:
                 raise KVTransferError(f"block size {block_bytes} differs from decode's {self.cfg.block_bytes}")
             if got_blocks != num_blocks:
@@ -430,7 +434,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         pool.close()
         return 1
     try:
-        side = SideChannelServer(cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults)
+        side = SideChannelServer(
+            cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults, "kv-transfer-stall" in faults
+        )
     except OSError as exc:
         log(f"error: cannot listen on side channel 127.0.0.1:{cfg.side_channel_port}: {exc}")
         http_server.server_close()

@@ -14,7 +14,7 @@ from matrix.cells import ROLES
 from matrix.db.models import Case, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.outcome import FINISHED_STATUSES
-from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify
+from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify, logged_refusal, refused_unexplained
 from matrix.versions import parse_version
 
 
@@ -93,6 +93,10 @@ def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = N
     for key, row in latest.items():
         roles = {role: (row.roles or {}).get(role, row.runtime.version) for role in ROLES}
         verdict = classify(row.status, row.failure_kind, row.message, row.checks or [], row.exit_codes or {})
+        said = logged_refusal(row.log_dir) if refused_unexplained(verdict, row.checks or []) else ""
+        if said:  # an attempt recorded before the runner kept the engines' own words: read them where they lie
+            message = f"{row.message}\n{said}"
+            verdict = classify(row.status, row.failure_kind, message, row.checks or [], row.exit_codes or {})
         entries.append(SkewEntry(key, roles, verdict, row.status, row.uid, row.campaign_id, tuple(statuses[key])))
     versions = sorted({v for e in entries for v in e.roles.values()}, key=parse_version)
     entries.sort(key=lambda e: tuple(parse_version(e.roles[r]) for r in ROLES))

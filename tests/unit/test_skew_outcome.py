@@ -11,7 +11,7 @@ import pytest
 from matrix.campaign import RunOptions, _selected_cells
 from matrix.db.engine import create_db_engine, session_factory, transaction
 from matrix.plan import Selection
-from matrix.skew_outcome import classify
+from matrix.skew_outcome import classify, first_incompatibility, logged_refusal, refused_unexplained
 from tests.conftest import Matrix
 
 NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill and decode instances have "
@@ -45,10 +45,22 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
           {"name": "http_status", "message": "stream: HTTP status is 502"}], {},
          "healthy-but-wrong", "answered, but http_status failed: HTTP status is 502; expected 200; body 'KV transfer "
          "failed'"),
+        ("failed", "validation", "failed checks: equivalent_to_aggregated; aggregated instance 99.7 s",
+         [{"name": "equivalent_to_aggregated", "message": "0/8 prompts token-identical to aggregated, 8 real"}], {},
+         "healthy-but-wrong", "answered, but equivalent_to_aggregated failed: 0/8 prompts token-identical to "
+         "aggregated, 8 real"),
         ("failed", "startup", "prefill exited with -11 before ready", [], {"prefill": -11}, "crash",
          "prefill exited -11; prefill exited with -11 before ready"),
         ("failed", "request", "decode died mid-request (exit code 137)", [], {"decode": 137}, "crash",
          "decode exited 137; decode died mid-request (exit code 137)"),
+        # The client saw a 500; decode's own log (its error lines, which the runner adds) names the refusal, and
+        # a traceback's file name with a weaker word ("protocol") does not win over it.
+        ("failed", "validation", "failed checks: http_status\n--- decode error lines ---\nline 9: File \"protocol.py\""
+         f"\nline 10: RuntimeError: {NIXL}", [{"name": "http_status", "message": "HTTP status is 500"}], {},
+         "clean-reject", f"line 10: RuntimeError: {NIXL}"),
+        ("failed", "validation", "failed checks: http_status\n--- decode error lines ---\nline 3: ERROR out of memory",
+         [{"name": "http_status", "message": "HTTP status is 500"}], {}, "healthy-but-wrong",
+         "answered, but http_status failed: HTTP status is 500"),
         ("skipped", None, "runtime not provisioned", [], {}, "not-run", "no evidence: the attempt is skipped"),
         ("error", "config", "no such model dir", [], {}, "not-run",
          "matrix could not run the pair (config): no such model dir"),
@@ -134,3 +146,24 @@ def test_show_by_key_tells_a_pair_from_the_diagonal_of_decodes_runtime(seeded: M
     key = "dynamo_mocker_disaggregated@dynamo[prefill=1.4.2,decode=1.6.1]"
     pair = json.loads(seeded("show", key, "--json").output)
     assert pair["status"] == "failed" and pair["cell"] == key
+
+
+def test_the_first_line_of_a_log_that_says_incompatible_is_found_past_a_long_traceback(tmp_path: Path) -> None:
+    log = tmp_path / "decode.log"
+    noise = "".join(f'ERROR [base_worker.py:1318]   File "protocol_{i}.py", line {i}\n' for i in range(400))
+    note = "INFO Triton not installed or not compatible"  # not an error: every vLLM start logs it
+    log.write_text(f"{note}\n{noise}ERROR [base_worker.py:1318] RuntimeError: {NIXL}\nINFO later mismatch\n")
+    assert first_incompatibility(log) == f"ERROR [base_worker.py:1318] RuntimeError: {NIXL}"
+    assert first_incompatibility(tmp_path / "missing.log") is None
+
+
+def test_an_attempt_recorded_without_the_engines_words_is_explained_from_its_logs(tmp_path: Path) -> None:
+    (tmp_path / "decode.log").write_text(f"INFO up\nERROR [base_worker.py:1042] RuntimeError: {NIXL}\n")
+    (tmp_path / "prefill.log").write_text("INFO up\n")
+    checks = [{"name": "http_status", "message": "HTTP status is 500"}]
+    verdict = classify("failed", "validation", "failed checks: http_status", checks, {})
+    assert refused_unexplained(verdict, checks)
+    said = logged_refusal(str(tmp_path))
+    assert said == f"--- decode says: ERROR [base_worker.py:1042] RuntimeError: {NIXL}"
+    assert classify("failed", "validation", f"failed checks: http_status\n{said}", checks, {}).cls == "clean-reject"
+    assert logged_refusal(str(tmp_path / "gone")) == "" and logged_refusal(None) == ""

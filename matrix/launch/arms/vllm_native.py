@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from matrix.case_launch import VllmNativeLaunch, launch_as, or_default
+from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
@@ -41,11 +41,14 @@ def _launch(ctx: LaunchContext) -> VllmNativeLaunch:
     return launch_as(ctx.case.launch, VllmNativeLaunch)
 
 
-def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -> list[str]:
+def vllm_engine_flags(
+    ctx: LaunchContext, engine: Engine, kv_role: str | None, role_launch: VllmNativeLaunch | None = None
+) -> list[str]:
     """The engine flags of every vLLM instance matrix starts (this arm's and Dynamo's `vllm-rs` engines):
     eager mode, NixlConnector in `kv_role` (None: no connector), the KV bound from `engine`'s entry and, on a
     GPU, its memory fraction. On a CPU host the KV buffer lives in host memory, and the model runs in float32
-    (a case's `extra_args` come later and may say otherwise)."""
+    (a case's `extra_args` come later and may say otherwise). `role_launch`, this instance's launch table with
+    its role's overrides, adds the block size and the connector's handshake check."""
     flags = ["--enforce-eager"]
     if not ctx.gpu_ids:
         # On a CPU with AMX, vLLM picks its AMX attention kernel for bfloat16; a decode instance whose first
@@ -57,7 +60,11 @@ def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -
         connector: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": kv_role}
         if not ctx.gpu_ids:
             connector["kv_buffer_device"] = "cpu"
+        if role_launch is not None and role_launch.enforce_handshake_compat is not None:
+            connector["kv_connector_extra_config"] = {"enforce_handshake_compat": role_launch.enforce_handshake_compat}
         flags += ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
+    if role_launch is not None and role_launch.block_size is not None:
+        flags += ["--block-size", str(role_launch.block_size)]
     flags += engine.kv_argv(ctx.case.kv_bound)
     if ctx.gpu_ids:
         flags += engine.fraction_argv(ctx.case.launch)
@@ -112,17 +119,18 @@ class VllmNativeArm:
         base_env.update({str(k): str(v) for k, v in (_launch(ctx).env or {}).items()})
         return base_env
 
-    def _engine_argv(self, ctx: LaunchContext, port: int, kv_role: str | None = None) -> list[str]:
-        """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector)."""
-        max_len = _launch(ctx).max_model_len
+    def _engine_argv(self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None) -> list[str]:
+        """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector), with
+        `role`'s launch overrides (`role_launch`)."""
+        typed = for_role(_launch(ctx), role)
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1",
             "--port", str(port),
             "--model", str(ctx.model_dir or ctx.case.model),
             "--served-model-name", ctx.case.model,
-            "--max-model-len", str(or_default(max_len, DEFAULT_MAX_MODEL_LEN)),
-            *vllm_engine_flags(ctx, ENGINE, kv_role),
+            "--max-model-len", str(or_default(typed.max_model_len, DEFAULT_MAX_MODEL_LEN)),
+            *vllm_engine_flags(ctx, ENGINE, kv_role, typed),
         ]  # fmt: skip
         options = equivalence_options(ctx.case)
         if options is not None:
@@ -140,7 +148,8 @@ class VllmNativeArm:
         if not ctx.gpu_ids:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"
         env.update({str(k): str(v) for k, v in (_launch(ctx).role_env or {}).get("decode", {}).items()})
-        argv = (*self._engine_argv(ctx, port), *self._extra_args(ctx))
+        # The oracle's baseline serves as the decode side does (its runtime and its role's overrides).
+        argv = (*self._engine_argv(ctx, port, "decode"), *self._extra_args(ctx))
         health = (HealthProbe(loopback_url(port, "/health")),)
         return served_plan(
             ctx,
@@ -162,7 +171,7 @@ class VllmNativeArm:
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             connected = not (role == "decode" and launch.decode_without_connector)
-            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], kv_role if connected else None)
+            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], role, kv_role if connected else None)
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
             if role in binding:
