@@ -10,7 +10,6 @@ import site
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import IO, Any
 
 from packaging.utils import canonicalize_name
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.buildprocs import StopCheck, never, run_command
 from matrix.launch.providers.components import ProbeError, detect, distribution_versions, mismatches
@@ -38,7 +38,6 @@ from matrix.launch.providers.recipe import (
 )
 from matrix.launch.providers.venv.installer import Installer
 from matrix.launch.providers.venv.relocate import relocate
-from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles, fetched_wheel
 from matrix.launch.providers.venv.target import (
     INFO_NAME,
     LOG_NAME,
@@ -49,6 +48,7 @@ from matrix.launch.providers.venv.target import (
     Target,
     tree_size,
 )
+from matrix.launch.providers.venv.wheelfiles import WheelFile, WheelFiles, fetched_wheel
 from matrix.launch.providers.wheelhouse import (
     LockedStep,
     ProvisionSource,
@@ -58,7 +58,6 @@ from matrix.launch.providers.wheelhouse import (
     wheelhouse_command,
 )
 from matrix.launch.providers.wheeltarget import this_host
-from matrix.cells import RuntimeInfo
 
 Echo = Callable[[str], None]
 
@@ -127,7 +126,7 @@ def build_env(tmp: Path) -> dict[str, str]:
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PIP_NO_INPUT": "1",
             "PIP_PROGRESS_BAR": "off",
-            # Byte code is compiled once at the end, with the final paths (see module docstring).
+            # No byte code in the temporary directory: it would name its paths (see `relocate`).
             "PYTHONDONTWRITEBYTECODE": "1",
         }
     )
@@ -194,7 +193,11 @@ class Builder:
             out: int | IO[str] = subprocess.PIPE if capture else log
             try:
                 done = run_command(
-                    argv, stdout=out, stderr=log, env={**build_env(self.tmp), **self.installer.env}, timeout_s=STEP_TIMEOUT_S,
+                    argv,
+                    stdout=out,
+                    stderr=log,
+                    env={**build_env(self.tmp), **self.installer.env},
+                    timeout_s=STEP_TIMEOUT_S,
                     stop=self.stop,
                 )
             except subprocess.TimeoutExpired:
@@ -469,7 +472,7 @@ class Builder:
             source["omitted"] = list(self.lock.omitted)
         self.progress("verify components and finish")
         components = self.verify()
-        relocate(self.tmp, self.target.path, self.target.python_version, self.run, self.log)
+        relocate(self.tmp, self.target.path, self.site_packages)
         info = {
             "key": self.target.key,
             "name": self.target.name,
