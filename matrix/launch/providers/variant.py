@@ -4,14 +4,15 @@ A variant recipe (`matrix.variants`) differs from its base in file steps only: a
 `vllm-rs` of another wheel, or an `expose` it replaces. Such an environment is the base's environment
 plus one file, so it is made by copying the base with hard links (`cp -a -l`: no data is copied, the base
 is seconds and a few MiB of directory entries), relocating it as every environment is relocated (the
-`#!` lines and pyvenv.cfg name the final path) and running only the differing steps; then its components
-are asked again from the environment itself (`vllm-rs --version`), as after a full build.
+`#!` lines and pyvenv.cfg name the final path) and running only the differing steps; then the components
+those steps can change (executables) are asked again from the environment itself (`vllm-rs --version`), as
+after a full build; its distributions are the base's very files, at the base's recorded versions.
 
 Hard links share inodes with the base, so nothing here ever writes into a copied file: a file that
 changes is unlinked and written anew (relocated scripts, env.json, the log; `extract` writes a fresh file
-as it does in a full build; a file another environment here already took from the very same wheel is
-hard-linked from there instead of downloading the wheel again). Byte code stays the base's: its
-recorded source paths name the base's files, which are the very same files.
+as it does in a full build; a file an earlier build took from the very same wheel is hard-linked from the
+member kept for it (`venv.members`) or from that environment instead of reading the wheel again). Byte
+code stays the base's: its recorded source paths name the base's files, which are the very same files.
 
 The guarantees of the venv provider hold: the copy is made under the variant's own build lock in a
 `.tmp-` directory renamed into place in one `rename(2)` (a SIGKILL leaves only a temporary directory,
@@ -34,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from matrix.cells import RuntimeInfo
 from matrix.errors import MatrixError
 from matrix.launch.providers.buildprocs import StopCheck, run_command
-from matrix.launch.providers.components import ProbeError, detect, mismatches
+from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
 from matrix.launch.providers.recipe import ExposeStep, ExtractStep
 from matrix.launch.providers.venv import (
     INFO_NAME,
@@ -267,6 +270,28 @@ class _VariantBuild:
         link.symlink_to(os.path.relpath(source, link.parent))
         self.note(f"expose: bin/{source.name} -> {step.member}")
 
+    def detect(self) -> Detected:
+        """The runtime's components as the variant has them. A distribution's version is the base's as
+        recorded (the variant's site-packages are the base's very files: only bin/ differs), so only the other
+        components (an executable such as vllm-rs) are asked, as after a full build: `vllm-rs --version`,
+        with no interpreter started to list distributions that cannot have changed."""
+        site = self.tmp / "lib" / f"python{self.target.python_version}" / "site-packages"
+        installed = {canonicalize_name(p.name.split("-", 1)[0]) for p in site.glob("*.dist-info")}
+        recorded = self.base.info.get("components")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        versions: dict[str, str] = {}
+        asked = []
+        for name in self.runtime.components:
+            if canonicalize_name(name) in installed and name in recorded:
+                versions[name] = str(recorded[name])
+            else:
+                asked.append(name)
+        try:
+            found = detect(self.python, asked, {**self.env(), **self.target.recipe.env})
+        except ProbeError as exc:
+            raise ProvisionError(str(exc)) from None
+        return Detected({**versions, **found.versions}, dict(found.problems))
+
     def build(self) -> dict[str, Any]:
         started = time.monotonic()
         self.echo(f"{self.target.label}: from environment {self.base.path.name}: hard-link copy, then "
@@ -283,10 +308,8 @@ class _VariantBuild:
                 self.extract(step)
             elif isinstance(step, ExposeStep):
                 self.expose(step)
-        try:
-            detected = detect(self.python, list(self.runtime.components), {**self.env(), **self.target.recipe.env})
-        except ProbeError as exc:
-            raise ProvisionError(str(exc)) from None
+        steps_s = time.monotonic() - started - copied_s
+        detected = self.detect()
         problems = mismatches(self.runtime.components, detected, "venv")
         if problems:
             raise ProvisionError(f"the variant's environment does not match the catalog: {'; '.join(problems)}")
@@ -309,6 +332,8 @@ class _VariantBuild:
                 "key": self.base.info.get("key"),
                 "steps": list(self.base.differing),
                 "copy_s": round(copied_s, 2),
+                "steps_s": round(steps_s, 2),
+                "verify_s": round(time.monotonic() - started - copied_s - steps_s, 2),
             },
         }
         info["extra_bytes"] = extra_bytes(self.tmp)
