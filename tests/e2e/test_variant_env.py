@@ -43,6 +43,19 @@ def _runtime(tool: str, version: str, pkg: str = "mtoolpkg==1.0") -> RuntimeInfo
                        provider={"kind": "venv", "steps": steps}, components={"mtool": f"{tool}.1"})  # fmt: skip
 
 
+def _unshared_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            total += st.st_size if st.st_nlink == 1 else 0
+    return total
+
+
+def info_text(path: Path) -> bytes:
+    return (path / "env.json").read_bytes()
+
+
 def _tool(path: Path) -> str:
     return subprocess.run([str(path / "bin" / "mtool"), "--version"], capture_output=True, text=True, check=True).stdout
 
@@ -66,7 +79,9 @@ def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: P
     site = Path("lib") / next(p.name for p in (base.path / "lib").iterdir()) / "site-packages"
     init = site / "mtoolpkg" / "__init__.py"
     assert os.stat(base.path / init).st_ino == os.stat(variant.path / init).st_ino
+    # What it records as written is what it added: the bytes of every file no other entry shares.
     assert info["extra_bytes"] < 2**20
+    assert _unshared_bytes(variant.path) == info["extra_bytes"] + len(info_text(variant.path))
     # Each answers with its own tool; the base's scripts and tool are untouched.
     assert _tool(variant.path).startswith("mtool 3.0.1") and _tool(base.path).startswith("mtool 2.0.1")
     for name in scripts:

