@@ -5,6 +5,7 @@ shared link."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from matrix.cells import RuntimeInfo
 from matrix.launch.providers.buildprocs import never
 from matrix.launch.providers.variant import build_from_base, find_base
 from matrix.launch.providers.venv import TMP_PREFIX, choose_installer, locked, provision_target, resolve_target
+from matrix.launch.providers.venv.target import venv_environment
 from tests.e2e.test_recipe_steps import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -58,6 +60,18 @@ def info_text(path: Path) -> bytes:
 
 def _tool(path: Path) -> str:
     return subprocess.run([str(path / "bin" / "mtool"), "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the_final_path(wheels: Path) -> None:
+    runtime = _runtime("2.0", "1.0")
+    base = provision_target(runtime, echo=lambda _line: None)
+    assert not list((base.path / "lib").rglob("*.pyc"))  # nothing compiled in the temporary directory
+    # A cell's environment, even under a runner that set PYTHONDONTWRITEBYTECODE (an empty value unsets it).
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **venv_environment(resolve_target(runtime))}
+    subprocess.run([str(base.path / "bin" / "python"), "-c", "import mtoolpkg"], env=env, check=True)
+    (pyc,) = (base.path / "lib").rglob("mtoolpkg/__pycache__/__init__.*.pyc")
+    code = marshal.loads(pyc.read_bytes()[16:])
+    assert code.co_filename == str(pyc.parent.parent / "__init__.py") and code.co_filename.startswith(str(base.path))
 
 
 def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
