@@ -74,6 +74,18 @@ def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the
     assert code.co_filename == str(pyc.parent.parent / "__init__.py") and code.co_filename.startswith(str(base.path))
 
 
+def test_matrix_bytecode_compile_compiles_the_environment_in_place_after_the_rename(
+    wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MATRIX_BYTECODE", "compile")
+    lines: list[str] = []
+    built = provision_target(_runtime("3.0", "9.0", pkg="mtoolpkg>=0.1"), echo=lines.append)  # a full build
+    (pyc,) = (built.path / "lib").rglob("mtoolpkg/__pycache__/__init__.*.pyc")
+    assert marshal.loads(pyc.read_bytes()[16:]).co_filename.startswith(str(built.path))
+    assert any("byte code compiled" in line for line in lines), lines
+    assert "compileall" in (built.path / "provision.log").read_text()
+
+
 def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
     lines: list[str] = []
     base = provision_target(_runtime("2.0", "1.0"), echo=lines.append)
