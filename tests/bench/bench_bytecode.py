@@ -44,8 +44,8 @@ def timed(argv: list[str]) -> float:
     return time.monotonic() - started
 
 
-def load() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
+def load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> None:
