@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -237,7 +237,16 @@ def _stored_cells(session: Session, campaign: Campaign) -> list[Cell]:
         decode_runtime=stored.get("decode_runtime"),
     )
     keys = set(stored.get("cells", ()))
-    return [c for c in plan_from_db(session, selection).cells if c.key in keys]
+    cells = [c for c in plan_from_db(session, selection).cells if c.key in keys]
+    if len(cells) < len(keys):
+        # Skew cells a shard ran by id (`--cell`) without --skew in its selection: made from the diagonal.
+        from matrix.skew import every_skew_cell
+
+        found = {c.key for c in cells}
+        diagonal = plan_from_db(session, replace(selection, skew=False, skew_frontend=False,
+                                                 prefill_runtime=None, decode_runtime=None)).cells  # fmt: skip
+        cells += [c for c in every_skew_cell(diagonal) if c.key in keys and c.key not in found]
+    return cells
 
 
 def _cells_with_latest(session: Session, campaign: Campaign) -> list[tuple[Cell, int, str]]:
@@ -331,7 +340,7 @@ def _runtimes_of(cells: list[Cell]) -> list[RuntimeInfo]:
     """Every runtime the cells run, each once: a skew cell's roles' runtimes too."""
     found: dict[str, RuntimeInfo] = {}
     for cell in cells:
-        for runtime in (cell.runtime, *(r for _, r in cell.roles)):
+        for runtime in cell.runtimes:
             found.setdefault(runtime.label, runtime)
     return list(found.values())
 

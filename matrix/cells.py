@@ -126,6 +126,14 @@ class Cell:
         return bool(self.roles)
 
     @property
+    def runtimes(self) -> tuple[RuntimeInfo, ...]:
+        """Every runtime the cell's processes run, each once: a skew cell's roles' runtimes too."""
+        found: dict[str, RuntimeInfo] = {}
+        for runtime in (self.runtime, *(r for _, r in self.roles)):
+            found.setdefault(runtime.label, runtime)
+        return tuple(found.values())
+
+    @property
     def role_versions(self) -> dict[str, str]:
         """{role: version} of a skew cell ({} for a diagonal one): what the database records per role."""
         return {role: runtime.version for role, runtime in self.roles}

@@ -39,7 +39,7 @@ from matrix.launch.providers import (
     wrap_plan,
 )  # fmt: skip
 from matrix.launch.roles import compose_roles
-from matrix.launch.supervisor import Supervisor, TeardownReport, find_cell_processes
+from matrix.launch.supervisor import Supervisor, TeardownReport, error_lines, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
@@ -57,6 +57,7 @@ from matrix.outcome import (
     provision_failed,
     skipped,
 )
+from matrix.skew_outcome import names_incompatibility
 from matrix.telemetry import PeakSampler
 
 # How much of the answer's text an outcome carries (the record keeps a 200-character excerpt of it).
@@ -285,7 +286,34 @@ def _supervise(supervisor: Supervisor, plan: LaunchPlan, resources: Resources, q
     exit_codes = {e.role: e.returncode for e in report.exits}
     outcome = replace(outcome, teardown_s=report.duration_s, exit_codes=exit_codes, peaks=peaks, queued_s=queued[0],
                       listeners=(*outcome.listeners, *listeners))  # fmt: skip
-    return after_teardown(outcome, _teardown_checks(report))
+    return after_teardown(_with_refusal_evidence(outcome, supervisor.log_paths()), _teardown_checks(report))
+
+
+# Checks whose failure means the pair refused the request rather than answered it wrongly.
+_REFUSED_CHECKS = frozenset({"http_status", "request"})
+_EVIDENCE_LINES = 3  # per role: the first error lines, and the first lines that name an incompatibility
+
+
+def _with_refusal_evidence(outcome: CellOutcome, log_paths: dict[str, Path]) -> CellOutcome:
+    """A request the pair refused (an HTTP error, a failed request) gets its processes' error lines in its message.
+
+    The answer's body seldom says why: vLLM's decode answers 500 while its own log says "NIXL compatibility hash
+    mismatch ... Prefill and decode instances have incompatible configurations", often after a traceback of a
+    dozen lines. The lines naming an incompatibility are the evidence a reader (and the skew outcome class)
+    needs, and the logs may be rotated away before anyone reads them.
+    """
+    if not any(check.name in _REFUSED_CHECKS for check in outcome.checks):
+        return outcome
+    found: list[str] = []
+    for role, path in sorted(log_paths.items()):
+        lines = error_lines(path).splitlines()
+        naming = [line for line in lines if names_incompatibility(line)][:_EVIDENCE_LINES]
+        first = [line for line in lines if line not in naming and not line.startswith("...")][:_EVIDENCE_LINES]
+        if naming or first:
+            found.append(f"--- error lines ({role}.log) ---\n" + "\n".join(naming + first))
+    if not found:
+        return outcome
+    return replace(outcome, message="\n".join((outcome.message, *found)))
 
 
 def _start_and_query(

@@ -80,3 +80,16 @@ def pair_cells(
         out.append(skew_cell(list(by_label.values()), {"prefill": by_label[prefill.label],
                                                        "decode": by_label[decode.label]}))  # fmt: skip
     return out
+
+
+def every_skew_cell(cells: Sequence[Cell]) -> list[Cell]:
+    """Every skew cell `cells` could make (each case's ordered pairs, and on a Dynamo arm its frontend x prefill x
+    decode tuples), the diagonal left out: what a skew cell's id or key (`run --cell`, a stored campaign) names
+    when the plan it is looked up in was made without `--skew` (a CI shard runs `matrix run --cell IDS`)."""
+    by_case = sorted(cells, key=lambda c: c.case.name)  # stable: each case's runtimes keep the plan's order
+    seen: dict[str, Cell] = {}
+    for frontend in (False, True):
+        for cell in expand_skew(by_case, frontend=frontend):
+            if cell.skewed:
+                seen.setdefault(cell.key, cell)
+    return list(seen.values())

@@ -55,9 +55,14 @@ class SkewVerdict:
         return {"class": self.cls, "reason": self.reason}
 
 
+def names_incompatibility(line: str) -> bool:
+    """Whether an error line names an incompatibility between the two sides (the runner keeps such lines)."""
+    return _NAMES_INCOMPATIBILITY.search(line) is not None
+
+
 def _incompatibility_line(message: str) -> str | None:
     for line in message.splitlines():
-        if _NAMES_INCOMPATIBILITY.search(line):
+        if names_incompatibility(line):
             return line.strip()[:400]
     return None
 
@@ -80,13 +85,21 @@ def classify(
     if failure_kind in NO_EVIDENCE_KINDS:
         return SkewVerdict("not-run", f"matrix could not run the pair ({failure_kind}): {_first_line(message)}")
     quoted = _incompatibility_line(message)
-    if failure_kind in (STARTUP, REQUEST) and quoted:
+    # A refused request (an HTTP error) whose processes' logs name the incompatibility is a reject too: the
+    # runner copies those lines into the message (vLLM's decode answers 500 and logs the NIXL hash mismatch).
+    refused = any(check.get("name") in ("http_status", "request") for check in checks)
+    if quoted and (failure_kind in (STARTUP, REQUEST) or (failure_kind == VALIDATION and refused)):
         return SkewVerdict("clean-reject", quoted)
     died = {role: code for role, code in exit_codes.items() if code not in (None, 0, -15)}
     if failure_kind == STARTUP or (failure_kind == REQUEST and (died or _DIED.search(message))):
         who = ", ".join(f"{role} exited {code}" for role, code in sorted(died.items()))
         return SkewVerdict("crash", "; ".join(part for part in (who, _first_line(message)) if part))
     if failure_kind in (VALIDATION, REQUEST) or checks:
-        names = ", ".join(str(c.get("name", "?")) for c in checks) or failure_kind or "a check"
-        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {_first_line(message)}")
+        names = ", ".join(dict.fromkeys(str(c.get("name", "?")) for c in checks)) or failure_kind or "a check"
+        detail = _first_line(message)
+        if detail.startswith("failed checks"):
+            # The attempt's message only lists the checks; the first check's own message is the evidence
+            # ("HTTP status is 502; ... KV transfer failed: ...").
+            detail = next((_first_line(str(c["message"])) for c in checks if c.get("message")), detail)
+        return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {detail}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")

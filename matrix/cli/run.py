@@ -47,8 +47,6 @@ def plan_cmd(
     if explain and output_format == "github-matrix":
         raise click.UsageError("--explain applies to --format table or json")
     selection = make_selection(**kw)
-    if selection.skewed and output_format == "github-matrix":
-        raise click.UsageError("shards do not carry skew cells yet: drop --format github-matrix")
     plan = plan_from_db(session, selection)
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
@@ -125,8 +123,8 @@ def _versions(cell: Any) -> str:
 @click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
 @click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
-              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix`, or "
-              "CASE@BACKEND-VERSION. Repeatable.")
+              help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix` (skew "
+              "cells' too, without --skew), or CASE@BACKEND-VERSION / CASE@BACKEND[prefill=A,decode=B]. Repeatable.")
 @click.option("--results-out", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
               help="After the run, write the campaign's outcomes (with log tails) to FILE for `matrix import`.")
 @click.option("--campaign-key", envvar="MATRIX_CAMPAIGN_KEY", metavar="KEY",
@@ -176,8 +174,6 @@ def run_cmd(
         raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
-    if results_out is not None and (kw.get("skew") or kw.get("prefill_runtime")):
-        raise click.UsageError("shard results do not carry skew cells' roles yet: drop --results-out")
     if results_out is not None:
         from matrix.cli.fanout import check_results_path
 

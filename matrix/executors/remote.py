@@ -50,7 +50,8 @@ def run_remote_cell(
         return RemoteResult(error("config", message), node)
     from matrix.launch.providers import ensure_provisioned
 
-    ensure_provisioned([cell.runtime], lambda _line: None)  # a failed build makes run_cell skip the cell
+    # Every role's runtime (a skew cell runs several): a failed build makes run_cell skip the cell.
+    ensure_provisioned(list(cell.runtimes), lambda _line: None)
     scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{uid}-"))
     log_dir = scratch / "logs"
     indices = [int(gpu) for gpu in gpu_ids if gpu.isdigit()]

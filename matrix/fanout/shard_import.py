@@ -88,8 +88,10 @@ def _resolve_catalog(session: Session, items: Sequence[_Item]) -> tuple[dict[str
             missing.setdefault(
                 f"case {a.case!r} of backend {a.backend!r} (here it is {cases[a.case][1]!r})", []
             ).append(where)
-        if (a.backend, a.runtime_version) not in runtimes:
-            missing.setdefault(f"runtime {a.backend}={a.runtime_version}", []).append(where)
+        # A skew attempt's roles ran other runtimes of the backend: each must be in this catalog too.
+        for version in {a.runtime_version, *a.roles.values()}:
+            if (a.backend, version) not in runtimes:
+                missing.setdefault(f"runtime {a.backend}={version}", []).append(where)
     if missing:
         lines = [f"{what} (in {', '.join(sorted(set(paths))[:3])})" for what, paths in sorted(missing.items())]
         raise ConfigError(
@@ -127,7 +129,8 @@ def _check_existing(
         row = existing.get(a.uid)
         if row is None:
             continue
-        if (row.case_id, row.runtime_id) != (case_ids[a.case], runtime_ids[(a.backend, a.runtime_version)]):
+        here_cell = (row.case_id, row.runtime_id, row.roles_key)
+        if here_cell != (case_ids[a.case], runtime_ids[(a.backend, a.runtime_version)], a.roles_key):
             raise ConfigError(
                 f"{item.results.path}: attempt {a.uid} ({a.key}) is already in this database as another cell "
                 f"({row.cell_key}); nothing was imported"
@@ -221,11 +224,14 @@ def import_results(session: Session, files: Sequence[ShardResults], logs_root: P
         cells = {a.key for r in group for a in r.attempts}
         cells |= {c for r in group for c in r.campaign.selection.get("cells", ()) if isinstance(c, str)}
         summary = _campaign_for(session, key, [r.campaign for r in group], cells)
-        taken: dict[tuple[int, int], set[int]] = {}
-        for case_id, runtime_id, number in session.execute(
-            select(CellRun.case_id, CellRun.runtime_id, CellRun.attempt).where(CellRun.campaign_id == summary.id)
+        # Attempt numbers per cell (case, runtime, roles key): a skew pair shares decode's runtime id.
+        taken: dict[tuple[int, int, str], set[int]] = {}
+        for case_id, runtime_id, roles, number in session.execute(
+            select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.attempt).where(
+                CellRun.campaign_id == summary.id
+            )
         ):
-            taken.setdefault((case_id, runtime_id), set()).add(number)
+            taken.setdefault((case_id, runtime_id, roles), set()).add(number)
         for item in items:
             if item.results.campaign.key != key:
                 continue
@@ -239,7 +245,7 @@ def import_results(session: Session, files: Sequence[ShardResults], logs_root: P
                         setattr(row, name, a.outcome[name])
                     summary.updated += 1
                 continue
-            cell = (case_ids[a.case], runtime_ids[(a.backend, a.runtime_version)])
+            cell = (case_ids[a.case], runtime_ids[(a.backend, a.runtime_version)], a.roles_key)
             numbers = taken.setdefault(cell, set())
             number = a.attempt
             if number in numbers:
@@ -255,7 +261,8 @@ def import_results(session: Session, files: Sequence[ShardResults], logs_root: P
                 log_dir = str(directory)
             session.add(
                 CellRun(
-                    uid=a.uid, campaign_id=summary.id, case_id=cell[0], runtime_id=cell[1], attempt=number,
+                    uid=a.uid, campaign_id=summary.id, case_id=cell[0], runtime_id=cell[1], roles=dict(a.roles),
+                    roles_key=a.roles_key, attempt=number,
                     owner_pid=None, heartbeat_at=None, log_dir=log_dir, **a.outcome,
                 )
             )  # fmt: skip

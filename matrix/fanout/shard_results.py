@@ -2,9 +2,10 @@
 
 One JSON object per file: the format and its version, the writing matrix's version, the campaign
 (key, selection, host, git sha, start and end) and every attempt of the campaign with natural keys
-(case, backend, runtime version, attempt, uid) instead of database ids, so another database can take
-them in. Each attempt carries the tail of each of its role logs (bounded, so a shard of many cells
-stays a small artifact) so that `matrix show` and the report still have something to show after import.
+(case, backend, runtime version, a skew cell's version per role, attempt, uid) instead of database ids, so
+another database can take them in. Each attempt carries the tail of each of its role logs (bounded, so a
+shard of many cells stays a small artifact) so that `matrix show` and the report still have something to
+show after import.
 
 Reading validates everything (types of every field, known statuses) and names the file and the entry
 at fault; the importer writes nothing unless every file is valid.
@@ -18,7 +19,7 @@ import os
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from matrix import __version__
-from matrix.cells import cell_id
+from matrix.cells import ROLES, cell_id, roles_key, skew_cell_key
 from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout.shards import check_campaign_key
@@ -35,6 +36,11 @@ from matrix.text import clean, clean_data, completion_excerpt
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
+# Version 2 adds each attempt's `roles` ({role: version} of a skew cell). A file with no skew attempt is still
+# written as version 1, which every matrix reads; one with skew attempts is version 2, so that an older
+# matrix refuses it instead of importing a prefill=A/decode=B attempt as the diagonal cell of B.
+FORMAT_VERSION_ROLES = 2
+READ_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_ROLES)
 # Bounds on carried logs: the last 16 KiB of each role log of an attempt that did not pass (where the
 # cause is), 4 KiB of one that passed or was skipped, at most 8 logs per attempt.
 LOG_TAIL_BYTES = 16 * 1024
@@ -136,6 +142,7 @@ def _cell_entry(row: CellRun) -> dict[str, Any]:
         "case": row.case.name,
         "backend": row.runtime.backend.name,
         "runtime_version": row.runtime.version,
+        "roles": dict(row.roles or {}),
         "attempt": row.attempt,
         "uid": row.uid,
     }
@@ -158,9 +165,10 @@ def results_document(session: Session, campaign_id: int, key: str) -> dict[str, 
         .options(selectinload(CellRun.case), selectinload(CellRun.runtime).selectinload(Runtime.backend))
         .order_by(CellRun.id)
     ).all()
+    cells = [_cell_entry(row) for row in rows]
     return {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION_ROLES if any(c["roles"] for c in cells) else FORMAT_VERSION,
         "matrix_version": __version__,
         "campaign": {
             "key": campaign.selection.get("campaign_key") or key,
@@ -174,7 +182,7 @@ def results_document(session: Session, campaign_id: int, key: str) -> dict[str, 
             "started_at": _iso(campaign.started_at),
             "finished_at": _iso(campaign.finished_at),
         },
-        "cells": [_cell_entry(row) for row in rows],
+        "cells": cells,
     }
 
 
@@ -223,10 +231,16 @@ class ShardAttempt:
     outcome: Mapping[str, Any]  # OUTCOME_FIELDS, times as aware datetimes
     source_log_dir: str
     logs: Mapping[str, tuple[str, int]]  # role -> (tail text, size of the whole log in bytes)
+    # A skew cell's {role: version} (`matrix.cells.roles_key`); {} for a diagonal cell and in version 1 files.
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
-        return f"{self.case}@{self.backend}-{self.runtime_version}"
+        return skew_cell_key(self.case, self.backend, self.runtime_version, self.roles)
+
+    @property
+    def roles_key(self) -> str:
+        return roles_key(self.roles)
 
 
 @dataclass(frozen=True)
@@ -300,8 +314,16 @@ def _attempt(path: Path, index: int, data: Any) -> ShardAttempt:
         logs[role] = (clean(log["tail"]), log["bytes"])
     return ShardAttempt(
         data["case"], data["backend"], data["runtime_version"], data["attempt"], data["uid"], outcome,
-        data["source_log_dir"], logs,
+        data["source_log_dir"], logs, _roles(path, where, data.get("roles", {})),
     )  # fmt: skip
+
+
+def _roles(path: Path, where: str, roles: Any) -> dict[str, str]:
+    """A skew attempt's {role: version}: known roles, each a version string, in ROLES order."""
+    if not isinstance(roles, dict) or any(r not in ROLES or not isinstance(v, str) or not v for r, v in roles.items()):
+        raise _fail(path, f"{where}: roles must map {', '.join(ROLES)} to version strings, got "
+                    f"{json.dumps(roles)[:80]}")  # fmt: skip
+    return {role: roles[role] for role in ROLES if role in roles}
 
 
 def parse_results(path: Path, text: str) -> ShardResults:
@@ -312,11 +334,11 @@ def parse_results(path: Path, text: str) -> ShardResults:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _fail(path, f'not a matrix shard results file (expected "format": "{FORMAT}")')
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise ConfigError(
-            f"{path}: format_version {version!r} is not supported; this matrix ({__version__}) reads version "
-            f"{FORMAT_VERSION}. Import with the matrix version that ran the shards (the file says "
-            f"{data.get('matrix_version')!r})"
+            f"{path}: format_version {version!r} is not supported; this matrix ({__version__}) reads versions "
+            f"{' and '.join(map(str, READ_VERSIONS))}. Import with the matrix version that ran the shards (the "
+            f"file says {data.get('matrix_version')!r})"
         )
     _check_fields(path, "campaign", data.get("campaign"), _CAMPAIGN_FIELDS)
     raw = data["campaign"]
@@ -332,6 +354,8 @@ def parse_results(path: Path, text: str) -> ShardResults:
     if not isinstance(cells, list):
         raise _fail(path, "'cells' must be a list")
     attempts = tuple(_attempt(path, i, entry) for i, entry in enumerate(cells))
+    if version == FORMAT_VERSION and any(a.roles for a in attempts):
+        raise _fail(path, "a version 1 file cannot carry skew attempts (roles); version 2 does")
     seen: dict[str, ShardAttempt] = {}
     for attempt in attempts:
         if attempt.uid in seen:

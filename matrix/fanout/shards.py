@@ -5,7 +5,8 @@ one entry (one job) per shard. GitHub runs at most 256 jobs per matrix, so when 
 than `max_jobs`, cells are packed into `max_jobs` shards, longest expected first onto the least loaded
 shard (LPT), which keeps the longest shard within 4/3 of the best possible packing.
 
-Cells are named by a *stable id*: a short hash of the cell key (case name, backend, version). Database
+Cells are named by a *stable id*: a short hash of the cell key (case name, backend, version; a skew cell's key
+names each role's version, `CASE@BACKEND[prefill=A,decode=B]`, so its id differs from every other). Database
 ids change when a catalog is synced into a fresh database, as every CI runner does; the key does not.
 Everything here is pure (no database), so the same plan and history always give the same matrix.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import os
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,11 +43,15 @@ def index_cells(cells: Iterable[Cell]) -> dict[str, Cell]:
     return by_id
 
 
+# A comma between cells, not one inside a skew key's brackets (`CASE@BACKEND[prefill=A,decode=B]`).
+_CELL_SEPARATOR = re.compile(r",(?![^\[\]]*\])")
+
+
 def split_cell_args(values: Iterable[str]) -> tuple[str, ...]:
     """`--cell a,b --cell c` -> ("a", "b", "c"), blanks dropped, first occurrence kept."""
     seen: dict[str, None] = {}
     for value in values:
-        for part in value.split(","):
+        for part in _CELL_SEPARATOR.split(value):
             if part := part.strip():
                 seen.setdefault(part, None)
     return tuple(seen)
@@ -55,6 +61,14 @@ def pick_cells(plan: Plan, wanted: Sequence[str]) -> list[Cell]:
     """The plan's cells named by stable id or full key, in plan order; any unknown name is an error."""
     by_id = index_cells(plan.cells)
     by_key = {cell.key: cell for cell in plan.cells}
+    if any(name not in by_id and name not in by_key for name in wanted):
+        # A shard of a `plan --skew` matrix runs `matrix run --cell IDS` without --skew: its skew cells are
+        # made from the plan's diagonal cells, only when a name is not one of those (a grid is N^2 or N^3).
+        from matrix.skew import every_skew_cell
+
+        skew = every_skew_cell(plan.cells)
+        by_id.update(index_cells(skew))
+        by_key.update({cell.key: cell for cell in skew})
     chosen: dict[str, Cell] = {}
     unknown: list[str] = []
     for name in wanted:
@@ -62,7 +76,7 @@ def pick_cells(plan: Plan, wanted: Sequence[str]) -> list[Cell]:
         if cell is None:
             unknown.append(name)
         else:
-            chosen[cell.key] = cell
+            chosen.setdefault(cell.key, cell)
     if unknown:
         excluded = {cell_id(f"{e.case}@{e.runtime}"): e for e in plan.excluded}
         excluded.update({f"{e.case}@{e.runtime}": e for e in plan.excluded})
@@ -76,10 +90,13 @@ def pick_cells(plan: Plan, wanted: Sequence[str]) -> list[Cell]:
         raise ConfigError(
             f"--cell names cells this plan does not have: {'; '.join(reasons)}{more}. "
             "Cell ids are listed by `matrix plan --json` (field "
-            "`id`) and `matrix plan --format github-matrix`; a full key CASE@BACKEND-VERSION works too. A shard "
+            "`id`) and `matrix plan --format github-matrix`; a full key CASE@BACKEND-VERSION (or a skew cell's "
+            "CASE@BACKEND[prefill=A,decode=B]) works too. A shard "
             "must run against the catalog the plan was made from (`matrix catalog sync` with the same files)"
         )
-    return [cell for cell in plan.cells if cell.key in chosen]
+    planned = [cell for cell in plan.cells if cell.key in chosen]
+    in_plan = {cell.key for cell in planned}
+    return planned + [cell for key, cell in chosen.items() if key not in in_plan]
 
 
 def expected_seconds(cell: Cell, history: Mapping[int, float]) -> float:

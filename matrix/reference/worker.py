@@ -288,7 +288,7 @@ class WorkerApp:
             if actual != expected:
                 raise KVTransferError(f"checksum mismatch: expected {expected}, received {actual}")
         except KVTransferError as exc:
-            self.log(f"decode handle={handle} KV transfer failed: {exc}")
+            self.log(f"error: decode handle={handle} KV transfer failed: {exc}")
             raise HTTPError(502, f"KV transfer failed: {exc}", "kv_transfer_error") from exc
         with self._kv_lock:
             self.kv_transfers += 1

@@ -1,4 +1,5 @@
-"""`matrix export json`: the cells in scope with their latest attempts, for scripts and dashboards.
+"""`matrix export json`: the cells in scope with their latest attempts, and the version-skew grids of the
+cases in scope, for scripts and dashboards.
 
 Text that came from processes (messages, check messages, completions) is redacted like in the pages;
 worker ids stay decimal strings so no JSON reader rounds a u64.
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from matrix.outcome import STORED_COLUMNS, standing_attempt
 from matrix.report.data import AttemptDetail, ResultCell, Results, load_details
+from matrix.report.skew import skew_grids
 from matrix.report.stats import pass_rate
 from matrix.text import clean
 
@@ -87,4 +89,8 @@ def export_json(session: Session, results: Results) -> dict[str, Any]:
             for r in results.runtimes
         ],
         "cells": list(iter_cell_dicts(session, results)),
+        # Version-skew grids of the cases in scope: each (frontend, prefill, decode) cell's latest attempt and
+        # outcome class (`matrix skew CASE --json` has the same shape per case).
+        "skew": [grid.as_dict() for grid in skew_grids(session, [c.name for c in results.cases],
+                                                       results.campaign_id)],
     }  # fmt: skip

@@ -27,6 +27,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
 7. Under `max_slowdown` (a fraction, 0.10 = 10 %) each required cell's passed attempts are compared with
    the previous release's, metric by metric (`matrix.report.perf`): a change worse than `max_slowdown`
    that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`).
+8. Under `skew_both_ways` (true: every required case; a marker expression: the required cases it selects)
+   the version-skew pair of this runtime and the previous release must be `works` or `clean-reject` in both
+   directions, prefill=candidate/decode=previous and the reverse (`matrix.report.gate_skew`): another class
+   blocks (`skew`), a direction with no finished attempt is missing evidence (`skew-not-run`).
 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
@@ -48,8 +52,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from matrix.db.models import CellRun, GatePolicy, Waiver
-from matrix.errors import ConfigError
-from matrix.markers import Expression, matches
+from matrix.errors import ConfigError, MatrixError
+from matrix.markers import Expression, MarkerUse, matches
 from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
 from matrix.plan import missing_fixes
 from matrix.report.data import (
@@ -60,6 +64,7 @@ from matrix.report.data import (
     load_cases,
     load_runtimes,
 )
+from matrix.report.gate_skew import SKEW_KIND, SKEW_NOT_RUN, judge_skew
 from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
 from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
@@ -76,7 +81,7 @@ EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3, "N/A": 4}
 # Blocking findings a NO-GO can be *predicted* from, before anything ran: the catalog knows a fix is missing.
 PREDICTED_KINDS = frozenset({"missing-fix"})
 # Blocking findings that mean "evidence missing" rather than "something is wrong".
-INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested"})
+INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested", SKEW_NOT_RUN})
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
 KNOWN_RULES: Mapping[str, Any] = {
@@ -86,6 +91,7 @@ KNOWN_RULES: Mapping[str, Any] = {
     "min_samples": 1,
     "max_slowdown": None,
     "perf_alpha": DEFAULT_ALPHA,
+    "skew_both_ways": False,
 }
 
 
@@ -97,6 +103,7 @@ RULE_TEXT: Mapping[str, str] = {
     "min_samples": "fewer informative attempts than this is incomplete evidence",
     "max_slowdown": "a metric worse than on the previous release by more than this fraction, significantly, blocks",
     "perf_alpha": "significance level of the slowdown rule's Mann-Whitney test",
+    "skew_both_ways": "prefill=candidate/decode=previous release and the reverse must be works or clean-reject",
 }
 
 
@@ -111,11 +118,20 @@ class Policy:
     min_samples: int = 1
     max_slowdown: float | None = None
     perf_alpha: float = DEFAULT_ALPHA
+    # False: off; True: every required case; a marker expression: the required cases it selects.
+    skew_both_ways: bool | str = False
 
     def rules(self) -> dict[str, Any]:
         return {"flaky_blocks": self.flaky_blocks, "regressions_block": self.regressions_block,
                 "min_pass_rate": self.min_pass_rate, "min_samples": self.min_samples,
-                "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha}  # fmt: skip
+                "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha,
+                "skew_both_ways": self.skew_both_ways}  # fmt: skip
+
+    def judges_skew(self, markers: Iterable[MarkerUse]) -> bool:
+        """Whether `skew_both_ways` applies to a required case with these markers."""
+        if isinstance(self.skew_both_ways, str):
+            return matches(Expression.compile(self.skew_both_ways), markers)
+        return self.skew_both_ways
 
     def rule_lines(self) -> list[tuple[str, str, str]]:
         """(rule, value, meaning) of every rule in force; rules of the rate or speed family that are off say so."""
@@ -134,6 +150,9 @@ class Policy:
             found.append(("max_slowdown", f"{self.max_slowdown:g} ({100 * self.max_slowdown:g} %)",
                           RULE_TEXT["max_slowdown"]))  # fmt: skip
             found.append(("perf_alpha", f"{self.perf_alpha:g}", RULE_TEXT["perf_alpha"]))
+        if self.skew_both_ways is not False:
+            scope = "every required case" if self.skew_both_ways is True else f"cases {self.skew_both_ways}"
+            found.append(("skew_both_ways", scope, RULE_TEXT["skew_both_ways"]))
         return found
 
 
@@ -241,8 +260,21 @@ class GateResult:
         return self.verdict
 
     @property
+    def skew_line(self) -> str:
+        """The version-skew findings that decide the verdict, in one line ("" when none blocks)."""
+        blocking = [r for r in self.reasons if r.blocking and r.kind in (SKEW_KIND, SKEW_NOT_RUN)]
+        if not blocking:
+            return ""
+        previous = self.previous.version if self.previous else "?"
+        # Each skew message starts with its headline, the pair and its class, up to the first colon.
+        what = "; ".join(f"{r.case}: {r.message.split(':', 1)[0]}" for r in blocking)
+        return f"version skew with the previous release {previous}: {what}"
+
+    @property
     def explanation(self) -> str:
         """One line under a verdict that is not a plain measurement ("" for the others)."""
+        if self.skew_line:
+            return self.skew_line
         if self.predicted:
             return ("predicted, not measured: the catalog says a required fix is missing; no required cell has "
                     "failed (run them to measure)")  # fmt: skip
@@ -307,7 +339,7 @@ def _policy(session: Session, name: str) -> Policy:
     return Policy(
         row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"],
         _float(values["min_pass_rate"]), int(values["min_samples"]), _float(values["max_slowdown"]),
-        float(values["perf_alpha"]),
+        float(values["perf_alpha"]), values["skew_both_ways"],
     )  # fmt: skip
 
 
@@ -331,6 +363,12 @@ def _check_rule(policy: str, key: str, value: Any) -> None:
         whole = key != "min_samples" or isinstance(value, int)
         if not (number and whole and low <= value <= high):
             raise ConfigError(f"gate policy {policy!r}: rule {key} must be {meaning}, got {value!r}")
+    elif key == "skew_both_ways" and isinstance(value, str):
+        try:
+            Expression.compile(value)
+        except MatrixError as exc:
+            raise ConfigError(f"gate policy {policy!r}: rule skew_both_ways must be true, false or a marker "
+                              f"expression: {exc}") from None  # fmt: skip
     elif not isinstance(value, bool):
         raise ConfigError(f"gate policy {policy!r}: rule {key} must be true or false, got {value!r}")
 
@@ -418,6 +456,9 @@ def evaluate_gate(
             found = _judge_rate(case, runtime, policy, rate, valid, expired)
         if policy.max_slowdown is not None and previous is not None:
             found.extend(_slowdowns(case, runtime, previous, policy, samples))
+        if policy.judges_skew(case.info.markers):
+            found.extend(Reason(kind, case.name, message, blocks) for kind, message, blocks in judge_skew(
+                session, case.name, runtime.backend, runtime.version, previous.version if previous else None))
         skip = later_skip(attempts, now)
         if skip is not None and now is not None:
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "

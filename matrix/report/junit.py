@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
 from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, load_details
 from matrix.report.fmt import fmt_time
+from matrix.report.skew import SkewGrid, skew_grids
 from matrix.text import clean, log_tails, printable, shorten
 
 __all__ = ["junit_xml"]
@@ -153,9 +154,50 @@ def junit_xml(session: Session, results: Results) -> bytes:
         totals["failures"] += counts["failed"]
         totals["skipped"] += counts["skipped"]
         total_time += suite_time
+    for grid in skew_grids(session, [c.name for c in results.cases], results.campaign_id):
+        counts = _skew_suite(root, grid)
+        totals["tests"] += sum(counts.values())
+        totals["failures"] += counts["failed"]
+        totals["skipped"] += counts["skipped"]
     root.set("tests", str(totals["tests"]))
     root.set("failures", str(totals["failures"]))
     root.set("errors", "0")
     root.set("time", _seconds(total_time))
     ET.indent(root)
     return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True))
+
+
+# Skew classes that are findings (the pair is broken in a way users meet); works and clean-reject pass.
+SKEW_FINDINGS = frozenset({"hang", "healthy-but-wrong", "crash"})
+
+
+def _skew_suite(root: ET.Element, grid: SkewGrid) -> dict[str, int]:
+    """A testsuite `skew CASE` with a testcase per skew pair (the diagonal is in its runtime's suite): a
+    finding class fails, not-run is skipped, works and clean-reject (an honest refusal) pass."""
+    suite = ET.SubElement(root, "testsuite", name=clean(f"skew {grid.case}"))
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (("backend", grid.backend), ("case", grid.case), ("versions", " ".join(grid.versions))):
+        ET.SubElement(properties, "property", name=name, value=clean(value))
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for entry in (e for e in grid.entries if e.skewed):
+        case = ET.SubElement(suite, "testcase", classname=clean(f"{grid.backend} skew"), name=clean(entry.cell),
+                             time="0")  # fmt: skip
+        summary = shorten(clean(f"{entry.verdict.cls}: {entry.verdict.reason}"), MESSAGE_ATTR_LIMIT)
+        if entry.verdict.cls in SKEW_FINDINGS:
+            counts["failed"] += 1
+            ET.SubElement(case, "failure", type=entry.verdict.cls, message=summary).text = clean(entry.verdict.reason)
+        elif entry.verdict.cls == "not-run":
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", type="not-run", message=summary)
+        else:
+            counts["passed"] += 1
+        roles = ", ".join(f"{role} {version}" for role, version in entry.roles.items())
+        ET.SubElement(case, "system-out").text = printable(
+            f"cell {entry.cell} ({roles}), attempt {entry.uid} of campaign {entry.campaign_id}: {summary}"
+        )
+    suite.set("tests", str(sum(counts.values())))
+    suite.set("failures", str(counts["failed"]))
+    suite.set("errors", "0")
+    suite.set("skipped", str(counts["skipped"]))
+    suite.set("time", "0")
+    return counts

@@ -3,6 +3,7 @@ outcome class (`matrix.skew_outcome`), for `matrix skew CASE` and the report's N
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from matrix.cells import ROLES
 from matrix.db.models import Case, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.outcome import FINISHED_STATUSES
-from matrix.skew_outcome import SkewVerdict, classify
+from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify
 from matrix.versions import parse_version
 
 
@@ -25,10 +26,16 @@ class SkewEntry:
     status: str
     uid: str
     campaign_id: int
+    # Every finished attempt's status, oldest first (the exports' pass rates); the latest decides the class.
+    statuses: tuple[str, ...] = ()
+
+    @property
+    def skewed(self) -> bool:
+        return len(set(self.roles.values())) > 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"cell": self.cell, **self.roles, **self.verdict.as_dict(), "status": self.status, "uid": self.uid,
-                "campaign": self.campaign_id}  # fmt: skip
+                "campaign": self.campaign_id, "attempts": len(self.statuses)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,20 @@ class SkewGrid:
             return ()
         return tuple(v for v in self.versions if any(e.roles["frontend"] == v for e in self.entries))
 
+    @property
+    def counts(self) -> list[tuple[str, int]]:
+        """(class, cells) of every class present, in SKEW_CLASSES order: the page's summary line."""
+        found = [e.verdict.cls for e in self.entries]
+        return [(cls, found.count(cls)) for cls in SKEW_CLASSES if cls in found]
+
     def as_dict(self) -> dict[str, Any]:
         return {"case": self.case, "backend": self.backend, "versions": list(self.versions),
                 "cells": [e.as_dict() for e in self.entries]}  # fmt: skip
 
 
-def load_skew_grid(session: Session, case_name: str) -> SkewGrid:
-    """Every skew (and diagonal) cell of `case_name` with its latest finished attempt, classified."""
+def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = None) -> SkewGrid:
+    """Every skew (and diagonal) cell of `case_name` with its latest finished attempt (of `campaign_id`, when
+    given), classified."""
     case = session.scalar(select(Case).where(Case.name == case_name))
     if case is None:
         raise ConfigError(f"unknown case {case_name!r}; see `matrix cases list`")
@@ -67,16 +81,19 @@ def load_skew_grid(session: Session, case_name: str) -> SkewGrid:
         select(CellRun)
         .options(joinedload(CellRun.runtime).joinedload(Runtime.backend))
         .where(CellRun.case_id == case.id, CellRun.status.in_(FINISHED_STATUSES))
+        .where(*([CellRun.campaign_id == campaign_id] if campaign_id is not None else []))
         .order_by(CellRun.id)
     ).all()
     latest: dict[str, CellRun] = {}
+    statuses: dict[str, list[str]] = {}
     for row in rows:
         latest[row.cell_key] = row
+        statuses.setdefault(row.cell_key, []).append(row.status)
     entries = []
     for key, row in latest.items():
         roles = {role: (row.roles or {}).get(role, row.runtime.version) for role in ROLES}
         verdict = classify(row.status, row.failure_kind, row.message, row.checks or [], row.exit_codes or {})
-        entries.append(SkewEntry(key, roles, verdict, row.status, row.uid, row.campaign_id))
+        entries.append(SkewEntry(key, roles, verdict, row.status, row.uid, row.campaign_id, tuple(statuses[key])))
     versions = sorted({v for e in entries for v in e.roles.values()}, key=parse_version)
     entries.sort(key=lambda e: tuple(parse_version(e.roles[r]) for r in ROLES))
     return SkewGrid(case.name, case.backend.name, tuple(versions), tuple(entries))
@@ -92,3 +109,10 @@ def skew_cases(session: Session) -> list[str]:
     """The cases with at least one skew attempt (roles_key set): each gets an N x N page."""
     stmt = select(Case.name).join(CellRun, CellRun.case_id == Case.id).where(CellRun.roles_key != "").distinct()
     return sorted(session.scalars(stmt))
+
+
+def skew_grids(session: Session, cases: Iterable[str], campaign_id: int | None = None) -> list[SkewGrid]:
+    """The grids of those of `cases` that have skew attempts (of `campaign_id`, when given), for the exports."""
+    wanted = set(cases)
+    grids = [load_skew_grid(session, name, campaign_id) for name in skew_cases(session) if name in wanted]
+    return [grid for grid in grids if any(entry.skewed for entry in grid.entries)]

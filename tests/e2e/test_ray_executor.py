@@ -293,3 +293,23 @@ def test_without_an_address_the_run_starts_and_stops_its_own_cluster(ray_home: M
 
 def test_ray_cli_is_installed_next_to_the_interpreter() -> None:
     assert shutil.which("ray", path=str(Path(sys.executable).parent)), "the dev extra installs ray"
+
+
+def test_ray_tasks_run_each_skew_role_in_its_own_runtime(ray_cluster: str, tmp_path: Path) -> None:
+    """[M20] A skew cell travels to its Ray task whole: each role's runtime provisioned and launched there.
+    The grid of test_skew_fanout (0.2.0's prefill drops the KV transfer) must come out the same as locally."""
+    from tests.e2e.test_skew_fanout import CASE, _catalog, _classes
+
+    m = Matrix(home=tmp_path, db_path=tmp_path / "matrix.db")
+    assert m.subprocess("catalog", "sync", *_catalog(tmp_path / "catalog")).returncode == 0
+    result = m.subprocess("run", "--case", CASE, "--skew", "--executor", "ray", "--ray-address", ray_cluster,
+                          "--no-report", "-q", timeout=300)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # the pairs with prefill 0.2.0 fail
+    classes = _classes(m)
+    assert classes[("0.1.0", "0.2.0")] == "works" and classes[("0.1.0", "0.1.0")] == "works"
+    assert classes[("0.2.0", "0.1.0")] == classes[("0.2.0", "0.2.0")] == "healthy-but-wrong"
+    rows = sorted(m.sql("SELECT roles_key, status FROM cell_run"))
+    assert rows == [("", "failed"), ("", "passed"), ("prefill=0.1.0,decode=0.2.0", "passed"),
+                    ("prefill=0.2.0,decode=0.1.0", "failed")]  # fmt: skip
+    logs = [p for p in (tmp_path / "runs").rglob("decode.log") if "prefill_0.2.0" in str(p.parent)]
+    assert logs and "KV transfer" in "".join(p.read_text() for p in logs)  # the logs came back from the node

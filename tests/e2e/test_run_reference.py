@@ -215,6 +215,16 @@ def test_loopback_only_fails_a_cell_that_listens_beyond_loopback(fault_campaign:
     assert_nothing_left(fault_campaign, str(row["uid"]))
 
 
+def test_refused_request_carries_the_engines_error_lines(fault_campaign: Matrix) -> None:
+    """A pair that answered an HTTP error keeps why in its message: the error lines of the processes' logs."""
+    row = _row(fault_campaign, case_name("kv-transfer-dropped"))
+    message = str(row["message"])
+    assert message.startswith("failed checks: http_status"), message
+    assert "--- error lines (decode.log) ---" in message and "KV transfer failed" in message, message
+    healthy = _row(fault_campaign, "reference_disaggregated")
+    assert "error lines" not in str(healthy["message"])
+
+
 def test_crash_message_carries_the_log_tail(fault_campaign: Matrix) -> None:
     row = _row(fault_campaign, case_name("crash-at-start"))
     assert "exited with code 1 before it was ready" in str(row["message"])

@@ -1,6 +1,7 @@
 """Derive the `matrix runtime wheelhouse` arguments for a GPU host from that host's package list.
 
-    python tests/gpu/wheelhouse_args.py derive --family vllm|sglang [--image tests/gpu/image-h200-packages.txt]
+    python tests/gpu/wheelhouse_args.py derive --family vllm|sglang|vllm-new|sglang-new
+                                               [--image tests/gpu/image-h200-packages.txt]
         resolve every step of the family's GPU runtimes for the host (Python 3.12, manylinux_2_39_x86_64;
         no download), compare each locked distribution with the host's `pip list --format=freeze`, and
         write tests/gpu/wheelhouse-FAMILY.args (one argument per line, read by the GPU scripts) and
@@ -32,22 +33,33 @@ from __future__ import annotations
 import argparse
 import sys
 import tomllib
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from matrix.catalog.template import render
 from matrix.cells import RuntimeInfo
-from matrix.launch.providers.wheelresolve import plan_runtime
+from matrix.launch.providers.venv.installer import find_uv
+from matrix.launch.providers.wheelresolve import PlannedRuntime, plan_runtime
 from matrix.launch.providers.wheeltarget import WheelTarget
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 PYTHON = "3.12"
 PLATFORM = "manylinux_2_39_x86_64"
+# family -> (backend, versions). The seed families are runtimes of data/runtimes.toml; the "-new" ones are the
+# releases after them, which `matrix discover` makes from the backend's runtime_template (data/backends.toml):
+# derive renders them from that template, so their wheelhouse comes from the repository alone. A family's
+# omit list is tests/gpu/omit-BACKEND.txt.
 FAMILIES = {
     "vllm": ("vllm", ["0.29.0", "0.30.0", "0.31.0"]),
     "sglang": ("sglang", ["0.5.18", "0.5.19", "0.5.21"]),
+    "vllm-new": ("vllm", ["0.32.0", "0.33.0"]),
+    "sglang-new": ("sglang", ["0.5.22", "0.5.23"]),
 }
 KEEP_HOST = {"numba", "llvmlite"}
 TRAVELS = {"nvidia-nccl-cu13"}
@@ -72,25 +84,80 @@ def _omit_list(path: Path) -> dict[str, str]:
 
 
 def _runtimes(backend: str, versions: list[str]) -> list[RuntimeInfo]:
+    """The catalog's runtime of each version, else the one `matrix discover` would add from the template."""
     entries = tomllib.loads((ROOT / "data" / "runtimes.toml").read_text())["runtime"]
-    chosen = [e for e in entries if e["backend"] == backend and e["version"] in versions]
-    return [RuntimeInfo(e["backend"], e["version"], "v" + e["version"], provider=e["provider"],
-                        components=e.get("components", {})) for e in chosen]  # fmt: skip
+    catalogued = {e["version"]: e for e in entries if e["backend"] == backend}
+    backends = tomllib.loads((ROOT / "data" / "backends.toml").read_text())["backend"]
+    template = next(b for b in backends if b["name"] == backend).get("runtime_template")
+    chosen = []
+    for version in versions:
+        if version in catalogued:
+            provider, components = catalogued[version]["provider"], catalogued[version].get("components", {})
+        elif template is not None:
+            provider, components, _notes = render(template, version, f"backend {backend}")
+        else:
+            raise SystemExit(f"{backend} {version}: not in data/runtimes.toml and the backend has no runtime_template")
+        chosen.append(RuntimeInfo(backend, version, "v" + version, provider=provider, components=components))
+    return chosen
 
 
 def _cuda_library(name: str) -> bool:
     return name.startswith(("nvidia-", "cuda-")) and name not in TRAVELS
 
 
+def _upload(planned: PlannedRuntime, left_out: set[str]) -> dict[str, int | None]:
+    """The files the runtime's wheelhouse carries (filename -> bytes, None where the lock gives no size):
+    what each step installs less what is excluded or omitted, plus the wheels a step reads (the source of
+    `requirements_of` and `extract`, build requirements), as `matrix runtime wheelhouse` downloads them."""
+    files: dict[str, int | None] = {}
+    for step in planned.steps:
+        for item in step.downloads():
+            if item not in step.install or item.canonical not in left_out:
+                files[item.filename] = item.size
+    return files
+
+
+def _fill_sizes(plans: list[PlannedRuntime]) -> dict[str, int]:
+    """Sizes the lock lacks (uv gives none for a wheel of a local index or find-links directory, which
+    pip's configuration may name besides PyPI), asked of the file itself: `stat` for a file URL, the
+    Content-Length of a HEAD request otherwise; filename -> bytes, for what could be asked."""
+    found: dict[str, int] = {}
+    for item in {i.filename: i for p in plans for s in p.steps for i in s.downloads() if i.size is None}.values():
+        parts = urllib.parse.urlsplit(item.url)
+        try:
+            if parts.scheme == "file":
+                found[item.filename] = Path(urllib.request.url2pathname(parts.path)).stat().st_size
+            else:
+                request = urllib.request.Request(item.url, method="HEAD")
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    found[item.filename] = int(answer.headers["Content-Length"])
+        except (OSError, TypeError, ValueError) as exc:
+            print(f"# no size for {item.filename}: {exc}", file=sys.stderr)
+    return found
+
+
+def _weight(files: dict[str, int | None]) -> str:
+    known = sum(size for size in files.values() if size is not None)
+    unknown = sum(1 for size in files.values() if size is None)
+    return f"{len(files)} files, {known / 2**20:.0f} MiB" + (f" (+{unknown} without a size)" if unknown else "")
+
+
 def derive(family: str, image_path: Path) -> int:
     backend, versions = FAMILIES[family]
     image = _image(image_path)
-    omit_path = HERE / f"omit-{family}.txt"
+    omit_path = HERE / f"omit-{backend}.txt"
     omit = _omit_list(omit_path)
     target = WheelTarget.of(PYTHON, (PLATFORM,))
     locked: dict[str, set[str]] = {}
-    for runtime in _runtimes(backend, versions):
-        planned = plan_runtime(runtime, target, (), lambda line: print(line, file=sys.stderr))
+    runtimes = _runtimes(backend, versions)
+    # Found once before the threads start: the first sysconfig lookup (uv's finder makes one) is not safe
+    # to race, and three threads at once failed on it.
+    find_uv()
+    # One thread per runtime: each step is a `uv pip compile` child process, so they overlap.
+    with ThreadPoolExecutor(len(runtimes) or 1) as pool:
+        plans = list(pool.map(lambda r: plan_runtime(r, target, (), lambda line: print(line, file=sys.stderr)),
+                              runtimes))  # fmt: skip
+    for planned in plans:
         for step in planned.steps:
             for item in step.install:
                 locked.setdefault(item.canonical, set()).add(item.version)
@@ -108,11 +175,21 @@ def derive(family: str, image_path: Path) -> int:
     omitted = {name: why for name, why in omit.items() if name in locked}
     for name in sorted(set(omit) - set(locked)):
         print(f"# omit list names {name}, which no lock has: ignored", file=sys.stderr)
+    left_out = set(exclude) | set(omitted)
+    asked = _fill_sizes(plans)
+    sizes = {
+        label: {name: size if size is not None else asked.get(name) for name, size in _upload(plan, left_out).items()}
+        for label, plan in zip(versions, plans, strict=True)
+    }
+    union: dict[str, int | None] = {name: size for files in sizes.values() for name, size in files.items()}
     lines = [
         f"# matrix runtime wheelhouse arguments for the {family} GPU runtimes, derived by",
         f"# `python tests/gpu/wheelhouse_args.py derive --family {family}` from {image_path.name}",
         f"# ({len(locked)} locked distributions; {len(exclude)} excluded, {len(omitted)} omitted: "
         f"tests/gpu/{omit_path.name} says why).",
+        f"# The upload, from the lock's sizes: {_weight(union)}; per runtime: "
+        + "; ".join(f"{backend}={v} {_weight(files)}" for v, files in sizes.items())
+        + ".",
         *(f"--runtime\n{backend}={v}" for v in versions),
         f"--python\n{PYTHON}\n--platform\n{PLATFORM}",
         *(f"--exclude\n{name}" for name in exclude),
@@ -126,6 +203,9 @@ def derive(family: str, image_path: Path) -> int:
         print(f"omit    {name}: {why}")
     carried = sorted(set(locked) - set(exclude) - set(omitted))
     print(f"carried ({len(carried)}): {' '.join(carried)}")
+    for version, files in sizes.items():
+        print(f"upload {backend}={version}: {_weight(files)}")
+    print(f"upload, all {len(versions)} runtime(s) in one wheelhouse: {_weight(union)}")
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
@@ -169,6 +249,7 @@ def build(argv: list[str]) -> int:
     _cases, runtimes, _markers, _backends = _catalog(App(None))
     chosen = [r for r in runtimes if f"{r.backend}={r.version}" in wanted]
     print(f"resolving {len(chosen)} runtime(s) in parallel: {', '.join(r.label for r in chosen)}", file=sys.stderr)
+    find_uv()  # before the threads, as in derive
     with ThreadPoolExecutor(len(chosen) or 1) as pool:
         list(pool.map(lambda r: plan_runtime(r, target, (), lambda line: print(line, file=sys.stderr)), chosen))
     try:

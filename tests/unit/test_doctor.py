@@ -78,7 +78,7 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     assert (vllm["provider"], vllm["status"], vllm["runnable"]) == ("host", "unavailable", "no")
     assert vllm["reasons"] == [
         "runtime vllm-0.29.1rc0 is not installed on this host (none of vllm, vllm-rs found)",
-        "4 of 4 case(s) need 1 GPU, host has 0",
+        "5 of 5 case(s) need 1 GPU, host has 0",
     ]
     venv_vllm = runtimes["vllm-0.30.0"]
     assert (venv_vllm["provider"], venv_vllm["status"]) == ("venv", "not provisioned")

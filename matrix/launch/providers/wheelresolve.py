@@ -76,6 +76,7 @@ class Resolved:
     url: str
     sha256: str | None
     requires_dist: tuple[str, ...] = ()
+    size: int | None = None  # bytes, as the lock gives it: what a wheelhouse will weigh, before any download
 
     @property
     def filename(self) -> str:
@@ -106,9 +107,9 @@ def _tag_ranks(target: WheelTarget) -> dict[Tag, int]:
     return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}
 
 
-def _best_wheel(package: Mapping[str, Any], ranks: Mapping[Tag, int], what: str) -> tuple[str, str | None]:
-    """(url, sha256) of the wheel of a pylock package an installer on the target would take."""
-    best: tuple[int, str, str | None] | None = None
+def _best_wheel(package: Mapping[str, Any], ranks: Mapping[Tag, int], what: str) -> tuple[str, str | None, int | None]:
+    """(url, sha256, size) of the wheel of a pylock package an installer on the target would take."""
+    best: tuple[int, str, str | None, int | None] | None = None
     for wheel in package.get("wheels", []):
         location = str(wheel.get("url") or Path(str(wheel.get("path", ""))).resolve().as_uri())
         filename = str(wheel.get("name") or urllib.parse.unquote(location.rsplit("/", 1)[-1]))
@@ -118,11 +119,12 @@ def _best_wheel(package: Mapping[str, Any], ranks: Mapping[Tag, int], what: str)
             continue
         rank = min((ranks[tag] for tag in tags if tag in ranks), default=None)
         if rank is not None and (best is None or rank < best[0]):
-            best = (rank, location, wheel.get("hashes", {}).get("sha256"))
+            size = wheel.get("size")
+            best = (rank, location, wheel.get("hashes", {}).get("sha256"), size if isinstance(size, int) else None)
     if best is None:
         raise ConfigError(f"{what}: uv locked {package.get('name')} {package.get('version')}, but none of its "
                           "wheels fits the target")  # fmt: skip
-    return best[1], best[2]
+    return best[1], best[2], best[3]
 
 
 def _split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -195,8 +197,8 @@ def uv_report(
     ranks = _tag_ranks(target)
     found = []
     for package in document.get("packages", []):
-        url, sha256 = _best_wheel(package, ranks, what)
-        found.append(Resolved(str(package["name"]), str(package["version"]), url, sha256))
+        url, sha256, size = _best_wheel(package, ranks, what)
+        found.append(Resolved(str(package["name"]), str(package["version"]), url, sha256, size=size))
     return found
 
 
