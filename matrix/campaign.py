@@ -113,6 +113,11 @@ class HostHooks(Protocol):
         """Whether the case's arm bounds its GPU memory absolutely (its start-ups need not queue)."""
         ...
 
+    def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
+        """The cells with each runtime's provider entry parsed once into its typed recipe (`RuntimeInfo.spec`),
+        shared by all the cells of that runtime, so that no cell parses it again."""
+        ...
+
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]
     ) -> dict[str, str]:
@@ -450,6 +455,8 @@ def _run(
     recover_stale(factory, echo, hooks)
     with transaction(factory) as session:
         campaign_id, selected = _selected_cells(session, options, echo)
+        parsed = hooks.with_specs([cell for cell, _attempt, _failed in selected])
+        selected = [(cell, attempt, failed) for cell, (_, attempt, failed) in zip(parsed, selected, strict=True)]
         if not selected and options.resume is None and options.rerun_failed is None and options.join is None:
             echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()

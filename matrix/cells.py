@@ -1,7 +1,7 @@
 """The cell and what it is made of: a case, a runtime, the fixes a case requires, the cell's stable id.
 
-A leaf: it imports nothing of matrix but other leaves (`kv_bound`, `markers`, `versions`, `errors`), so every
-stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
+A leaf: it imports nothing of matrix but other leaves (`case_launch`, `kv_bound`, `markers`, `versions`, `errors`),
+so every stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from packaging.version import Version
 
+from matrix.case_launch import LAUNCH_TYPES, CommonLaunch, parse_launch
 from matrix.kv_bound import KvBound
 from matrix.markers import MarkerUse
 from matrix.versions import parse_version
@@ -38,6 +39,20 @@ class RequiredFix:
     link: str = ""
 
 
+def launch_table(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
+    """`launch` typed for `arm`; an arm no table knows gets the common keys (the runner then fails the cell
+    on the unknown arm, as it did before the tables were typed)."""
+    return parse_launch(arm, launch) if arm in LAUNCH_TYPES else parse_launch_common(launch)
+
+
+def parse_launch_common(launch: Mapping[str, Any]) -> CommonLaunch:
+    values: dict[str, Any] = {}
+    for name in CommonLaunch.__dataclass_fields__:
+        if name in launch:
+            values[name] = tuple(launch[name]) if isinstance(launch[name], list) else launch[name]
+    return CommonLaunch(**values)
+
+
 @dataclass(frozen=True)
 class CaseInfo:
     """The parts of a case that planning and launching need, detached from the database."""
@@ -52,13 +67,25 @@ class CaseInfo:
     kv_bound: KvBound = field(default_factory=KvBound)
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 60.0
-    launch: Mapping[str, Any] = field(default_factory=dict)
+    # The case's launch table typed for its arm (`case_launch`): every reader reads its fields, and a field
+    # left None takes the arm's default where it is read. A mapping given here (a table as written in TOML,
+    # e.g. by a test) is parsed once, in `__post_init__`; the catalog hands over the parsed table.
+    launch: CommonLaunch = field(default_factory=CommonLaunch)
     source_dir: str = ""
     version_constraint: str = ""
     required_fixes: tuple[RequiredFix, ...] = ()
     weights_gib: float = 0.0
     enabled: bool = True
     id: int | None = None
+
+    def __post_init__(self) -> None:
+        given: object = self.launch
+        if isinstance(given, Mapping):
+            object.__setattr__(self, "launch", launch_table(self.arm, given))
+        elif type(given) is CommonLaunch and self.arm in LAUNCH_TYPES:
+            # The default (or a table of common keys only): widened to the arm's type, its own keys left out.
+            common = {spec.name: getattr(given, spec.name) for spec in fields(CommonLaunch)}
+            object.__setattr__(self, "launch", LAUNCH_TYPES[self.arm](**common))
 
     @property
     def gpus_needed(self) -> int:
@@ -81,6 +108,13 @@ class RuntimeInfo:
     id: int | None = None
     # A variant made by `matrix bisect --component` (source "derived"): planned only when named by --runtime.
     derived: bool = False
+    # `provider` parsed into its typed recipe (`launch.providers.recipe.with_spec`), once per run for all the
+    # runtime's cells (the campaign's `HostHooks.with_specs`), so no cell parses it again; None: not parsed (a
+    # builtin runtime, one made in code, or an entry that does not parse, whose cells fail on it as before).
+    # Typed `object` because the recipe types live with their parser (it needs `packaging` and the plugin
+    # directory), out of this leaf's reach; the providers read it through `host_config`, `venv_recipe` and
+    # `container_config`. A `replace` of `provider` must drop it (`spec=None`).
+    spec: object = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:

@@ -159,7 +159,7 @@ def run_cell(
     started = time.monotonic()
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
-    outcome = judge_control(outcome, cell.case.launch.get("expect_failed_checks", []))
+    outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
     return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 
@@ -197,7 +197,7 @@ def _run(
         return error("infra", f"port allocation failed: {exc}")
     try:
         try:
-            model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
+            model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
         except MatrixError as exc:
             return failure("config", str(exc), ports=ports)
         context = LaunchContext(
@@ -220,7 +220,7 @@ def _run(
             if role_envs:
                 plan = compose_roles(plan, {role: _role_plan(arm, context, cell.runtime_of(role), env, log_dir)
                                             for role, env in role_envs.items()})  # fmt: skip
-            if case.launch.get("lifecycle", True) is False:  # a timing study: only the primary request
+            if case.launch.lifecycle is False:  # a timing study: only the primary request
                 plan = replace(plan, lifecycle=None)
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo
+from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo, launch_table
 from matrix.db.models import (
     Backend,
     Case,
@@ -143,7 +143,7 @@ def _case_info(case: Any, backend: str, markers: Sequence[str], fixes: Sequence[
         kv_bound=KvBound.parse(case.kv_bound),
         startup_timeout_s=case.startup_timeout_s,
         request_timeout_s=case.request_timeout_s,
-        launch=dict(case.launch),
+        launch=launch_table(case.arm, case.launch),  # typed once, here: cells read its fields
         source_dir=case.source_dir,
         version_constraint=case.version_constraint,
         required_fixes=tuple(fixes),

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
+from matrix.case_launch import parse_launch
 from matrix.catalog.spec import CaseSpec, CatalogSpec, RuntimeSpec
 from matrix.db.models import (
     Backend,
@@ -180,7 +181,9 @@ class _Syncer:
             backend = _lookup(backends, c.backend, "backend", where)
             if c.arm not in arms:
                 raise ConfigError(f"{where}: unknown arm {c.arm!r}; known arms: {', '.join(sorted(arms))}")
-            if check_equivalence(c.name, c.launch) is not None and c.arm not in AGGREGATED_ARMS:
+            if check_equivalence(c.name, parse_launch(c.arm, c.launch).equivalence) is not None and (
+                c.arm not in AGGREGATED_ARMS
+            ):
                 raise ConfigError(
                     f"{where}: arm {c.arm} cannot launch an aggregated instance for launch.equivalence; "
                     "use an arm that can (reference, vllm_native) or remove launch.equivalence"

@@ -1,5 +1,6 @@
 """The launch machinery a campaign needs on the driver's host, behind `matrix.campaign.HostHooks`: whether a
-case runs on CPU, provisioning environments, and cleaning up after runners that died.
+case runs on CPU, the runtimes' provider entries parsed once for all their cells, provisioning environments,
+and cleaning up after runners that died.
 
 The campaign calls these instead of importing `matrix.launch` (the executors are the layer that launches).
 """
@@ -7,9 +8,10 @@ The campaign calls these instead of importing `matrix.launch` (the executors are
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from matrix.cells import CaseInfo, RuntimeInfo
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.launch.arms import get_arm
 from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.supervisor import kill_cell_processes
@@ -26,6 +28,23 @@ class LocalHooks:
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         return get_arm(case.arm).absolute_memory(case)
+
+    def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
+        parsed: dict[str, RuntimeInfo] = {}
+
+        def parse(runtime: RuntimeInfo) -> RuntimeInfo:
+            if runtime.provider.get("kind") == "builtin":
+                return runtime  # nothing to parse: a run of builtin runtimes never imports the recipe parser
+            from matrix.launch.providers.recipe import with_spec
+
+            if runtime.label not in parsed:
+                parsed[runtime.label] = with_spec(runtime)
+            return parsed[runtime.label]
+
+        return [
+            replace(cell, runtime=parse(cell.runtime), roles=tuple((role, parse(r)) for role, r in cell.roles))
+            for cell in cells
+        ]
 
     def provision(
         self, runtimes: Sequence[RuntimeInfo], say: Callable[[str], None], source: Any, stop: Callable[[], bool]

@@ -11,10 +11,9 @@ Pure data: this module imports nothing of the launch machinery, so the catalog m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from matrix.case_launch import CommonLaunch
 from matrix.kv_bound import KvBound, KvUnit
 
 # The most of a GPU's memory an engine's utilisation fraction may claim for its start-up to count as bounded
@@ -65,17 +64,20 @@ class Engine:
         arg = self.kv_arg(bound, self.default_kv)
         return [] if arg is None else [arg[0], str(arg[1])]
 
-    def fraction_value(self, launch: Mapping[str, Any]) -> object:
+    def fraction_value(self, launch: CommonLaunch) -> object:
         assert self.fraction is not None, f"{self.name} has no memory fraction"
-        return launch.get(self.fraction.launch_key, self.fraction.default)
+        # The field is named by this entry (each engine reads its own key); an arm's table without it, or a
+        # field left None, takes the engine's default.
+        value = getattr(launch, self.fraction.launch_key, None)
+        return self.fraction.default if value is None else value
 
-    def fraction_argv(self, launch: Mapping[str, Any]) -> list[str]:
+    def fraction_argv(self, launch: CommonLaunch) -> list[str]:
         """The memory-fraction flag and its value (the case's launch key, else the default)."""
         if self.fraction is None:
             return []
         return [self.fraction.flag, str(self.fraction_value(launch))]
 
-    def absolute_memory(self, bound: KvBound, launch: Mapping[str, Any]) -> bool:
+    def absolute_memory(self, bound: KvBound, launch: CommonLaunch) -> bool:
         """The case bounds this engine's memory absolutely: a KV bound in its unit and, where the engine has a
         memory fraction, a tiny one (else the fraction, sized from free memory, decides)."""
         if bound.get(self.unit) is None:

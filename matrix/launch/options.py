@@ -17,10 +17,10 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
+from matrix.case_launch import LAUNCH_TYPES, CommonLaunch, keys_of, parse_launch
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound, KvUnit
-from matrix.launch.case_launch import LAUNCH_TYPES, CommonLaunch, keys_of, parse_launch
 from matrix.launch.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.markers import parse_marker_use
 
@@ -60,10 +60,10 @@ LAUNCH_KEYS: dict[str, frozenset[str]] = {
 }
 
 
-def engine_of(arm: str, launch: Mapping[str, Any]) -> str:
+def engine_of(arm: str, launch: CommonLaunch) -> str:
     """The engine whose KV flag a case of `arm` uses."""
     if arm == "dynamo":
-        engine = str(launch.get("engine", "mocker"))
+        engine = launch.engine if launch.engine is not None else "mocker"
         if engine not in DYNAMO_ENGINES:
             known = ", ".join(DYNAMO_ENGINES)
             raise ConfigError(f"launch.engine {engine!r} is not a dynamo engine; write one of {known}")
@@ -85,8 +85,7 @@ def check_case_options(
         close = difflib.get_close_matches(key, sorted(known), n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
         raise ConfigError(f"launch key {key!r} is not read by the {arm} arm; {hint}")
-    parse_launch(arm, launch)
-    engine = engine_of(arm, launch)
+    engine = engine_of(arm, parse_launch(arm, launch))
     what = f"the {arm} arm" if arm != "dynamo" else f"dynamo's {engine} engine"
     if engine not in UNBOUNDED_ENGINES:
         unit = KV_FLAGS[engine].unit
@@ -131,11 +130,10 @@ EQUIVALENCE_DEFAULTS: dict[str, int | float] = {
 }
 
 
-def check_equivalence(name: str, launch: Mapping[str, object]) -> dict[str, int | float] | None:
-    """The case's `launch.equivalence` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked; None when the
-    case does not opt in. Raises ConfigError naming the bad key and the fix. Catalog sync checks it from a case's
-    name and launch table; the arms read it through `equivalence_options`."""
-    raw = launch.get("equivalence")
+def check_equivalence(name: str, raw: object) -> dict[str, int | float] | None:
+    """The case's `launch.equivalence` value `raw` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked;
+    None when the case does not opt in. Raises ConfigError naming the bad key and the fix. Catalog sync checks
+    it from a case's name and typed launch table; the arms read it through `equivalence_options`."""
     if raw is None or raw is False:
         return None
     if raw is True:

@@ -128,7 +128,7 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
         memory_bytes=-(-total // gpus),  # integer ceiling: exact for any size
         cpu_ok=cpu_ok,
         exclusive=kv is None,
-        concurrent_startup=absolute_memory and kv is not None and not case.launch.get("exclusive_startup", False),
+        concurrent_startup=absolute_memory and kv is not None and not case.launch.exclusive_startup,
     )
 
 

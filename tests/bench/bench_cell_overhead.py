@@ -146,7 +146,7 @@ def _drive(cell: Any, home: Path, index: int) -> dict[str, float]:
     ports = allocator.allocate(cell_id, arm.port_requests(case))
     work = home / f"drive{index}"
     work.mkdir(parents=True)
-    model_dir = resolve_model_dir(case.launch.get("model_dir"), case.source_dir, environment.python)
+    model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
     ctx = LaunchContext(cell_id=cell_id, case=case, runtime=cell.runtime, ports=ports, work_dir=work,
                         python=environment.python, gpu_ids=(), env=environment.env, model_dir=model_dir)  # fmt: skip
     plan = arm.plan(ctx)

@@ -68,7 +68,7 @@ def main() -> None:
     allocator = PortAllocator(port_registry_path())
     ports = allocator.allocate("bench-vllm", arm.port_requests(cell.case))
     work = data_dir() / "bench-vllm"
-    model_dir = resolve_model_dir(str(cell.case.launch["model_dir"]), cell.case.source_dir, environment.python)
+    model_dir = resolve_model_dir(str(cell.case.launch.model_dir), cell.case.source_dir, environment.python)
     context = LaunchContext("benchvllm", cell.case, cell.runtime, ports, work, python=environment.python,
                             env=environment.env, model_dir=model_dir)  # fmt: skip
     plan = arm.plan(context)

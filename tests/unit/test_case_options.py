@@ -101,7 +101,11 @@ def test_the_one_table_gives_each_engine_its_flag() -> None:
 
 
 ROOT = Path(matrix.__file__).parent
-_READ = re.compile(r"""launch(?:\.get)?[(\[]\s*["']([a-z_]+)["']""")
+# A read of a launch key: a field of the case's typed table (`case.launch.cpu`, `_launch(ctx).env`,
+# `launch_as(case.launch, VllmNativeLaunch).cpu`), not a module path (`matrix.launch.arms`, `case_launch.py`).
+_READ = re.compile(r"(?<!matrix\.)(?<!case_)(?:launch|_launch\([\w.]*\)|launch_as\([\w., ]*\))\.([a-z_]+)\b")
+# A read of the raw table, which the typed one replaced: `launch.get("key")`, `launch["key"]`.
+_RAW_READ = re.compile(r"""launch(?:\.get)?[(\[]\s*["']([a-z_]+)["']""")
 # Which source files read launch keys for which arm (the arms reuse their engines' helpers).
 _READERS = {
     "reference": ["reference.py"],
@@ -111,8 +115,8 @@ _READERS = {
 }
 
 
-def _keys_read(*paths: Path) -> set[str]:
-    return {key for path in paths for key in _READ.findall(path.read_text(encoding="utf-8"))}
+def _keys_read(*paths: Path, pattern: re.Pattern[str] = _READ) -> set[str]:
+    return {key for path in paths for key in pattern.findall(path.read_text(encoding="utf-8"))}
 
 
 def test_the_launch_key_tables_cover_every_key_the_code_reads() -> None:
@@ -122,5 +126,12 @@ def test_the_launch_key_tables_cover_every_key_the_code_reads() -> None:
         read = _keys_read(*(arms / name for name in files))
         assert read, arm  # the pattern still finds the reads
         assert read <= LAUNCH_KEYS[arm] | COMMON_LAUNCH_KEYS, (arm, read - LAUNCH_KEYS[arm])
-    common = _keys_read(ROOT / "runner.py", ROOT / "launch" / "providers" / "container.py")
+    common = _keys_read(ROOT / "runner.py", ROOT / "launch" / "providers" / "container.py",
+                        ROOT / "schedule" / "slots.py")
     assert common <= COMMON_LAUNCH_KEYS, common - COMMON_LAUNCH_KEYS
+    # Nothing reads the raw table any more: the parsers alone see the TOML mapping.
+    parsers = {ROOT / "case_launch.py", ROOT / "cells.py"}
+    raw = {str(path.relative_to(ROOT)): keys for path in sorted(ROOT.rglob("*.py")) if path not in parsers
+           if (keys := _keys_read(path, pattern=_RAW_READ))}  # fmt: skip
+    assert not raw, f"raw launch-table reads (read the typed table's fields): {raw}"
+    assert _RAW_READ.search('x = launch.get("cpu", False)') and _READ.findall("case.launch.cpu") == ["cpu"]

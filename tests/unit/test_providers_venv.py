@@ -241,3 +241,33 @@ def test_list_and_prune(matrix: Matrix) -> None:
     assert not unused_target.path.exists() and not stale.exists()
     assert not (root / f"{'c' * 20}.lock").exists() and not (root / f"{'c' * 20}.failed.json").exists()
     assert not any(p.name.startswith(".trash-") for p in root.iterdir())
+
+
+def test_a_carried_spec_is_not_parsed_again_by_prepare(matrix: Matrix, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[M18] The campaign parses each runtime's entry once (`LocalHooks.with_specs`); preparing a cell's
+    environment then reads the carried recipe, where before it parsed the entry once per installer."""
+    from matrix.cells import CaseInfo, Cell
+    from matrix.executors.hooks import LocalHooks
+    from matrix.launch.providers import recipe
+
+    runtime = _runtime()
+    _fake_env(resolve_target(runtime), {"ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1"})
+    parses: list[str] = []
+    real = recipe.check_keys
+    monkeypatch.setattr(recipe, "check_keys", lambda provider, label: parses.append(label) or real(provider, label))
+    assert isinstance(prepare(runtime), Environment) and len(parses) == 2  # without a spec: once per installer
+    other = _runtime("1.6.2")
+    case = CaseInfo("c", "dynamo", "dynamo", "m", ())
+    cells = [Cell(case, runtime), Cell(case, runtime), Cell(case, other, roles=(("prefill", runtime),))]
+    parses.clear()
+    parsed = LocalHooks().with_specs(cells)
+    assert sorted(parses) == ["dynamo-1.6.1", "dynamo-1.6.2"]  # each runtime once, whatever its cells and roles
+    assert all(isinstance(r.spec, recipe.VenvRecipe) for c in parsed for r in (c.runtime, *dict(c.roles).values()))
+    parses.clear()
+    environment = prepare(parsed[0].runtime)
+    assert isinstance(environment, Environment) and parses == []
+    assert environment == prepare(runtime)  # the same environment as from the entry itself
+    # An entry that does not parse is left unparsed: its cells fail on it as before.
+    broken = RuntimeInfo(backend="dynamo", version="9", tag="v9", provider={"kind": "venv", "steps": []})
+    (left,) = LocalHooks().with_specs([Cell(case, broken)])
+    assert left.runtime.spec is None and isinstance(prepare(left.runtime), Mismatch)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from matrix.case_launch import or_default
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.check.specs import OracleSpec
 from matrix.hardware.gpus import CHILD_ENV
@@ -91,7 +92,7 @@ class AggregatedArm(Arm, Protocol):
 def equivalence_options(case: CaseInfo) -> dict[str, int | float] | None:
     """The case's `launch.equivalence` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked; None when
     the case does not opt in. Raises ConfigError naming the bad key and the fix."""
-    return check_equivalence(case.name, case.launch)
+    return check_equivalence(case.name, case.launch.equivalence)
 
 
 def oracle_spec(ctx: LaunchContext, port: int) -> OracleSpec | None:
@@ -164,7 +165,8 @@ def served_plan(
         request=chat_request(ctx, port),
         ports=dict(ctx.ports),
         startup_timeout_s=ctx.case.startup_timeout_s,
-        teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", grace_s)),
+        # Every arm's table has the key but the common one (`case_launch`): a table without it takes `grace_s`.
+        teardown_grace_s=float(or_default(getattr(ctx.case.launch, "teardown_grace_s", None), grace_s)),
         gpu_ids=ctx.gpu_ids,
         **extra,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matrix.case_launch import DynamoLaunch, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
@@ -47,8 +48,12 @@ ENGINE_PORTS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+def _launch(case: CaseInfo) -> DynamoLaunch:
+    return launch_as(case.launch, DynamoLaunch)
+
+
 def _engine(case: CaseInfo) -> str:
-    engine = str(case.launch.get("engine", "mocker"))
+    engine = or_default(_launch(case).engine, "mocker")
     if engine not in ENGINE_PORTS:
         # Explicit dispatch: an unknown engine fails before anything starts (upstream once hit
         # KeyError: 'trtllm' from a name-suffix rule).
@@ -61,7 +66,7 @@ def _engine(case: CaseInfo) -> str:
 def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
     """Engine flags that bound the KV cache absolutely (bytes or blocks, not a fraction), forwarded by the launch
     script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
-    launch, entry = case.launch, dynamo_engine(engine)
+    launch, entry = _launch(case), dynamo_engine(engine)
     arg = entry.kv_arg(case.kv_bound) if entry is not None else None
     if entry is None or arg is None or engine == "trtllm":
         return ()
@@ -69,14 +74,15 @@ def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
     if engine == "vllm":
         # vLLM checks the memory fraction before the byte cap, so the fraction must be tiny too.
         return (flag, str(value), *entry.fraction_argv(launch))
-    graph = ("--disable-cuda-graph",) if launch.get("disable_cuda_graph", True) else ()
+    graph = ("--disable-cuda-graph",) if launch.disable_cuda_graph is not False else ()
     return (flag, str(value), *graph)
 
 
 def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
     env = {}
-    if "max_model_len" in case.launch:
-        env["MAX_MODEL_LEN"] = str(case.launch["max_model_len"])
+    max_model_len = _launch(case).max_model_len
+    if max_model_len is not None:
+        env["MAX_MODEL_LEN"] = str(max_model_len)
     entry = dynamo_engine(engine)
     if engine == "trtllm" and entry is not None and (arg := entry.kv_arg(case.kv_bound)) is not None:
         # TensorRT-LLM takes its KV bound from the engine config (kv_cache_config.max_tokens); the launch
@@ -87,7 +93,7 @@ def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
 
 def _response_stream_host(case: CaseInfo) -> str:
     """The loopback interface (`lo`), or the case's `response_stream_host`, which must stay on loopback."""
-    host = str(case.launch.get("response_stream_host", "lo"))
+    host = or_default(_launch(case).response_stream_host, "lo")
     if host not in ("lo", "127.0.0.1", "localhost"):
         raise ConfigError(
             f"case {case.name}: response_stream_host {host!r} would leave loopback; use lo, 127.0.0.1 or localhost"
@@ -98,16 +104,16 @@ def _response_stream_host(case: CaseInfo) -> str:
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
     """Two workers for a disaggregated case; one for an aggregated twin or control (which must fail the
     distinct-workers check)."""
-    return (AGGREGATED_ROLE,) if case.launch.get("aggregated") else ("prefill", "decode")
+    return (AGGREGATED_ROLE,) if _launch(case).aggregated else ("prefill", "decode")
 
 
 def _script_text(ctx: LaunchContext) -> str | None:
     """The launch script this attempt runs, if any: `script` always, `workspace_script` with --workspace."""
-    launch = ctx.case.launch
-    if launch.get("script"):
-        return str(launch["script"])
-    if ctx.workspace is not None and launch.get("workspace_script"):
-        return str(launch["workspace_script"])
+    launch = _launch(ctx.case)
+    if launch.script:
+        return launch.script
+    if ctx.workspace is not None and launch.workspace_script:
+        return launch.workspace_script
     return None
 
 
@@ -124,12 +130,12 @@ class DynamoArm:
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         engine = _engine(case)
-        return engine == "mocker" or (engine == "vllm" and bool(case.launch.get("cpu", False)))
+        return engine == "mocker" or (engine == "vllm" and bool(_launch(case).cpu))
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         # A launch script may start its engines any way it likes: only matrix's own plans are vouched for.
-        engine, launch = _engine(case), case.launch
-        if launch.get("script") or launch.get("workspace_script"):
+        engine, launch = _engine(case), _launch(case)
+        if launch.script or launch.workspace_script:
             return False
         if engine == "mocker":
             return True  # no GPU memory at all
@@ -191,13 +197,13 @@ class DynamoArm:
             roles = _worker_roles(ctx.case)
             workers = vllm_sidecar_processes(ctx, env, roles)
             # The aggregated twin moves no KV, so it has no transfer counter to watch.
-            metrics = () if ctx.case.launch.get("aggregated") else (decode_metrics(ctx),)
+            metrics = () if _launch(ctx.case).aggregated else (decode_metrics(ctx),)
             lifecycle = vllm_lifecycle(ctx, roles)
             scratch += scratch_env(ctx).values()
         elif script is None and engine == "sglang":
             roles = _worker_roles(ctx.case)
             workers = sglang_sidecar_processes(ctx, env, roles)
-            metrics = () if ctx.case.launch.get("aggregated") else (sglang_server.kv_metrics(ctx),)
+            metrics = () if _launch(ctx.case).aggregated else (sglang_server.kv_metrics(ctx),)
             lifecycle = LifecycleSpec(str(ctx.work_dir))  # the streaming twin; SGLang's gauges are not wired yet
             scratch += sglang_server.scratch_env(ctx).values()
         else:
@@ -209,7 +215,7 @@ class DynamoArm:
             request=chat_request(ctx, frontend_port),
             ports=dict(ports),
             startup_timeout_s=ctx.case.startup_timeout_s,
-            teardown_grace_s=float(ctx.case.launch.get("teardown_grace_s", 10.0)),
+            teardown_grace_s=float(or_default(_launch(ctx.case).teardown_grace_s, 10.0)),
             gpu_ids=ctx.gpu_ids,
             metrics_checks=metrics,
             scratch_dirs=tuple(scratch),
@@ -222,7 +228,7 @@ class DynamoArm:
             ctx.python, "-m", "dynamo.mocker",
             "--model-path", str(ctx.model_dir or ctx.case.model),
             "--model-name", ctx.case.model,
-            "--speedup-ratio", str(ctx.case.launch.get("speedup_ratio", 10)),
+            "--speedup-ratio", str(or_default(_launch(ctx.case).speedup_ratio, 10)),
         )  # fmt: skip
         if role != "worker":
             argv += ("--disaggregation-mode", role)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from matrix.case_launch import ReferenceLaunch, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.check.specs import MetricsCheck
 from matrix.hardware.ports import PortRequest
@@ -28,7 +29,7 @@ class ReferenceArm:
         return tuple(PortRequest(name) for name in PORTS)
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return str(case.launch.get("device", "cpu")) == "cpu"
+        return or_default(launch_as(case.launch, ReferenceLaunch).device, "cpu") == "cpu"
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         # The workers allocate exactly their KV bytes; without a bound a case sizes nothing absolutely.
@@ -39,7 +40,7 @@ class ReferenceArm:
 
     def _env(self, ctx: LaunchContext) -> dict[str, str]:
         env = {**ctx.env, **gpu_env(ctx), "PYTHONUNBUFFERED": "1"}
-        faults = [str(f) for f in ctx.case.launch.get("faults", [])]
+        faults = [str(f) for f in launch_as(ctx.case.launch, ReferenceLaunch).faults or ()]
         if faults:
             env["MATRIX_REFERENCE_FAULTS"] = ",".join(faults)
             # Shared by every attempt of this case in this campaign (work dirs are per attempt).
@@ -47,8 +48,8 @@ class ReferenceArm:
         return env
 
     def _worker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
-        launch = ctx.case.launch
-        device = "cuda" if ctx.gpu_ids and launch.get("device") == "cuda" else "cpu"
+        launch = launch_as(ctx.case.launch, ReferenceLaunch)
+        device = "cuda" if ctx.gpu_ids and launch.device == "cuda" else "cpu"
         argv = [
             ctx.python, "-m", "matrix.reference", "worker", "--role", role,
             "--port", str(ctx.ports[f"{role}_http"]),
@@ -56,10 +57,10 @@ class ReferenceArm:
             *ENGINE.kv_argv(ctx.case.kv_bound),
             "--device", device,
         ]  # fmt: skip
-        if "slow_start_s" in launch:
-            argv += ["--slow-start-s", str(launch["slow_start_s"])]
-        if "token_delay_ms" in launch:
-            argv += ["--token-delay-ms", str(launch["token_delay_ms"])]
+        if launch.slow_start_s is not None:
+            argv += ["--slow-start-s", str(launch.slow_start_s)]
+        if launch.token_delay_ms is not None:
+            argv += ["--token-delay-ms", str(launch.token_delay_ms)]
         health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
         return ProcessSpec(role=role, argv=tuple(argv), env=env, health=health)
 

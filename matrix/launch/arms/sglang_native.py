@@ -8,6 +8,7 @@ them, and only the kv_transfer check can tell.
 
 from __future__ import annotations
 
+from matrix.case_launch import SglangNativeLaunch, launch_as
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
@@ -28,11 +29,11 @@ class SglangNativeArm:
         return sglang_server.absolute_memory(case)
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
-        launch = ctx.case.launch
+        launch = launch_as(ctx.case.launch, SglangNativeLaunch)
         scratch = sglang_server.scratch_env(ctx)
         env = {**ctx.env, **gpu_env(ctx), **scratch, "PYTHONUNBUFFERED": "1"}
-        env.update({str(k): str(v) for k, v in launch.get("env", {}).items()})
-        disaggregated = not launch.get("aggregated_servers", False)
+        env.update({str(k): str(v) for k, v in (launch.env or {}).items()})
+        disaggregated = not launch.aggregated_servers
         servers = tuple(
             sglang_server.server(ctx, role, env, grpc=False, disaggregated=disaggregated)
             for role in sglang_server.ROLES

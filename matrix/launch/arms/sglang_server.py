@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from matrix.case_launch import DynamoLaunch, SglangNativeLaunch, or_default
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LOOPBACK_ENV, LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
@@ -29,6 +30,14 @@ ENGINE = ENGINES["sglang"]
 DEFAULT_CONTEXT_LENGTH = 1024
 BOOTSTRAP_PORT = "SGLANG_DISAGGREGATION_BOOTSTRAP_PORT"
 KV_COUNTERS = ("sglang:kv_transfer_latency_ms_count",)
+
+
+def server_launch(case: CaseInfo) -> SglangNativeLaunch | DynamoLaunch:
+    """The case's table as an SGLang server reads it: sglang_native's own, or Dynamo's SGLang sidecar's."""
+    launch = case.launch
+    if not isinstance(launch, SglangNativeLaunch | DynamoLaunch):
+        raise TypeError(f"an SGLang server cannot read a {type(launch).__name__}")
+    return launch
 
 
 def absolute_memory(case: CaseInfo) -> bool:
@@ -65,7 +74,7 @@ def server(
 ) -> ProcessSpec:
     """The `role` server; `grpc` adds SGLang's native gRPC listener (what Dynamo's sidecar talks to);
     without `disaggregated` it is a plain aggregated server (the control case)."""
-    launch = ctx.case.launch
+    launch = server_launch(ctx.case)
     http = ctx.ports[port_name(role, "HTTP")]
     argv = [
         ctx.python, "-m", "sglang.launch_server",
@@ -75,25 +84,25 @@ def server(
         "--port", str(http),
         "--nccl-port", str(ctx.ports[port_name(role, "NCCL")]),
         *ENGINE.kv_argv(ctx.case.kv_bound),
-        "--context-length", str(launch.get("max_model_len", DEFAULT_CONTEXT_LENGTH)),
-        "--max-running-requests", str(launch.get("max_running_requests", 8)),
+        "--context-length", str(or_default(launch.max_model_len, DEFAULT_CONTEXT_LENGTH)),
+        "--max-running-requests", str(or_default(launch.max_running_requests, 8)),
         *ENGINE.fraction_argv(launch),
-        "--attention-backend", str(launch.get("attention_backend", "triton")),
-        "--sampling-backend", str(launch.get("sampling_backend", "pytorch")),
+        "--attention-backend", or_default(launch.attention_backend, "triton"),
+        "--sampling-backend", or_default(launch.sampling_backend, "pytorch"),
         "--enable-metrics",
     ]  # fmt: skip
-    if launch.get("disable_cuda_graph", True):
+    if launch.disable_cuda_graph is not False:
         argv.append("--disable-cuda-graph")
     if disaggregated:
         argv += [
             "--disaggregation-mode", role,
-            "--disaggregation-transfer-backend", str(launch.get("transfer_backend", "nixl")),
+            "--disaggregation-transfer-backend", or_default(launch.transfer_backend, "nixl"),
             "--disaggregation-bootstrap-port", str(ctx.ports[BOOTSTRAP_PORT]),
         ]  # fmt: skip
     if grpc:
         # Dynamo's sidecar refuses a server that re-sends the whole text with every streamed chunk.
         argv += ["--grpc-port", str(ctx.ports[port_name(role, "GRPC")]), "--incremental-streaming-output"]
-    argv += [str(a) for a in launch.get("extra_args", [])]
+    argv += [str(a) for a in launch.extra_args or ()]
     role_env = {
         **LOOPBACK_ENV,
         **env,
@@ -105,12 +114,12 @@ def server(
         # answers 503 while the server starts and 200 once it serves.
         "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",
     }
-    role_env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
+    role_env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
     return ProcessSpec(role=role, argv=tuple(argv), env=role_env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
 def kv_metrics(ctx: LaunchContext) -> MetricsCheck:
     """Prefill's completed KV transfers must grow during the request; the scrape is kept with the logs."""
-    counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", KV_COUNTERS))
+    counters = tuple(str(c) for c in or_default(server_launch(ctx.case).kv_counters, KV_COUNTERS))
     url = loopback_url(ctx.ports[port_name("prefill", "HTTP")], "/metrics")
     return MetricsCheck(url, counters, record=str(ctx.work_dir / "metrics-prefill.prom"))

@@ -26,7 +26,7 @@ def sglang_sidecar_processes(
     """Both servers first, then their sidecars (each after its own server); `roles` ("worker",) for the
     aggregated twin: one plain server (decode's ports) behind one sidecar."""
     env = {**dynamo_env, **sglang_server.scratch_env(ctx)}
-    env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+    env.update({str(k): str(v) for k, v in (sglang_server.server_launch(ctx.case).env or {}).items()})
     if roles == (AGGREGATED_ROLE,):
         plain = sglang_server.server(ctx, "decode", env, grpc=True, disaggregated=False)
         grpc = ctx.ports[sglang_server.port_name("decode", "GRPC")]

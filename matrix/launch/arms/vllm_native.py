@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from matrix.case_launch import VllmNativeLaunch, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
@@ -33,6 +34,11 @@ ENGINE = ENGINES["vllm"]
 # Counters on the decode instance that must grow during the request (vLLM's NIXL connector metrics).
 DEFAULT_KV_COUNTERS = ("vllm:nixl_xfer_time_seconds_count",)
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+DEFAULT_MAX_MODEL_LEN = 512
+
+
+def _launch(ctx: LaunchContext) -> VllmNativeLaunch:
+    return launch_as(ctx.case.launch, VllmNativeLaunch)
 
 
 def vllm_engine_flags(ctx: LaunchContext, engine: Engine, kv_role: str | None) -> list[str]:
@@ -81,7 +87,7 @@ class VllmNativeArm:
         )
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return bool(case.launch.get("cpu", False))
+        return bool(launch_as(case.launch, VllmNativeLaunch).cpu)
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         return ENGINE.absolute_memory(case.kv_bound, case.launch)
@@ -103,19 +109,19 @@ class VllmNativeArm:
         }  # fmt: skip
         if not ctx.gpu_ids:
             base_env["VLLM_TARGET_DEVICE"] = "cpu"
-        base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+        base_env.update({str(k): str(v) for k, v in (_launch(ctx).env or {}).items()})
         return base_env
 
     def _engine_argv(self, ctx: LaunchContext, port: int, kv_role: str | None = None) -> list[str]:
         """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector)."""
-        launch = ctx.case.launch
+        max_len = _launch(ctx).max_model_len
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1",
             "--port", str(port),
             "--model", str(ctx.model_dir or ctx.case.model),
             "--served-model-name", ctx.case.model,
-            "--max-model-len", str(launch.get("max_model_len", 512)),
+            "--max-model-len", str(or_default(max_len, DEFAULT_MAX_MODEL_LEN)),
             *vllm_engine_flags(ctx, ENGINE, kv_role),
         ]  # fmt: skip
         options = equivalence_options(ctx.case)
@@ -125,7 +131,7 @@ class VllmNativeArm:
         return argv
 
     def _extra_args(self, ctx: LaunchContext) -> list[str]:
-        return [str(a) for a in ctx.case.launch.get("extra_args", [])]
+        return [str(a) for a in _launch(ctx).extra_args or ()]
 
     def aggregated_plan(self, ctx: LaunchContext) -> LaunchPlan:
         """One `vllm serve` with the pair's flags, without a KV connector: the oracle's baseline."""
@@ -133,7 +139,7 @@ class VllmNativeArm:
         env = self._base_env(ctx)
         if not ctx.gpu_ids:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"
-        env.update({str(k): str(v) for k, v in ctx.case.launch.get("role_env", {}).get("decode", {}).items()})
+        env.update({str(k): str(v) for k, v in (_launch(ctx).role_env or {}).get("decode", {}).items()})
         argv = (*self._engine_argv(ctx, port), *self._extra_args(ctx))
         health = (HealthProbe(loopback_url(port, "/health")),)
         return served_plan(
@@ -146,7 +152,7 @@ class VllmNativeArm:
         )
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
-        launch = ctx.case.launch
+        launch = _launch(ctx)
         on_gpu = bool(ctx.gpu_ids)
         scratch = self._scratch(ctx)
         base_env = self._base_env(ctx)
@@ -155,18 +161,18 @@ class VllmNativeArm:
         for role, kv_role in ROLES.items():
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
-            connected = not (role == "decode" and launch.get("decode_without_connector"))
+            connected = not (role == "decode" and launch.decode_without_connector)
             argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], kv_role if connected else None)
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
             if role in binding:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
-            env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
+            env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
             health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
             instances.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
         proxy_port = ctx.ports["proxy"]
         proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"])
-        counters = tuple(str(c) for c in launch.get("kv_counters", DEFAULT_KV_COUNTERS))
+        counters = tuple(str(c) for c in or_default(launch.kv_counters, DEFAULT_KV_COUNTERS))
         return served_plan(
             ctx,
             proxy_port,
@@ -182,10 +188,11 @@ class VllmNativeArm:
         """Streaming through the proxy; the cancel check on both instances' gauges; the orphaned decode sent
         straight to the decode instance, which takes `kv_transfer_params` on its public OpenAI API."""
         engines = tuple(EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics")) for role in ROLES)
-        max_len = int(ctx.case.launch.get("max_model_len", 512))
+        launch = _launch(ctx)
+        max_len = or_default(launch.max_model_len, DEFAULT_MAX_MODEL_LEN)
         # `orphan_decode = false`: the case leaves the orphaned decode to a case of its own (on vLLM CPU 0.32.0
         # the decode keeps one KV block of it for good, which would fail the pair's other proofs too).
-        orphan = ctx.case.launch.get("orphan_decode", True) is not False
+        orphan = launch.orphan_decode is not False
         return LifecycleSpec(
             str(ctx.work_dir),
             engines=engines,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from matrix.case_launch import DynamoLaunch, launch_as, or_default
 from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import AGGREGATED_ROLE, sidecar_process
 from matrix.launch.arms.vllm_native import DEFAULT_KV_COUNTERS, omp_binding, vllm_engine_flags
@@ -21,6 +22,15 @@ from matrix.launch.launch_plan import EngineGauges, HealthProbe, LifecycleSpec, 
 
 ROLES = ("prefill", "decode")
 ENGINE = ENGINES["dynamo-vllm"]
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def _launch(ctx: LaunchContext) -> DynamoLaunch:
+    return launch_as(ctx.case.launch, DynamoLaunch)
+
+
+def _max_model_len(launch: DynamoLaunch) -> int:
+    return or_default(launch.max_model_len, DEFAULT_MAX_MODEL_LEN)
 
 
 def engine_port(role: str, kind: str) -> str:
@@ -35,7 +45,7 @@ def port_role(role: str) -> str:
 
 
 def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding: Mapping[str, str]) -> ProcessSpec:
-    launch = ctx.case.launch
+    launch = _launch(ctx)
     ports = port_role(role)
     http = ctx.ports[engine_port(ports, "HTTP")]
     argv = [
@@ -45,20 +55,20 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
         "--host", "127.0.0.1",
         "--port", str(http),
         "--grpc-port", str(ctx.ports[engine_port(ports, "GRPC")]),
-        "--max-model-len", str(launch.get("max_model_len", 2048)),
+        "--max-model-len", str(_max_model_len(launch)),
         "--served-model-name", ctx.case.model,
         # "auto" picks parsers from the model's config; a tiny generated qwen3 has no <think> token for them.
-        "--reasoning-parser", str(launch.get("reasoning_parser", "none")),
-        "--tool-call-parser", str(launch.get("tool_call_parser", "none")),
+        "--reasoning-parser", or_default(launch.reasoning_parser, "none"),
+        "--tool-call-parser", or_default(launch.tool_call_parser, "none"),
         "--",
         # The aggregated twin moves no KV: no connector, as upstream's agg case.
         *vllm_engine_flags(ctx, ENGINE, None if role == AGGREGATED_ROLE else "kv_both"),
     ]  # fmt: skip
-    argv += [str(a) for a in launch.get("extra_args", [])]
+    argv += [str(a) for a in launch.extra_args or ()]
     env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(ports, "NIXL_SIDE_CHANNEL")])}
     if role in binding:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
-    env.update({str(k): str(v) for k, v in launch.get("role_env", {}).get(role, {}).items()})
+    env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
     return ProcessSpec(role=role, argv=tuple(argv), env=env, health=(HealthProbe(loopback_url(http, "/health")),))
 
 
@@ -75,7 +85,7 @@ def vllm_sidecar_processes(
     }
     if not on_gpu:
         base_env["VLLM_TARGET_DEVICE"] = "cpu"
-    base_env.update({str(k): str(v) for k, v in ctx.case.launch.get("env", {}).items()})
+    base_env.update({str(k): str(v) for k, v in (_launch(ctx).env or {}).items()})
     binding = {} if on_gpu else omp_binding(ctx.cpu_ids)
     if roles == (AGGREGATED_ROLE,) and not on_gpu:  # one engine: all the host's cores
         binding = {AGGREGATED_ROLE: ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"}
@@ -102,7 +112,8 @@ SIDECAR_KV_COUNTERS = (*DEFAULT_KV_COUNTERS, 'vllm:prompt_tokens_by_source_total
 
 
 def decode_metrics(ctx: LaunchContext) -> MetricsCheck:
-    counters = tuple(str(c) for c in ctx.case.launch.get("kv_counters", SIDECAR_KV_COUNTERS))
+    kv_counters = _launch(ctx).kv_counters
+    counters = tuple(str(c) for c in or_default(kv_counters, SIDECAR_KV_COUNTERS))
     url = loopback_url(ctx.ports[engine_port("decode", "HTTP")], "/metrics")
     return MetricsCheck(url, counters, "any", record=str(ctx.work_dir / "metrics-decode.prom"))
 
@@ -119,6 +130,6 @@ def lifecycle(ctx: LaunchContext, roles: tuple[str, ...] = ROLES) -> LifecycleSp
     engines = tuple(
         EngineGauges(role, loopback_url(ctx.ports[engine_port(port_role(role), "HTTP")], "/metrics")) for role in roles
     )
-    max_len = int(ctx.case.launch.get("max_model_len", 2048))
+    max_len = _max_model_len(_launch(ctx))
     return LifecycleSpec(str(ctx.work_dir), engines=engines, orphan_skip=ORPHAN_SKIP,
                          cancel_max_tokens=max(16, min(1024, max_len - 128)))  # fmt: skip

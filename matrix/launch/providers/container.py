@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.case_launch import or_default
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
@@ -107,10 +108,10 @@ def _ask_engine(engine: str) -> str | None:
 def prepare_container(runtime: RuntimeInfo) -> Environment | Unavailable:
     """The image's environment when its engine runs here, the image is here (or pulls) and holds the
     runtime's components; otherwise why not (`Mismatch`: components differ, the cell fails as config)."""
-    from matrix.launch.providers.recipe import parse_container  # see `matrix.launch.providers`
+    from matrix.launch.providers.recipe import container_config  # see `matrix.launch.providers`
 
     try:
-        config = parse_container(runtime.provider, runtime.label)
+        config = container_config(runtime)
     except ConfigError as exc:
         return Mismatch(str(exc))
     engine = config.engine or default_engine()
@@ -239,10 +240,10 @@ def _probe(
 def shm_gib_for(case: CaseInfo, runtime: RuntimeInfo) -> float | None:
     """Size of the shared-memory mount in GiB: the case's ``launch.shm_gib``, else the engine's default
     (trtllm: 10 GiB; vLLM and SGLang: 2 GiB), else None (the container engine's own default)."""
-    value = case.launch.get("shm_gib")
+    value = case.launch.shm_gib
     if value is not None:
         return float(value)
-    engine = str(case.launch.get("engine", runtime.backend))
+    engine = or_default(case.launch.engine, runtime.backend)
     return DEFAULT_SHM_GIB.get(engine, DEFAULT_SHM_GIB.get(runtime.backend))
 
 

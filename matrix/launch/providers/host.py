@@ -17,7 +17,7 @@ from matrix.errors import ConfigError
 from matrix.launch.providers.base import Environment, Mismatch, Unavailable
 from matrix.launch.providers.components import ProbeError, detect, mismatches
 from matrix.launch.providers.interpreters import find_python, probe
-from matrix.launch.providers.recipe import HostConfig, parse_host
+from matrix.launch.providers.recipe import HostConfig, host_config
 
 
 def resolve_interpreter(python: str, path: str | None = None) -> str | None:
@@ -91,7 +91,7 @@ def _expanded(config: HostConfig) -> HostConfig:
 def prepare_host(runtime: RuntimeInfo) -> Environment | Unavailable:
     """This interpreter (or the provider's), with the components checked against the catalog."""
     try:
-        config = parse_host(runtime.provider, runtime.label)
+        config = host_config(runtime)
     except ConfigError as exc:
         return Mismatch(str(exc))
     unset = _unset_variables(config)

@@ -22,7 +22,7 @@ import json
 import re
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.parser import Parser
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 
 # Bumped when the layout of a built environment changes, so old caches are never mistaken for new ones.
@@ -388,17 +389,53 @@ def parse_venv(provider: Mapping[str, Any], label: str) -> VenvRecipe:
     )
 
 
+ProviderSpec = HostConfig | VenvRecipe | ContainerConfig
+
+
+def parse_provider(provider: Mapping[str, Any], label: str) -> ProviderSpec | None:
+    """A runtime's provider entry, checked and parsed into its kind's typed recipe (None for `builtin`, which
+    has nothing but its `env`). `ConfigError` names the runtime and what is wrong."""
+    kind = str(provider.get("kind", "host"))
+    if kind == "host":  # each parser checks the keys of its kind first
+        return parse_host(provider, label)
+    if kind == "venv":
+        return parse_venv(provider, label)
+    if kind == "container":
+        return parse_container(provider, label)
+    check_keys(provider, label)  # builtin, or a kind no provider has (refused here)
+    _string_map(provider.get("env"), label, "env")
+    return None
+
+
 def check_provider(provider: Mapping[str, Any], label: str) -> None:
     """Raise `ConfigError` naming what is wrong with a runtime's provider entry (for catalog loading)."""
-    kind = check_keys(provider, label)
-    if kind == "builtin":
-        _string_map(provider.get("env"), label, "env")
-    elif kind == "host":
-        parse_host(provider, label)
-    elif kind == "venv":
-        parse_venv(provider, label)
-    elif kind == "container":
-        parse_container(provider, label)
+    parse_provider(provider, label)
+
+
+def with_spec(runtime: RuntimeInfo) -> RuntimeInfo:
+    """`runtime` carrying its provider parsed (`RuntimeInfo.spec`), so that its cells do not parse it again.
+    An entry that does not parse is left unparsed: each cell then fails on it with the same message."""
+    try:
+        spec = parse_provider(runtime.provider, runtime.label)
+    except ConfigError:
+        return runtime
+    return replace(runtime, spec=spec)
+
+
+# What the providers read of a runtime: its carried spec, else (a runtime made in code) the entry parsed now.
+def host_config(runtime: RuntimeInfo) -> HostConfig:
+    spec = runtime.spec
+    return spec if isinstance(spec, HostConfig) else parse_host(runtime.provider, runtime.label)
+
+
+def venv_recipe(runtime: RuntimeInfo) -> VenvRecipe:
+    spec = runtime.spec
+    return spec if isinstance(spec, VenvRecipe) else parse_venv(runtime.provider, runtime.label)
+
+
+def container_config(runtime: RuntimeInfo) -> ContainerConfig:
+    spec = runtime.spec
+    return spec if isinstance(spec, ContainerConfig) else parse_container(runtime.provider, runtime.label)
 
 
 # --- requirements_of ----------------------------------------------------------------------------------

@@ -43,9 +43,9 @@ from matrix.launch.providers.recipe import (
     RequirementsOfStep,
     UninstallStep,
     VenvRecipe,
-    parse_venv,
     plugin_path,
     select_requirements,
+    venv_recipe,
     wheel_metadata,
 )
 from matrix.launch.providers.venv.installer import find_uv, pip_settings, translate
@@ -304,7 +304,7 @@ def plan_runtime(
     """Resolve every step of the runtime's recipe for `target`; `exclude` names what the host provides,
     `omit` what the runtime never imports there (both are left out of the wheelhouse). `workers`: how many
     uv resolutions run at once (1: one after the other, step by step; the result is the same)."""
-    recipe = parse_venv(runtime.provider, runtime.label)
+    recipe = venv_recipe(runtime)
     check_recipe_python(recipe, target, runtime.label)
     excluded_names = {canonicalize_name(n) for n in exclude}
     omitted_names = {canonicalize_name(n) for n in omit} - excluded_names

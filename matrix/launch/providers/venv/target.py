@@ -23,7 +23,7 @@ from matrix.launch.providers.host import resolve_interpreter
 from matrix.launch.providers.interpreters import probe
 from matrix.launch.providers.recipe import (
     VenvRecipe,
-    parse_venv,
+    venv_recipe,
 )
 from matrix.launch.providers.venv.installer import INSTALLERS, choose_installer
 from matrix.paths import data_dir
@@ -115,9 +115,9 @@ class Target:
 
 
 def resolve_target(runtime: RuntimeInfo, installer: str | None = None) -> Target:
-    """Parse the runtime's recipe and compute its key for `installer` (None: the one the next build would
-    use). `ConfigError`: bad recipe or installer; `ProvisionError`: its interpreter is not here."""
-    recipe = parse_venv(runtime.provider, runtime.label)
+    """The runtime's recipe (carried by it, else parsed now) and its key for `installer` (None: the one the next
+    build would use). `ConfigError`: bad recipe or installer; `ProvisionError`: its interpreter is not here."""
+    recipe = venv_recipe(runtime)
     version = python_version_of(recipe.python)
     platform = host_platform()
     name = installer or choose_installer().name

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from matrix.errors import ConfigError
 
@@ -165,3 +165,22 @@ def parse_launch(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
             )
         values[spec.name] = tuple(value) if isinstance(value, list) else value
     return launch_type(**values)
+
+
+LaunchT = TypeVar("LaunchT", bound=CommonLaunch)
+
+
+def launch_as(table: CommonLaunch, launch_type: type[LaunchT]) -> LaunchT:
+    """`table` as the arm's own type: a case's table is parsed for its arm, so another type is a bug."""
+    if not isinstance(table, launch_type):
+        raise TypeError(f"a {type(table).__name__} where a {launch_type.__name__} was expected")
+    return table
+
+
+ValueT = TypeVar("ValueT")
+
+
+def or_default(value: ValueT | None, default: ValueT) -> ValueT:
+    """A launch field's value, else the arm's default where it reads it (None: the case left the key out;
+    a value given, even an empty one, is the case's)."""
+    return default if value is None else value
