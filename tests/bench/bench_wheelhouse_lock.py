@@ -144,11 +144,7 @@ def main() -> None:
         "Python 3.12, manylinux_2_39_x86_64, resolution only (nothing downloaded); sides: "
         + ", ".join(f"{n} = {'this tree' if r == 'tree' else 'revision ' + r}" for n, r in sides.items())
         + "; one process each, medians of wall seconds.\n\n",
-        "| cache | "
-        + " | ".join(f"{n} s" for n in names)
-        + " | "
-        + " | ".join(f"{n} / {last}" for n in names[:-1])
-        + " |\n",
+        "| cache | " + " | ".join([f"{n} s" for n in names] + [f"{n} / {last}" for n in names[:-1]]) + " |\n",
         "|---|" + "---:|" * (2 * len(names) - 1) + "\n",
     ]
     for temperature in ("cold", "warm"):
