@@ -32,6 +32,7 @@ from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
 from matrix.executors import EXECUTORS
 from matrix.executors.local import LocalExecutor
+from matrix.executors.shared_engines import grid_plans
 from matrix.fanout.shards import pick_cells
 from matrix.hardware.gpus import Gpu, inventory
 from matrix.hardware.ports import PortAllocator
@@ -89,6 +90,9 @@ class RunOptions:
     repeat: int = 1
     # `--loopback-only`: a cell whose processes listen beyond loopback fails (check `loopback_only`).
     loopback_only: bool = False
+    # Skew grids of arms that serve any peer start each (role, runtime) engine once per grid, every pair on
+    # its own proxy (`matrix.executors.shared_engines`); `--per-cell-engines` turns it off.
+    shared_engines: bool = True
 
 
 def _git_sha() -> str:
@@ -492,9 +496,12 @@ def _run(
             echo(f"campaign {campaign_id} {state}: {stop.signal_name or 'stopped'} while provisioning, no cell ran; "
                  f"`matrix run --resume {campaign_id}` finishes it")  # fmt: skip
             return EXIT_INTERRUPTED
+    # Ray tasks run one cell each on whichever node: their grids stay per cell.
+    grids = grid_plans([job.cell for job in jobs]) if options.shared_engines and ray_executor is None else {}
     executor = ray_executor or LocalExecutor(
-        pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace
-    )
+        pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace,
+        grids=grids,
+    )  # fmt: skip
     where = f"{len(gpus)} GPU(s) in the Ray cluster" if ray_executor else f"{len(gpus)} GPU(s)"
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
     reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)

@@ -260,10 +260,11 @@ def gate_cmd(
 
     Every case the policy selects that applies to the runtime must pass its latest attempt; a
     missing required fix is NO-GO; unexpired waivers excuse failures; a case that
-    passed on the previous release (the greatest final version below VERSION; pre-releases and dev
-    builds are skipped) and fails now is a regression, which blocks even when waived under the
-    policy's regressions_block. A skipped attempt never replaces an earlier pass or failure. Cells
-    not run (or only skipped) with nothing else wrong give INCOMPLETE. A policy that selects no case
+    passed on the previous release (the greatest final version below VERSION; pre-releases, dev
+    builds and variants such as 0.29.0+vllm.rs.0.30.0 are skipped) and fails now is a regression,
+    which blocks even when waived under the policy's regressions_block. A skipped attempt never
+    replaces an earlier pass or failure. Cells not run (or only skipped) with nothing else wrong give
+    INCOMPLETE. A policy that selects no case
     for the runtime gives N/A; a NO-GO from missing fixes alone, before any cell failed, is shown as
     predicted. The page and the text list the policy's rules. Exit code: 0 GO, 1 NO-GO, 3 INCOMPLETE,
     4 N/A, 2 bad input.

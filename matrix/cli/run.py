@@ -138,13 +138,17 @@ def _versions(cell: Any) -> str:
                    "everything else held equal; repeatable.")
 @click.option("--new", "new_only", is_flag=True,
               help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
+@click.option("--per-cell-engines", is_flag=True,
+              help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
+              "(role, runtime) engine once per grid and routing each pair through its own proxy.")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, repeat: int, fail_fast: bool,
     resume: int | None, rerun_failed: int | None, join: int | None, logs_dir: Path | None, workspace: Path | None,
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
-    offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], **kw: Any,
+    offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], per_cell_engines: bool,
+    **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -193,7 +197,7 @@ def run_cmd(
         gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
         join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
-        new_only=new_only, repeat=repeat, loopback_only=loopback_only,
+        new_only=new_only, repeat=repeat, loopback_only=loopback_only, shared_engines=not per_cell_engines,
     )  # fmt: skip
     from matrix.output import echo
 

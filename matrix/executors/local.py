@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.executors.grid_pair import run_pair
+from matrix.executors.shared_engines import GridPlan, SharedEngines
 from matrix.hardware.gpus import Gpu, memory_used
 from matrix.hardware.ports import PortAllocator
 from matrix.outcome import CellOutcome
@@ -31,6 +35,7 @@ class LocalExecutor:
         max_workers: int,
         gpus: tuple[Gpu, ...] = (),
         workspace: Path | None = None,
+        grids: Mapping[str, GridPlan] | None = None,
     ) -> None:
         self._pool = pool
         self._allocator = allocator
@@ -39,6 +44,11 @@ class LocalExecutor:
         self._baseline = {gpu.index: gpu.memory_used for gpu in gpus}
         self._live = LiveCells()
         self._threads = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="cell")
+        # Skew grids whose pairs share engines (`matrix.executors.shared_engines`), by case name; each grid's
+        # engines are made on its first pair and stopped by its last, or at shutdown.
+        self._grids = dict(grids or {})
+        self._shared: dict[str, SharedEngines] = {}
+        self._shared_lock = threading.Lock()
 
     def submit(self, submission: Submission) -> Future[CellOutcome]:
         return self._threads.submit(self._work, submission)
@@ -58,6 +68,18 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         self._threads.shutdown(wait=True)
+        for engines in self._shared.values():
+            engines.close()
+
+    def _engines_for(self, submission: Submission) -> SharedEngines | None:
+        grid = self._grids.get(submission.cell.case.name)
+        if grid is None or submission.cell.key not in grid.keys:
+            return None
+        with self._shared_lock:
+            if grid.case not in self._shared:
+                root = submission.log_dir.parent / f"shared-engines-{grid.case}"
+                self._shared[grid.case] = SharedEngines(grid, root, self._allocator, self._live)
+            return self._shared[grid.case]
 
     def _work(self, submission: Submission) -> CellOutcome:
         lease = submission.lease
@@ -65,7 +87,14 @@ class LocalExecutor:
         resources = Resources(
             gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=gate, workspace=self._workspace
         )
-        outcome = run_cell(submission.cell, submission.uid, submission.log_dir, self._allocator, resources, self._live)
+        engines = self._engines_for(submission)
+        if engines is not None:
+            outcome = run_pair(submission.cell, submission.uid, submission.log_dir, self._allocator, resources,
+                               self._live, engines)  # fmt: skip
+        else:
+            outcome = run_cell(
+                submission.cell, submission.uid, submission.log_dir, self._allocator, resources, self._live
+            )
         if lease.gpu_indices:
             settle = self._settle(lease)
             # How the start-up went through its GPU's gate (mode, window, peers beside it), for the overlap.

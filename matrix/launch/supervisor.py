@@ -240,6 +240,10 @@ class Supervisor:
         """The pid of every started process, by role (for telemetry)."""
         return {child.role: child.popen.pid for child in self._children}
 
+    def exited(self) -> dict[str, int]:
+        """The exit code of every started process that has ended, by role (a shared engine's liveness)."""
+        return {child.role: code for child in self._children if (code := child.popen.poll()) is not None}
+
     def _child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         # Python children block-buffer a piped stdout: lines would be timestamped late and lost on a
         # crash. Unbuffered is only a default; the base environment or the spec may override it.

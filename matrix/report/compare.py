@@ -372,8 +372,9 @@ def held_equal_sides(
     session: Session, component: str, a: str, b: str, hold: Mapping[str, str] | None = None
 ) -> tuple[Side, Side, Holding]:
     """The sides of `compare --component NAME A B`: a pair of runtimes of one backend that differ only in
-    NAME when the catalog has one (with results preferred, then the newest; `hold` picks by a held
-    component), else every runtime with each version, saying which other components differ too."""
+    NAME when the catalog has one (with results preferred, then the fewest derived runtimes, then the
+    newest; `hold` picks by a held component), else every runtime with each version, saying which other
+    components differ too."""
     runtimes = load_runtimes(session)
     side_a, side_b = component_side(runtimes, component, a), component_side(runtimes, component, b)
     wanted = {n: str(parse_version(v)) for n, v in (hold or {}).items()}
@@ -386,7 +387,11 @@ def held_equal_sides(
     ]  # fmt: skip
     if pairs:
         counts = _with_results(session, {r.id for pair in pairs for r in pair})
-        pairs.sort(key=lambda p: (min(counts.get(p[0].id, 0), counts.get(p[1].id, 0)), p[0].parsed), reverse=True)
+        # Results first; then the fewest derived sides, so that the catalog's own 0.29.0 is side A rather
+        # than its twin 0.29.0+vllm.rs.0.29.0 (the base recipe a bisect probes under a variant's name); then
+        # the newest.
+        pairs.sort(key=lambda p: (min(counts.get(p[0].id, 0), counts.get(p[1].id, 0)),
+                                  -sum(r.info.derived for r in p), p[0].parsed), reverse=True)  # fmt: skip
         ra, rb = pairs[0]
         held = tuple(f"{n} {v}" for n, v in sorted(_rest(ra, component).items()))
         others = tuple(

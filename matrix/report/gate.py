@@ -13,9 +13,11 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    meaning every version) and has not expired. A waiver is valid through its `expires` day (UTC);
    an expired one is reported and excuses nothing.
 4. A *regression* is a case whose latest attempt passed on the previous release and fails now. The
-   previous release is the greatest final version of the same backend below this one: pre-releases
-   and dev builds are skipped, because "it passed on the last release" is a promise only releases
-   make (0.30.0 is compared with 0.29.0, not with 0.29.1rc1.dev347). Under `regressions_block` (the
+   previous release is the greatest final version of the same backend below this one: pre-releases,
+   dev builds and variants are skipped, because "it passed on the last release" is a promise only
+   releases make (0.30.0 is compared with 0.29.0, not with 0.29.1rc1.dev347, nor with the variant
+   0.29.0+vllm.rs.0.30.0 that PEP 440 sorts between them: a runtime derived from another, or a
+   local-labelled build of a version that is a runtime itself, was never released). Under `regressions_block` (the
    default) a regression blocks even when a waiver covers its failure.
 5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
 6. Under `min_pass_rate` (with `min_samples`, default 1) rules 2, 3 and 5 judge the pass rate over every
@@ -385,11 +387,27 @@ def _find_runtime(runtimes: Sequence[RuntimeView], backend: str, version: str) -
     raise ConfigError(f"no runtime {backend} {wanted} (known versions: {known}; see `matrix runtimes list`)")
 
 
+def is_variant(runtimes: Sequence[RuntimeView], runtime: RuntimeView) -> bool:
+    """A runtime derived from another of its backend: made by `runtime derive`, `run --with` or `bisect
+    --component` (source "derived"), or a local-labelled build of a version that is a runtime itself
+    (`0.29.0+vllm.rs.0.30.0` written by hand or with `base`, `0.32.0+container`). A variant is not a release:
+    PEP 440 sorts `0.29.0+vllm.rs.0.30.0` after 0.29.0, yet nobody shipped it."""
+    if runtime.info.derived:
+        return True
+    if runtime.parsed.local is None:
+        return False
+    public = parse_version(runtime.parsed.public)
+    return any(r.backend == runtime.backend and r.parsed == public for r in runtimes)
+
+
 def previous_release(runtimes: Sequence[RuntimeView], runtime: RuntimeView) -> RuntimeView | None:
-    """The greatest final release of the same backend below `runtime` (pre-releases and dev builds skipped)."""
+    """The greatest release of the same backend below `runtime`: pre-releases, dev builds and variants
+    (`is_variant`) skipped. For a variant that is its base's release (or the one below it)."""
     older = [
-        r for r in runtimes if r.backend == runtime.backend and r.parsed < runtime.parsed and not r.parsed.is_prerelease
-    ]
+        r for r in runtimes
+        if r.backend == runtime.backend and r.parsed < runtime.parsed and not r.parsed.is_prerelease
+        and not is_variant(runtimes, r)
+    ]  # fmt: skip
     return max(older, key=lambda r: r.parsed, default=None)
 
 

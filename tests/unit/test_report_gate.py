@@ -11,7 +11,7 @@ import json
 
 from matrix.report.gate import evaluate_gate
 from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.unit.test_report_support import attempt, campaign, db, runtime, sync
 
 CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")
 
@@ -286,3 +286,48 @@ def test_markdown_and_html_outputs(matrix: Matrix) -> None:
     html = page.read_text()
     assert "GO" in html and "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
     assert "lenient: only 2 of 3 required cells passed" in html
+
+
+VARIANTS = """
+[[runtime]]
+backend = "vllm"
+version = "0.29.0+vllm.rs.0.30.0"
+provider = { kind = "host" }
+components = { vllm = "0.29.0", vllm-rs = "0.30.0" }
+notes = "written by hand: Python vLLM 0.29.0 with the vllm-rs of 0.30.0"
+
+[[runtime]]
+backend = "vllm"
+version = "0.29.0+container"
+provider = { kind = "host" }
+components = { vllm = "0.29.0", vllm-rs = "0.29.0" }
+"""
+
+
+def test_a_variant_is_not_the_previous_release(matrix: Matrix) -> None:
+    """PEP 440 sorts 0.29.0+vllm.rs.0.30.0 (and 0.29.0+container) between 0.29.0 and 0.30.0, but neither was
+    released: the regression baseline of 0.30.0 is 0.29.0, whose pass of vllm_agg_check makes 0.30.0's
+    failure a regression even though the variants failed it too."""
+    sync(matrix, GATES, VARIANTS)
+    all_pass(matrix, "vllm=0.29.0")
+    all_pass(matrix, "vllm=0.29.0+vllm.rs.0.30.0", vllm_agg_check="failed")
+    all_pass(matrix, "vllm=0.29.0+container", vllm_agg_check="failed")
+    all_pass(matrix, "vllm=0.30.0", vllm_agg_check="failed")
+    data = json.loads(matrix("gate", "vllm", "0.30.0", "--json").output)
+    assert data["previous_release"] == "0.29.0"
+    assert [r["case"] for r in data["reasons"] if r["kind"] == "regression"] == ["vllm_agg_check"]
+    # A variant's own gate compares it with the release it was made from.
+    variant = json.loads(matrix("gate", "vllm", "0.29.0+vllm.rs.0.30.0", "--json").output)
+    assert variant["previous_release"] == "0.29.0"
+
+
+def test_a_derived_runtime_is_not_a_release_and_a_lone_local_label_is(matrix: Matrix) -> None:
+    """A runtime stored by `runtime derive`/`run --with` (source "derived") is skipped whatever its version;
+    a local-labelled version whose public version is no runtime (a build published that way, e.g.
+    0.29.5+cpu) is a release like any other."""
+    lone = '[[runtime]]\nbackend = "vllm"\nversion = "0.29.5+cpu"\nprovider = { kind = "host" }\n'
+    derived = '[[runtime]]\nbackend = "vllm"\nversion = "0.29.7"\nprovider = { kind = "host" }\n'
+    sync(matrix, GATES, lone, derived)
+    with db(matrix) as s:
+        runtime(s, "vllm=0.29.7").source = "derived"
+    assert json.loads(matrix("gate", "vllm", "0.30.0", "--json").output)["previous_release"] == "0.29.5+cpu"

