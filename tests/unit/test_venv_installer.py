@@ -21,6 +21,7 @@ from matrix.launch.providers.venv.wheelfiles import UnpackedWheel
 @pytest.fixture(autouse=True)
 def _no_host_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(installer_module, "LEGACY_GLOBAL_CONFIG", tmp_path / "etc-pip.conf")
+    monkeypatch.setattr(installer_module, "SITE_CONFIG", tmp_path / "prefix" / "pip.conf")
 
 
 def _environ(tmp_path: Path, **variables: str) -> dict[str, str]:
@@ -58,6 +59,28 @@ def test_settings_follow_pips_precedence(tmp_path: Path, monkeypatch: pytest.Mon
         "--index-url", "https://install.example/simple",
     ]  # fmt: skip
     assert env == {}
+
+
+def test_the_interpreters_site_config_is_read_between_the_users_and_pip_config_file(tmp_path: Path) -> None:
+    environ = _environ(tmp_path)
+    (tmp_path / "home" / ".config" / "pip" / "pip.conf").write_text(
+        "[global]\nindex-url = https://user.example/simple\nfind-links = /user\n"
+    )
+    (tmp_path / "prefix").mkdir()
+    (tmp_path / "prefix" / "pip.conf").write_text(
+        "[global]\nindex-url = https://site.example/simple\nextra-index-url = https://site-extra.example/simple\n"
+    )
+    settings = pip_settings(environ)
+    assert settings["index-url"].value == "https://site.example/simple"
+    assert settings["index-url"].origin == f"{tmp_path / 'prefix' / 'pip.conf'} [global]"
+    assert settings["find-links"].value == "/user"
+    args, _env, refused = translate(settings)
+    assert "https://site-extra.example/simple" in args and not refused
+    (tmp_path / "env.conf").write_text("[global]\nindex-url = https://env.example/simple\n")
+    settings = pip_settings({**environ, "PIP_CONFIG_FILE": str(tmp_path / "env.conf")})
+    assert settings["index-url"].value == "https://env.example/simple"  # PIP_CONFIG_FILE over the site file
+    assert settings["extra-index-url"].value == "https://site-extra.example/simple"
+    assert "find-links" not in settings  # the user's files are skipped then, the site file is not
 
 
 def test_pip_config_file_devnull_reads_no_file(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from matrix.launch.providers.venv import (
     targets_of,
     tree_size,
 )
+from matrix.launch.providers.venv.members import MEMBERS_DIR, prune_members
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def list_envs(root: Path | None = None) -> list[EnvEntry]:
         return []
     entries = []
     for path in sorted(root.iterdir()):
-        if not path.is_dir():
+        if not path.is_dir() or path.name == MEMBERS_DIR:  # files kept for `extract` (`venv.members`)
             continue
         if path.name.startswith(TMP_PREFIX):
             building = not _lock_is_free(root, _temp_owner(path))
@@ -143,6 +144,7 @@ def prune(referenced: set[str], *, dry_run: bool = False, root: Path | None = No
         removed.append(Removal(entry.path, why, size))
     if not dry_run:
         _remove_orphan_files(root, referenced)
+        prune_members(root)
     return PruneReport(tuple(removed), tuple(kept), tuple(busy))
 
 

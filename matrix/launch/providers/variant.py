@@ -4,14 +4,15 @@ A variant recipe (`matrix.variants`) differs from its base in file steps only: a
 `vllm-rs` of another wheel, or an `expose` it replaces. Such an environment is the base's environment
 plus one file, so it is made by copying the base with hard links (`cp -a -l`: no data is copied, the base
 is seconds and a few MiB of directory entries), relocating it as every environment is relocated (the
-`#!` lines and pyvenv.cfg name the final path) and running only the differing steps; then its components
-are asked again from the environment itself (`vllm-rs --version`), as after a full build.
+`#!` lines and pyvenv.cfg name the final path) and running only the differing steps; then the components
+those steps can change (executables) are asked again from the environment itself (`vllm-rs --version`), as
+after a full build; its distributions are the base's very files, at the base's recorded versions.
 
 Hard links share inodes with the base, so nothing here ever writes into a copied file: a file that
 changes is unlinked and written anew (relocated scripts, env.json, the log; `extract` writes a fresh file
-as it does in a full build; a file another environment here already took from the very same wheel is
-hard-linked from there instead of downloading the wheel again). Byte code stays the base's: its
-recorded source paths name the base's files, which are the very same files.
+as it does in a full build; a file an earlier build took from the very same wheel is hard-linked from the
+member kept for it (`venv.members`) or from that environment instead of reading the wheel again). Byte
+code stays the base's: its recorded source paths name the base's files, which are the very same files.
 
 The guarantees of the venv provider hold: the copy is made under the variant's own build lock in a
 `.tmp-` directory renamed into place in one `rename(2)` (a SIGKILL leaves only a temporary directory,
@@ -30,14 +31,16 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from packaging.utils import canonicalize_name
 
 from matrix.cells import RuntimeInfo
 from matrix.errors import MatrixError
 from matrix.launch.providers.buildprocs import StopCheck, run_command
-from matrix.launch.providers.components import ProbeError, detect, mismatches
+from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
 from matrix.launch.providers.recipe import ExposeStep, ExtractStep
 from matrix.launch.providers.venv import (
     INFO_NAME,
@@ -51,6 +54,7 @@ from matrix.launch.providers.venv import (
     locked,
     read_info,
 )
+from matrix.launch.providers.venv.members import keep_member, link_member, member_key
 from matrix.launch.providers.venv.wheelfiles import WheelFiles, fetched_wheel
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is
@@ -97,15 +101,18 @@ def find_base(target: Target) -> Base | None:
     return best
 
 
-def _unlinked_write(path: Path, data: bytes) -> None:
-    """Write `path` as a new file: never through a hard link shared with the base."""
+def _unlinked_write(path: Path, data: bytes) -> Path:
+    """Write `path` as a new file: never through a hard link shared with the base; `path`."""
     path.unlink(missing_ok=True)
     path.write_bytes(data)
+    return path
 
 
-def _relocate(tmp: Path, old: str, final: str) -> None:
-    """The base's absolute path in `#!` lines, activate scripts and pyvenv.cfg becomes the variant's."""
+def _relocate(tmp: Path, old: str, final: str) -> list[Path]:
+    """The base's absolute path in `#!` lines, activate scripts and pyvenv.cfg becomes the variant's; the
+    files written anew."""
     before, after = old.encode(), final.encode()
+    written = []
     for path in [*(p for p in (tmp / "bin").iterdir() if p.is_file() and not p.is_symlink()), tmp / "pyvenv.cfg"]:
         try:
             content = path.read_bytes()
@@ -113,22 +120,9 @@ def _relocate(tmp: Path, old: str, final: str) -> None:
             continue
         if before in content and len(content) < 1_000_000:
             mode = path.stat().st_mode
-            _unlinked_write(path, content.replace(before, after))
+            written.append(_unlinked_write(path, content.replace(before, after)))
             path.chmod(mode & 0o7777)
-
-
-def extra_bytes(path: Path) -> int:
-    """Bytes of the files under `path` that no other directory entry shares (what the copy added)."""
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            if st.st_nlink == 1:
-                total += st.st_size
-    return total
+    return written
 
 
 @dataclass
@@ -141,6 +135,8 @@ class _VariantBuild:
     stop: StopCheck
     # The target's installer: a base uv built has no pip in it, so uv reads the wheel too.
     installer: Installer
+    # The files written anew (not hard-linked): what the variant adds to the base.
+    written: list[Path] = field(default_factory=list)
 
     @property
     def python(self) -> str:
@@ -221,6 +217,10 @@ class _VariantBuild:
 
     def extract(self, step: ExtractStep) -> None:
         target = self.tmp / "bin" / PurePosixPath(step.member).name
+        key = member_key(step.requirement, step.member, self.target.python_version, self.target.platform)
+        if link_member(self.target.root, key, target):
+            self.note(f"extract: bin/{target.name} linked from the member kept for {step.describe()}")
+            return
         donor = self.donor(step)
         if donor is not None:
             target.unlink(missing_ok=True)
@@ -237,9 +237,10 @@ class _VariantBuild:
                 data = wheel.read(step.member)
             except KeyError:
                 raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
-        _unlinked_write(target, data)
+        self.written.append(_unlinked_write(target, data))
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+        keep_member(self.target.root, key, target)
 
     @contextmanager
     def wheel(self, requirement: str) -> Iterator[WheelFiles]:
@@ -261,14 +262,38 @@ class _VariantBuild:
         link.symlink_to(os.path.relpath(source, link.parent))
         self.note(f"expose: bin/{source.name} -> {step.member}")
 
+    def detect(self) -> Detected:
+        """The runtime's components as the variant has them. A distribution's version is the base's as
+        recorded (the variant's site-packages are the base's very files: only bin/ differs), so only the other
+        components (an executable such as vllm-rs) are asked, as after a full build: `vllm-rs --version`,
+        with no interpreter started to list distributions that cannot have changed."""
+        site = self.tmp / "lib" / f"python{self.target.python_version}" / "site-packages"
+        installed = {canonicalize_name(p.name.split("-", 1)[0]) for p in site.glob("*.dist-info")}
+        recorded = self.base.info.get("components")
+        recorded = recorded if isinstance(recorded, dict) else {}
+        versions: dict[str, str] = {}
+        asked = []
+        for name in self.runtime.components:
+            if canonicalize_name(name) in installed and name in recorded:
+                versions[name] = str(recorded[name])
+            else:
+                asked.append(name)
+        try:
+            found = detect(self.python, asked, {**self.env(), **self.target.recipe.env})
+        except ProbeError as exc:
+            raise ProvisionError(str(exc)) from None
+        return Detected({**versions, **found.versions}, dict(found.problems))
+
     def build(self) -> dict[str, Any]:
         started = time.monotonic()
         self.echo(f"{self.target.label}: from environment {self.base.path.name}: hard-link copy, then "
                   f"{len(self.base.differing)} differing step(s)")  # fmt: skip
         self.copy()
         base_log = (self.base.path / LOG_NAME).read_bytes() if (self.base.path / LOG_NAME).is_file() else b""
-        _unlinked_write(self.log, base_log + f"# {self.target.label}: made from {self.base.path.name}\n".encode())
-        _relocate(self.tmp, str(self.base.path), str(self.target.path))
+        self.written.append(
+            _unlinked_write(self.log, base_log + f"# {self.target.label}: made from {self.base.path.name}\n".encode())
+        )
+        self.written += _relocate(self.tmp, str(self.base.path), str(self.target.path))
         copied_s = time.monotonic() - started
         for index in self.base.differing:
             step = self.target.recipe.steps[index]
@@ -277,10 +302,8 @@ class _VariantBuild:
                 self.extract(step)
             elif isinstance(step, ExposeStep):
                 self.expose(step)
-        try:
-            detected = detect(self.python, list(self.runtime.components), {**self.env(), **self.target.recipe.env})
-        except ProbeError as exc:
-            raise ProvisionError(str(exc)) from None
+        steps_s = time.monotonic() - started - copied_s
+        detected = self.detect()
         problems = mismatches(self.runtime.components, detected, "venv")
         if problems:
             raise ProvisionError(f"the variant's environment does not match the catalog: {'; '.join(problems)}")
@@ -303,9 +326,13 @@ class _VariantBuild:
                 "key": self.base.info.get("key"),
                 "steps": list(self.base.differing),
                 "copy_s": round(copied_s, 2),
+                "steps_s": round(steps_s, 2),
+                "verify_s": round(time.monotonic() - started - copied_s - steps_s, 2),
             },
         }
-        info["extra_bytes"] = extra_bytes(self.tmp)
+        # Every other file is a hard link (the copy): the files written are looked at, not the copy's ~43,000
+        # (a walk took seconds); one kept as a member is shared too. env.json's own few KiB are not in it.
+        info["extra_bytes"] = sum(st.st_size for st in map(os.lstat, self.written) if st.st_nlink == 1)
         info["size_bytes"] = int(self.base.info.get("size_bytes", 0)) or info["extra_bytes"]
         _unlinked_write(self.tmp / INFO_NAME, (json.dumps(info, indent=2) + "\n").encode())
         return info

@@ -16,15 +16,18 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tempfile
 import time
 import tomllib
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.parser import Parser
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +165,13 @@ def uv_report(
                           "lock on a host without it")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="matrix-resolve-") as tmp:
         (Path(tmp) / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
+        # uv needs an interpreter only to build source distributions (none here: binary only). Left to find
+        # one, for a target Python the host lacks it first tries to download it, on every call: 12-25 s of
+        # retries on a host whose network does not reach the download mirror.
         argv = [
             uv, "pip", "compile", "--quiet", "--no-header", "--format", "pylock.toml", "--output-file",
-            str(Path(tmp) / "pylock.toml"), "--python-version", target.python, "--python-platform",
+            str(Path(tmp) / "pylock.toml"), "--python", sys.executable, "--no-python-downloads",
+            "--python-version", target.python, "--python-platform",
             uv_platform(target), "--only-binary", ":all:", *index_args, *options,
         ]  # fmt: skip
         if constraints:
@@ -251,11 +258,52 @@ def _single(found: list[Resolved], requirement: str, what: str) -> Resolved:
     return found[0]
 
 
+# Resolutions of one runtime run at once at most (independent ones: `_Prefetch`); each is one uv process.
+PREFETCH_WORKERS = 4
+
+
+class _Prefetch:
+    """The resolutions of one recipe that do not depend on the steps before them, started at once.
+
+    A `--no-deps` resolution (an `extract` or `requirements_of` source, a `--no-deps` pip step) and a
+    plugin's build requirements depend on no earlier step, except through a constraint on one of the very
+    names it resolves: such a result is used only when the earlier steps pin none of its names at another
+    version (then the constrained resolution would give the same files), else that step is resolved again
+    in order. So the lock is the sequential one, its independent uv processes overlapping."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None) -> None:
+        self.pool = pool
+        self.futures: dict[tuple[str, ...], Future[Any]] = {}
+
+    def submit(self, key: tuple[str, ...], call: Callable[[], Any]) -> None:
+        if self.pool is not None and key not in self.futures:
+            self.futures[key] = self.pool.submit(call)
+
+    def get(self, key: tuple[str, ...], call: Callable[[], Any]) -> Any:
+        future = self.futures.pop(key, None)
+        return future.result() if future is not None else call()
+
+    def close(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
+
+
+def _no_deps_step(step: object) -> bool:
+    return isinstance(step, PipStep) and "--no-deps" in step.args
+
+
 def plan_runtime(
-    runtime: RuntimeInfo, target: WheelTarget, exclude: Iterable[str], echo: Echo, omit: Iterable[str] = ()
+    runtime: RuntimeInfo,
+    target: WheelTarget,
+    exclude: Iterable[str],
+    echo: Echo,
+    omit: Iterable[str] = (),
+    *,
+    workers: int = PREFETCH_WORKERS,
 ) -> PlannedRuntime:
     """Resolve every step of the runtime's recipe for `target`; `exclude` names what the host provides,
-    `omit` what the runtime never imports there (both are left out of the wheelhouse)."""
+    `omit` what the runtime never imports there (both are left out of the wheelhouse). `workers`: how many
+    uv resolutions run at once (1: one after the other, step by step; the result is the same)."""
     recipe = venv_recipe(runtime)
     check_recipe_python(recipe, target, runtime.label)
     excluded_names = {canonicalize_name(n) for n in exclude}
@@ -263,41 +311,98 @@ def plan_runtime(
     installed: dict[str, str] = {}  # canonical name -> version, as the sequential build would have it
     final: dict[str, Resolved] = {}
     steps: list[PlannedStep] = []
+    find_uv()  # before any thread: sysconfig's first read (in uv's find_uv_bin) is not thread-safe
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="matrix-resolve") if workers > 1 else None
+    early = _Prefetch(pool)
+
+    def source_of(requirement: str, what: str) -> Resolved:
+        return _single(uv_report(["--no-deps", requirement], target, what=what), requirement, what)
+
+    def with_metadata(requirement: str, what: str) -> tuple[Resolved, tuple[str, ...]]:
+        source = source_of(requirement, what)
+        return source, requires_dist(source)
+
     for number, step in enumerate(recipe.steps, 1):
         what = f"{runtime.label} step {number} ({step.describe()})"
-        echo(f"{runtime.label}: resolving step {number}/{len(recipe.steps)} {step.describe()}")
-        planned = PlannedStep(step.describe(), [])
-        if isinstance(step, PipStep | RequirementsOfStep):
-            args: list[str] = list(step.args) if isinstance(step, PipStep) else []
-            if isinstance(step, RequirementsOfStep):
-                planned.source = _single(uv_report(["--no-deps", step.requirement], target, what=what),
-                                         step.requirement, what)  # fmt: skip
-                metadata = "".join(f"Requires-Dist: {r}\n" for r in requires_dist(planned.source))
-                selected = select_requirements(metadata, target.marker_environment(), step.exclude)
-                args = [*selected.install, *step.also]
-            found = uv_report(args, target, installed, what=what) if args else []
-            new = [r for r in found if installed.get(r.canonical) != r.version]
-            installed.update({r.canonical: r.version for r in found})
-            planned.install = [r for r in new if r.canonical not in excluded_names | omitted_names]
-            planned.excluded = sorted({r.canonical for r in new if r.canonical in excluded_names})
-            planned.omitted = sorted({r.canonical for r in new if r.canonical in omitted_names})
-            final.update({r.canonical: r for r in planned.install})
+        if isinstance(step, RequirementsOfStep):
+            early.submit(("metadata", step.requirement), partial(with_metadata, step.requirement, what))
         elif isinstance(step, ExtractStep):
-            found = uv_report(["--no-deps", step.requirement], target, what=what)
-            planned.source = _single(found, step.requirement, what)
-        elif isinstance(step, UninstallStep):
-            for name in step.names:
-                installed.pop(canonicalize_name(name), None)
-                final.pop(canonicalize_name(name), None)
+            early.submit(("source", step.requirement), partial(source_of, step.requirement, what))
+        elif _no_deps_step(step):
+            assert isinstance(step, PipStep)
+            early.submit(("pip", *step.args), partial(uv_report, step.args, target, what=what))
         elif isinstance(step, PluginStep):
-            # Built on the target from its source: pip's isolated build needs the build backend offline too.
             requires = _build_requires(plugin_path(step.name))
-            planned.build = uv_report(requires, target, what=what) if requires else []
-        steps.append(planned)
+            if requires:
+                early.submit(("build", step.name), partial(uv_report, requires, target, what=what))
+    try:
+        for number, step in enumerate(recipe.steps, 1):
+            what = f"{runtime.label} step {number} ({step.describe()})"
+            echo(f"{runtime.label}: resolving step {number}/{len(recipe.steps)} {step.describe()}")
+            planned = PlannedStep(step.describe(), [])
+            if isinstance(step, PipStep | RequirementsOfStep):
+                args: list[str] = list(step.args) if isinstance(step, PipStep) else []
+                if isinstance(step, RequirementsOfStep):
+                    planned.source, requires = early.get(
+                        ("metadata", step.requirement), partial(with_metadata, step.requirement, what)
+                    )
+                    metadata = "".join(f"Requires-Dist: {r}\n" for r in requires)
+                    selected = select_requirements(metadata, target.marker_environment(), step.exclude)
+                    args = [*selected.install, *step.also]
+                found: list[Resolved] = []
+                if _no_deps_step(step):
+                    found = early.get(("pip", *args), list)
+                    if not found or any(installed.get(r.canonical, r.version) != r.version for r in found):
+                        found = uv_report(args, target, installed, what=what)  # an earlier pin applies
+                elif args:
+                    found = uv_report(args, target, installed, what=what)
+                new = [r for r in found if installed.get(r.canonical) != r.version]
+                installed.update({r.canonical: r.version for r in found})
+                planned.install = [r for r in new if r.canonical not in excluded_names | omitted_names]
+                planned.excluded = sorted({r.canonical for r in new if r.canonical in excluded_names})
+                planned.omitted = sorted({r.canonical for r in new if r.canonical in omitted_names})
+                final.update({r.canonical: r for r in planned.install})
+            elif isinstance(step, ExtractStep):
+                planned.source = early.get(("source", step.requirement), partial(source_of, step.requirement, what))
+            elif isinstance(step, UninstallStep):
+                for name in step.names:
+                    installed.pop(canonicalize_name(name), None)
+                    final.pop(canonicalize_name(name), None)
+            elif isinstance(step, PluginStep):
+                # Built on the target from its source: pip's isolated build needs the build backend offline too.
+                requires = _build_requires(plugin_path(step.name))
+                planned.build = (
+                    early.get(("build", step.name), partial(uv_report, requires, target, what=what)) if requires else []
+                )
+            steps.append(planned)
+    finally:
+        early.close()
+        if pool is not None:
+            pool.shutdown(wait=True)
     excluded = sorted({name for s in steps for name in s.excluded or []})
     omitted = sorted({name for s in steps for name in s.omitted or []})
     key = recipe.key(target.python, target.key_platform)
     return PlannedRuntime(runtime.label, key, steps, excluded, omitted, final)
+
+
+def plan_runtimes(
+    runtimes: Sequence[RuntimeInfo],
+    target: WheelTarget,
+    exclude: Iterable[str],
+    echo: Echo,
+    omit: Iterable[str] = (),
+    *,
+    workers: int = PREFETCH_WORKERS,
+) -> list[PlannedRuntime]:
+    """`plan_runtime` of each runtime, all at once (each runtime's lock depends on its own steps only), in
+    the order given; `workers=1`: one runtime after the other, each step by step."""
+    exclude, omit = list(exclude), list(omit)
+    find_uv()  # as in plan_runtime
+    if workers <= 1 or len(runtimes) <= 1:
+        return [plan_runtime(r, target, exclude, echo, omit, workers=workers) for r in runtimes]
+    with ThreadPoolExecutor(len(runtimes), thread_name_prefix="matrix-lock") as pool:
+        futures = [pool.submit(plan_runtime, r, target, exclude, echo, omit, workers=workers) for r in runtimes]
+        return [future.result() for future in futures]
 
 
 def _build_requires(path: Path) -> list[str]:
@@ -429,7 +534,7 @@ def make_wheelhouse(
     if existing is not None:
         existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
     echo(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
-    planned = [plan_runtime(runtime, target, exclude, echo, omit) for runtime in runtimes]
+    planned = plan_runtimes(runtimes, target, exclude, echo, omit)
     files = download([f for p in planned for s in p.steps for f in s.downloads()], out, echo)
     locks = {p.label: lock_of(p, files) for p in planned}
     manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks,

