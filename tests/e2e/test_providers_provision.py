@@ -122,7 +122,7 @@ def test_provision_builds_the_recipe_atomically(home: Path) -> None:
     info = json.loads((target.path / "env.json").read_text())
     assert info["key"] == target.key
     assert info["components"] == {"six": "1.16.0", "requests": "2.32.3"}
-    assert info["size_bytes"] > 1_000_000
+    assert info["size_bytes"] > 500_000  # six and requests, without byte code (compiled on first import)
     assert info["recipe"]["steps"][1] == {
         "requirements_of": "requests==2.32.3",
         "exclude": ["charset-normalizer", "urllib3"],
