@@ -190,9 +190,9 @@ def _check_block_sizes(launch: VllmNativeLaunch) -> None:
     """vLLM's CPU attention refuses a block size that is not a multiple of 32; say so at sync, not at start."""
     if not launch.cpu:
         return
-    sizes = {"block_size": launch.block_size}
+    sizes: dict[str, object] = {"block_size": launch.block_size}
     for role, overrides in (launch.role_launch or {}).items():
-        sizes[f"role_launch.{role}.block_size"] = overrides.get("block_size")  # type: ignore[assignment]
+        sizes[f"role_launch.{role}.block_size"] = overrides.get("block_size")
     for key, size in sizes.items():
         if isinstance(size, int) and (size <= 0 or size % 32):
             raise ConfigError(
