@@ -196,6 +196,11 @@ class DynamoArm:
         elif script is None and engine == "vllm":
             roles = _worker_roles(ctx.case)
             workers = vllm_sidecar_processes(ctx, env, roles)
+            # The same race with vllm-rs workers: the frontend said "Chat completions is ready" when prefill's
+            # worker set registered, and a request 40 ms later got 503 ("worker_unavailable") because decode's
+            # set was committed 6 ms after that. Ready waits for both generate endpoints here too.
+            wanted = tuple(".generate" for _ in roles)
+            ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
             # The aggregated twin moves no KV, so it has no transfer counter to watch.
             metrics = () if _launch(ctx.case).aggregated else (decode_metrics(ctx),)
             lifecycle = vllm_lifecycle(ctx, roles)
