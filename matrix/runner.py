@@ -18,6 +18,7 @@ from typing import Any
 
 from matrix.cells import Cell
 from matrix.check import ledger, metrics, oracle
+from matrix.check.baselines import PLACEHOLDER_CELL, PLACEHOLDER_DIR, Baseline, OracleBaselines, baseline_key
 from matrix.check.client import send_chat
 from matrix.check.lifecycle import run_lifecycle
 from matrix.check.specs import CheckFailure, OracleSpec
@@ -45,6 +46,7 @@ from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     PASSED,
     CellOutcome,
+    FailureKind,
     after_teardown,
     as_error,
     checked,
@@ -80,6 +82,9 @@ class Resources:
     workspace: Path | None = None
     # Held while the pair starts, so start-ups on one GPU never overlap.
     startup_gate: AbstractContextManager[object] = field(default_factory=nullcontext)
+    # The campaign's store of the oracle's aggregated answers (`matrix.check.baselines`); None: every pair
+    # that passes starts its own aggregated instance.
+    baselines: OracleBaselines | None = None
 
 
 class LiveCells:
@@ -244,7 +249,8 @@ def _run(
             live.remove(cell_id)
         if plan.oracle is not None and outcome.status == PASSED:
             outcome = _equivalence(
-                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
+                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live,
+                resources.baselines,
             )
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
         return replace(outcome, ports={**ports, **outcome.ports}, components=dict(environment.components), gpu=gpu)
@@ -437,14 +443,91 @@ def _equivalence(
     allocator: PortAllocator,
     resources: Resources,
     live: LiveCells,
+    baselines: OracleBaselines | None = None,
 ) -> CellOutcome:
     """The `equivalent_to_aggregated` check of a pair that passed: the arm's aggregated instance (same engine
     flags and seed, its own ports, supervised and torn down like the pair, after the pair is gone) answers
     the same prompts; per-prompt results go to `equivalence.json` in the log directory, the aggregated
-    instance's time into the message and that file, its peaks under `peaks["aggregated"]`."""
+    instance's time into the message and that file, its peaks under `peaks["aggregated"]`. With `baselines`
+    (a skew grid's), an earlier pair's answers from the very same instance plan are reused instead."""
     if not isinstance(arm, AggregatedArm):
         message = f"arm {context.case.arm} cannot launch an aggregated instance: remove launch.equivalence"
         return as_error(pair, "config", message)
+    ran: list[CellOutcome] = []
+
+    def make() -> Baseline | None:
+        outcome, answers, aggregated_s = _aggregated_answers(spec, arm, context, environment, allocator,
+                                                             resources, live)  # fmt: skip
+        ran.append(outcome)
+        if outcome.status != PASSED:
+            return None
+        return Baseline(tuple(answers), context.cell_id, aggregated_s, outcome.ready_s)
+
+    if baselines is None:
+        try:
+            baseline, reused = make(), False
+        except _NoInstance as exc:
+            return as_error(pair, exc.kind, f"aggregated instance: {exc.message}")
+    else:
+        try:
+            key = baseline_key(_placeholder_plan(arm, context), environment.python, spec)
+            baseline, reused = baselines.get_or_make(key, make)
+        except MatrixError as exc:
+            return as_error(pair, "config", f"aggregated instance: {exc}")
+        except _NoInstance as exc:
+            return as_error(pair, exc.kind, f"aggregated instance: {exc.message}")
+    agg = ran[0] if ran else None
+    merged = pair
+    if agg is not None:
+        merged = replace(
+            pair,
+            ports={**pair.ports, **agg.ports},
+            exit_codes={**pair.exit_codes, **agg.exit_codes},
+            peaks={**pair.peaks, "aggregated": dict(agg.peaks)} if agg.peaks else pair.peaks,
+        )
+    if baseline is None:
+        assert agg is not None  # no baseline is only ever this pair's own failed instance
+        message = f"aggregated instance (the equivalence baseline): {agg.message}"
+        return replace(merged, status=agg.status, failure_kind=agg.failure_kind, message=message, checks=agg.checks)
+    timing = f"aggregated instance {baseline.aggregated_s:.1f} s (ready {baseline.ready_s or 0:.1f} s)"
+    if reused:
+        timing = f"aggregated answers of {baseline.source_cell} reused (the same instance plan; {timing})"
+    prompts = oracle.oracle_prompts(spec.prompts, spec.seed)
+    results = [
+        oracle.compare(i, prompt, pd, ag, spec.near_tie_gap)
+        for i, (prompt, pd, ag) in enumerate(zip(prompts, pd_answers, baseline.answers, strict=False))
+    ]
+    _write_equivalence(context.work_dir, spec, results, baseline, reused)
+    failures = oracle.judge(results)
+    return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
+
+
+def _placeholder_plan(arm: AggregatedArm, context: LaunchContext) -> LaunchPlan:
+    """The aggregated plan with placeholder ports, cell id and directory: what `baseline_key` compares."""
+    requests = arm.aggregated_port_requests(context.case)
+    ports = {request.name: index + 1 for index, request in enumerate(requests)}
+    return arm.aggregated_plan(replace(context, ports=ports, cell_id=PLACEHOLDER_CELL, work_dir=PLACEHOLDER_DIR))
+
+
+class _NoInstance(Exception):
+    """The aggregated instance could not even be planned or given ports: the pair's row says why."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def _aggregated_answers(
+    spec: OracleSpec,
+    arm: AggregatedArm,
+    context: LaunchContext,
+    environment: Environment,
+    allocator: PortAllocator,
+    resources: Resources,
+    live: LiveCells,
+) -> tuple[CellOutcome, list[oracle.Completion | str], float]:
+    """Start the aggregated instance, ask it the oracle's prompts, tear it down: (its outcome with the ports it
+    had, the answers, its wall time). Raises `_NoInstance` when it cannot be planned or given ports."""
     owner = f"{context.cell_id}/aggregated"
     started = time.monotonic()
     answers: list[oracle.Completion | str] = []
@@ -460,7 +543,7 @@ def _equivalence(
     try:
         ports = allocator.allocate(owner, arm.aggregated_port_requests(context.case))
     except MatrixError as exc:
-        return as_error(pair, "infra", f"aggregated instance: {exc}")
+        raise _NoInstance("infra", str(exc)) from exc
     try:
         try:
             plan = wrap_plan(
@@ -468,7 +551,7 @@ def _equivalence(
                 runtime=context.runtime, workspace=context.work_dir, model_dir=context.model_dir,
             )  # fmt: skip
         except MatrixError as exc:
-            return as_error(pair, "config", f"aggregated instance: {exc}")
+            raise _NoInstance("config", str(exc)) from exc
         for scratch in plan.scratch_dirs:
             Path(scratch).mkdir(parents=True, exist_ok=True)
         supervisor = Supervisor(plan, context.work_dir)
@@ -479,43 +562,23 @@ def _equivalence(
             live.remove(context.cell_id)
     finally:
         allocator.release(owner)
-    aggregated_s = time.monotonic() - started
-    merged = replace(
-        pair,
-        ports={**pair.ports, **ports},
-        exit_codes={**pair.exit_codes, **agg.exit_codes},
-        peaks={**pair.peaks, "aggregated": dict(agg.peaks)} if agg.peaks else pair.peaks,
-    )
-    timing = f"aggregated instance {aggregated_s:.1f} s (ready {agg.ready_s or 0:.1f} s)"
-    if agg.status != PASSED:
-        message = f"aggregated instance (the equivalence baseline): {agg.message}"
-        return replace(merged, status=agg.status, failure_kind=agg.failure_kind, message=message, checks=agg.checks)
-    prompts = oracle.oracle_prompts(spec.prompts, spec.seed)
-    results = [
-        oracle.compare(i, prompt, pd, ag, spec.near_tie_gap)
-        for i, (prompt, pd, ag) in enumerate(zip(prompts, pd_answers, answers, strict=False))
-    ]
-    _write_equivalence(context.work_dir, spec, results, aggregated_s, agg.ready_s)
-    failures = oracle.judge(results)
-    return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
+    return replace(agg, ports={**agg.ports, **ports}), answers, time.monotonic() - started
 
 
 def _write_equivalence(
-    log_dir: Path,
-    spec: OracleSpec,
-    results: list[oracle.PromptResult],
-    aggregated_s: float,
-    aggregated_ready_s: float | None,
+    log_dir: Path, spec: OracleSpec, results: list[oracle.PromptResult], baseline: Baseline, reused: bool
 ) -> None:
-    """equivalence.json: the options, the aggregated instance's time and every prompt's comparison."""
+    """equivalence.json: the options, the aggregated instance's time (and, when its answers were an earlier
+    pair's, which pair's) and every prompt's comparison."""
     document = {
         "check": oracle.CHECK_NAME,
         "prompts": spec.prompts,
         "tokens": spec.tokens,
         "near_tie_gap": spec.near_tie_gap,
         "seed": spec.seed,
-        "aggregated_s": round(aggregated_s, 3),
-        "aggregated_ready_s": None if aggregated_ready_s is None else round(aggregated_ready_s, 3),
+        "aggregated_s": round(baseline.aggregated_s, 3),
+        "aggregated_ready_s": None if baseline.ready_s is None else round(baseline.ready_s, 3),
+        "aggregated_reused_from": baseline.source_cell if reused else None,
         "summary": oracle.summary(results),
     }
     # One line per prompt: the token-id lists stay readable side by side.

@@ -204,7 +204,8 @@ def _serve(
             live.remove(cell_id)
         if plan.oracle is not None and outcome.status == PASSED:
             outcome = _equivalence(
-                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live
+                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live,
+                resources.baselines,
             )
         return replace(outcome, ports={**engine_ports, **ports, **outcome.ports},
                        components=dict(environment.components))  # fmt: skip

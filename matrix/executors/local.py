@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from matrix.check.baselines import OracleBaselines
 from matrix.executors.grid_pair import run_pair
 from matrix.executors.shared_engines import GridPlan, SharedEngines
 from matrix.hardware.gpus import Gpu, memory_used
@@ -48,6 +49,10 @@ class LocalExecutor:
         # engines are made on its first pair and stopped by its last, or at shutdown.
         self._grids = dict(grids or {})
         self._shared: dict[str, SharedEngines] = {}
+        # One store of the oracle's aggregated answers for the whole campaign: a skew grid's pairs with one
+        # decode runtime, or two cases that differ only in what the pair does (the handshake check), compare
+        # with one aggregated instance instead of starting one each.
+        self._baselines = OracleBaselines()
         self._shared_lock = threading.Lock()
 
     def submit(self, submission: Submission) -> Future[CellOutcome]:
@@ -85,7 +90,8 @@ class LocalExecutor:
         lease = submission.lease
         gate = self._pool.startup_gate(lease)
         resources = Resources(
-            gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=gate, workspace=self._workspace
+            gpu_ids=lease.gpu_ids, host_gpus=len(self._gpus), startup_gate=gate, workspace=self._workspace,
+            baselines=self._baselines,
         )
         engines = self._engines_for(submission)
         if engines is not None:

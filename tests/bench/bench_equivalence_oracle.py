@@ -63,8 +63,9 @@ def _catalog(directory: Path) -> list[Path]:
     ]
 
 
-def run_oracle_cells(home: Path, runs: int) -> list[Run]:
-    """`runs` attempts of each case, alternating, through `run_cell`; MATRIX_HOME must already be `home`."""
+def run_oracle_cells(home: Path, runs: int, baselines: object = None) -> list[Run]:
+    """`runs` attempts of each case, alternating, through `run_cell`; MATRIX_HOME must already be `home`.
+    `baselines` (a `matrix.check.baselines.OracleBaselines`) lets later attempts reuse the aggregated answers."""
     from matrix.catalog.load import load_catalog
     from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
@@ -73,7 +74,8 @@ def run_oracle_cells(home: Path, runs: int) -> list[Run]:
     from matrix.hardware.ports import PortAllocator
     from matrix.paths import port_registry_path
     from matrix.plan import Selection
-    from matrix.runner import run_cell
+    from matrix.check.baselines import OracleBaselines
+    from matrix.runner import Resources, run_cell
 
     engine = create_db_engine(f"sqlite:///{home / 'oracle.db'}")
     ensure_schema(engine)
@@ -86,7 +88,8 @@ def run_oracle_cells(home: Path, runs: int) -> list[Run]:
     for i in range(runs):
         for name, cell in cells.items():
             log_dir = home / "runs" / f"{name}-{i}"
-            outcome = run_cell(cell, f"oracle-{name}-{i}", log_dir, allocator)
+            store = baselines if isinstance(baselines, OracleBaselines) else None
+            outcome = run_cell(cell, f"oracle-{name}-{i}", log_dir, allocator, Resources(baselines=store))
             artifact = log_dir / "equivalence.json"
             document = json.loads(artifact.read_text()) if artifact.is_file() else {}
             kinds = [r["kind"] for r in document.get("results", [])]
