@@ -1,6 +1,6 @@
 """`SharedEngines` on real processes (the reference workers, a second each to start): an engine starts once
 and is reused, one that died is restarted and the pair that finds it says so, the last use stops it, and
-nothing is left. The vLLM grid that uses it end to end is `test_vllm_skew_grid.py`."""
+nothing is left. The vLLM grids that use it end to end are in `test_vllm_skew.py`."""
 
 from __future__ import annotations
 
