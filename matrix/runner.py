@@ -449,11 +449,12 @@ def _equivalence(
     flags and seed, its own ports, supervised and torn down like the pair, after the pair is gone) answers
     the same prompts; per-prompt results go to `equivalence.json` in the log directory, the aggregated
     instance's time into the message and that file, its peaks under `peaks["aggregated"]`. With `baselines`
-    (a skew grid's), an earlier pair's answers from the very same instance plan are reused instead."""
+    (the campaign's), an earlier pair's answers from the very same instance plan are reused instead."""
     if not isinstance(arm, AggregatedArm):
         message = f"arm {context.case.arm} cannot launch an aggregated instance: remove launch.equivalence"
         return as_error(pair, "config", message)
     ran: list[CellOutcome] = []
+    own: list[Baseline] = []
 
     def make() -> Baseline | None:
         outcome, answers, aggregated_s = _aggregated_answers(spec, arm, context, environment, allocator,
@@ -461,7 +462,8 @@ def _equivalence(
         ran.append(outcome)
         if outcome.status != PASSED:
             return None
-        return Baseline(tuple(answers), context.cell_id, aggregated_s, outcome.ready_s)
+        own.append(Baseline(tuple(answers), context.cell_id, aggregated_s, outcome.ready_s))
+        return own[0] if own[0].complete else None
 
     if baselines is None:
         try:
@@ -476,6 +478,8 @@ def _equivalence(
             return as_error(pair, "config", f"aggregated instance: {exc}")
         except _NoInstance as exc:
             return as_error(pair, exc.kind, f"aggregated instance: {exc.message}")
+    if baseline is None and own:
+        baseline, reused = own[0], False
     agg = ran[0] if ran else None
     merged = pair
     if agg is not None:

@@ -36,6 +36,12 @@ class Baseline:
     aggregated_s: float
     ready_s: float | None
 
+    @property
+    def complete(self) -> bool:
+        """Every prompt answered: only such a baseline is kept for later pairs (an unanswered prompt is the
+        pair's own finding, and the next pair's instance may answer it)."""
+        return all(isinstance(a, oracle.Completion) for a in self.answers)
+
 
 def baseline_key(plan: LaunchPlan, python: str, spec: OracleSpec) -> str:
     """What makes two aggregated instances the same: each process's role, argv and environment, the

@@ -69,12 +69,12 @@ def run_oracle_cells(home: Path, runs: int, baselines: object = None) -> list[Ru
     from matrix.catalog.load import load_catalog
     from matrix.catalog.queries import plan_from_db
     from matrix.catalog.sync import sync_catalog
+    from matrix.check.baselines import OracleBaselines
     from matrix.db.engine import create_db_engine, session_factory, transaction
     from matrix.db.migrate import ensure_schema
     from matrix.hardware.ports import PortAllocator
     from matrix.paths import port_registry_path
     from matrix.plan import Selection
-    from matrix.check.baselines import OracleBaselines
     from matrix.runner import Resources, run_cell
 
     engine = create_db_engine(f"sqlite:///{home / 'oracle.db'}")

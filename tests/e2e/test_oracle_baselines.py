@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.check import oracle
 from matrix.check.baselines import Baseline, OracleBaselines
 from matrix.hardware.ports import port_is_free
 from tests.bench.bench_equivalence_oracle import run_oracle_cells
@@ -71,3 +72,9 @@ def test_one_make_per_key_and_a_failed_make_stores_nothing() -> None:
     assert store.get_or_make("other", lambda: None) == (None, False)
     again = store.get_or_make("other", lambda: Baseline((), "cell-2", 2.0, None))
     assert again == (Baseline((), "cell-2", 2.0, None), False)  # the failure was not kept
+
+
+def test_only_a_baseline_with_every_prompt_answered_is_kept() -> None:
+    answered = oracle.Completion(token_ids=(1,), top=(((1, -0.1),),), text="x")
+    assert Baseline((answered, answered), "c", 1.0, 0.5).complete
+    assert not Baseline((answered, "timed out after 60 s"), "c", 1.0, 0.5).complete
