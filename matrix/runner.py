@@ -406,7 +406,8 @@ def _request(
     kv_ledger: dict[str, Any] = {}
     if plan.metrics_checks:
         scraped_after: dict[int, str] = {}
-        after = metrics.settle(plan.metrics_checks, before, texts=scraped_after)
+        window_s = metrics.settle_window(response.status_code)
+        after = metrics.settle(plan.metrics_checks, before, window_s=window_s, texts=scraped_after)
         failures += metrics.judge(plan.metrics_checks, before, after)
         urls = [check.url for check in plan.metrics_checks]
         kv_ledger = ledger.ledger(urls, scraped_before, scraped_after)

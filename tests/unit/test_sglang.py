@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from matrix.cells import CaseInfo, RuntimeInfo
-from matrix.check.metrics import baseline, judge, parse_counters, settle, snapshot
+from matrix.check.metrics import SETTLE_S, baseline, judge, parse_counters, settle, settle_window, snapshot
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
@@ -160,3 +160,8 @@ def test_settle_keeps_the_scrape_it_judged(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_only_a_served_request_waits_for_its_counters() -> None:
+    assert settle_window(200) == SETTLE_S
+    assert settle_window(500) == settle_window(502) == settle_window(None) == 0.0
