@@ -165,6 +165,9 @@ def run_cmd(
 
     if resume is not None and rerun_failed is not None:
         raise click.UsageError("use --resume or --rerun-failed, not both")
+    from matrix.executors.shared_engines import start_slots
+
+    start_slots()  # MATRIX_GRID_START_SLOTS, read again by each grid: a bad value stops here, nothing run
     if join is not None:
         _check_join_options(resume, rerun_failed, kw)
     cells = split_cell_args(cell_args)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
-from matrix.errors import MatrixError
+from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
@@ -280,8 +280,19 @@ class SharedEngines:
         return [engine for engine in self._engines.values() if engine.supervisor is not None]
 
 
+SLOTS_ENV = "MATRIX_GRID_START_SLOTS"
+
+
 def start_slots() -> int:
-    """How many engines of a grid start at once: two, as a per-cell pair's, or one per two CPUs on a larger host."""
+    """How many engines of a grid start at once: `MATRIX_GRID_START_SLOTS` if set, else two, as a per-cell
+    pair's, or one per two CPUs on a larger host."""
+    value = os.environ.get(SLOTS_ENV, "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ConfigError(f"{SLOTS_ENV}={value!r} is not a whole number: set it to how many engines of a grid "
+                              "may start at once, or unset it") from None  # fmt: skip
     return max(2, len(os.sched_getaffinity(0)) // 2)  # the CPUs this runner may use, not the host's
 
 

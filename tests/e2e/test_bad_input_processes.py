@@ -138,3 +138,14 @@ def test_a_marker_integer_over_pythons_digit_limit_is_one_clear_error_in_catalog
     line = _one_line_error(result.stdout + result.stderr)
     assert "5000 digits" in line and "huge.toml" in line and len(line) < 500, line
     assert seeded.dump() == before
+
+
+def test_a_bad_grid_start_slots_value_stops_run_before_a_campaign(
+    seeded: Matrix, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = seeded.dump()
+    monkeypatch.setenv("MATRIX_GRID_START_SLOTS", "two")
+    result = seeded.subprocess("run", "--backend", "reference")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "MATRIX_GRID_START_SLOTS='two' is not a whole number" in _one_line_error(result.stderr)
+    assert seeded.dump() == before  # no campaign, no pending rows
