@@ -13,8 +13,10 @@
 #                            --platform manylinux_2_39_x86_64 --platform manylinux_2_17_x86_64 \
 #                            --platform manylinux2014_x86_64 sqlalchemy alembic mako -d EXTRA
 #                          python tests/gpu/kit.py merge WH WH_V WH_S --extra EXTRA   # shared wheels once
-#                          python tests/gpu/kit.py split WH CHUNKS --chunk-mib 60; upload CHUNKS/c* into
-#                          STAGING, then move the chunk folders' files into FLAT (`mv STAGING/c*/* FLAT/`)
+#                          python tests/gpu/kit.py split WH CHUNKS --chunk-mib 54   # 62 chunks, 3320 MiB
+#                          (54: a command's upload of at most 64 MiB includes the checkout); create STAGING
+#                          first, upload CHUNKS/c* into it, then move the chunk folders' files into FLAT
+#                          (`mv STAGING/c*/* FLAT/`)
 #   there, one phase list per command (none may outlast the host's command limit; MATRIX_HOME, the
 #   wheelhouse and WORK stay in /tmp between the commands):
 #                          KIT=FLAT PHASES=prepare bash tests/gpu/seed_packed_h200.sh OUTDIR
@@ -88,7 +90,7 @@ for phase in $PHASES; do
     m gpus
     stamp "provision the six runtimes offline, side by side"
     for r in $RUNTIMES; do
-      ( t0=$(date +%s); m runtime provision --runtime "$r" "${offline[@]}" > "$OUT/provision-$r.txt" 2>&1
+      ( t0=$(date +%s); m runtime provision --runtime "$r" "${offline[@]}" > "$OUT/provision-${r/=/-}.txt" 2>&1
         echo "$r: exit $?, $(( $(date +%s) - t0 )) s" ) &
     done
     wait
@@ -97,17 +99,25 @@ for phase in $PHASES; do
     for env in "$MATRIX_HOME"/envs/*/; do
       "$env/bin/python" - "$env" <<'PYEOF' 2>&1 | tail -n 1
 import importlib.metadata as md, sys
-names = ("vllm", "sglang", "sglang-kernel", "ai-dynamo", "nixl", "torch")
-found = [f"{n} {md.version(n)}" for n in names if md.distributions(name=n)]
+found = []
+for name in ("vllm", "sglang", "sglang-kernel", "ai-dynamo", "nixl", "torch"):
+    try:
+        found.append(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        pass
 print(sys.argv[1].rstrip("/").rsplit("/", 1)[-1], ", ".join(found))
 PYEOF
       [ -x "$env/bin/vllm-rs" ] && "$env/bin/vllm-rs" --version 2>&1 | head -n 1
     done
     du -sh "$MATRIX_HOME"/envs/* 2>/dev/null; df -h /tmp | tail -n 1
-    stamp "the tiny random model, built once with one runtime's interpreter (every cell finds it)"
-    env=$(ls -d "$MATRIX_HOME"/envs/vllm-0.31.0*/ | head -n 1)
-    "$PY" -c 'import sys; from matrix.model_files import ensure_tiny_model
+    # Cells build it on first use too (one at a time, under a lock); built here, its time is not a cell's.
+    stamp "the tiny random model, built once with the first environment's interpreter that has torch"
+    for env in "$MATRIX_HOME"/envs/*/; do
+      "$env/bin/python" -c 'import torch, transformers, safetensors' 2> /dev/null || continue
+      "$PY" -c 'import sys; from matrix.model_files import ensure_tiny_model
 print(ensure_tiny_model(weights_python=sys.argv[1]))' "$env/bin/python" || exit 1
+      break
+    done
     stamp "prepared"
     ;;
   packed)
@@ -162,13 +172,13 @@ for cid, c0, c1, status in db.execute("SELECT id, started_at, finished_at, statu
           f"cell median {median:.1f} s, max {max(total):.1f} s, sum {sum(total):.1f} s; span/median "
           f"{span / median:.2f}, span/sum {span / sum(total):.2f}")
 PYEOF
-    m campaigns | tee "$OUT/campaigns.txt"
+    m campaigns list | tee "$OUT/campaigns.txt"
     for r in $RUNTIMES; do m gate "${r%%=*}" "${r#*=}" | tee -a "$OUT/gate.txt"; done
     m export markdown > "$OUT/summary.md"
     m report --out "$WORK/report" > /dev/null
     stamp "anything left?"; left; smi
     tar -czf "$OUT/report.tgz" -C "$WORK" report
-    tar -czf "$OUT/logs.tgz" -C "$MATRIX_HOME" runs $(cd "$MATRIX_HOME" && ls -d envs/*/provision.log 2>/dev/null)
+    tar -czf "$OUT/logs.tgz" -C "$MATRIX_HOME" $(cd "$MATRIX_HOME" && ls -d runs envs/*/provision.log 2>/dev/null)
     ls -l "$OUT"
     ;;
   *) echo "unknown phase $phase (prepare, packed, resume, collect)"; exit 2 ;;
