@@ -4,17 +4,23 @@ A *tiny* model directory holds what a serving frontend needs to load a model wit
 `config.json` (a small Qwen3-shaped config), `tokenizer.json` (a word-level tokenizer in the Hugging Face
 `tokenizers` format, written as plain JSON so no tokenizer library is needed) and `tokenizer_config.json`
 with a chat template. Dynamo's mocker emits token ids 1000-1999, so the vocabulary must be larger.
-Directories are cached under the data directory and built atomically (temp dir + rename).
+Directories are cached under the data directory and built atomically (temp dir + rename), one build at a
+time per directory (an flock()ed `.NAME.lock` beside it): the cells of a packed campaign all start at once and
+would otherwise each run the weight generator, which on the H200 host made twelve concurrent builds (CPU
+torch, each with every core's threads) outlast a 470 s campaign where one build alone takes 14 s.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +126,25 @@ def ensure_tiny_model(
     if (target / "tokenizer.json").is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
+    with _build_lock(base / f".{target.name}.lock"):
+        if (target / "tokenizer.json").is_file():  # another runner or thread built it while this one waited
+            return target
+        return _build(target, base, vocab_size, weights_python)
+
+
+@contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`: runners and threads of one runner exclude each other (each opens the
+    file), and a runner that dies releases it with its file descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(target: Path, base: Path, vocab_size: int, weights_python: str | None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
     try:
         files = {

@@ -6,6 +6,15 @@
         NAME.part000, NAME.part001...; index-<CHUNKS_DIR's name>.json (also in the first chunk) lists every
         file with its size and sha256. Several chunk sets (e.g. one per engine version, sent as the device
         time allows) land in one staging folder side by side.
+    python tests/gpu/kit.py merge OUT WHEELHOUSE... [--extra DIR]
+        here, before `split`: put several wheelhouses (e.g. one per engine family, made by separate
+        `matrix runtime wheelhouse --out` commands) into one directory OUT, so that the wheels they share
+        (torch, triton, NCCL...) travel once. A file name present in two of them must be the same file
+        (size and sha256, else it stops); files are hard-linked where the file system allows. The
+        manifests (wheelhouse.json) are merged the way `matrix runtime wheelhouse` adds runtimes to an
+        existing --out directory (one target; every runtime's lock and command kept), so the GPU host
+        provisions every family from OUT. --extra DIR adds plain wheels without a manifest (matrix's own
+        needs the host lacks).
     python tests/gpu/kit.py join STAGING WHEELHOUSE
         on the GPU host, after chunk folders were copied into STAGING: put each file of every complete set
         back together, check its size and sha256 against its index, and write it into WHEELHOUSE.
@@ -108,6 +117,40 @@ def join(staging: Path, wheelhouse: Path) -> int:
     return 0
 
 
+def merge(out: Path, wheelhouses: list[Path], extras: list[Path]) -> int:
+    from matrix.launch.providers.wheelhouse import MANIFEST_NAME, read_manifest, write_manifest
+
+    out.mkdir(parents=True, exist_ok=True)
+    merged = read_manifest(out)
+    shared = 0
+    for source in [*wheelhouses, *extras]:
+        for path in sorted(p for p in source.iterdir() if p.is_file() and p.name != MANIFEST_NAME):
+            target = out / path.name
+            if target.exists():
+                same = target.stat().st_size == path.stat().st_size and _sha256(target) == _sha256(path)
+                if not same:
+                    print(f"{path.name}: {source} and {out} hold different files of that name", file=sys.stderr)
+                    return 1
+                shared += 1
+                continue
+            try:
+                target.hardlink_to(path)
+            except OSError:
+                shutil.copy2(path, target)
+    for source in wheelhouses:
+        manifest = read_manifest(source)
+        if manifest is None:
+            print(f"{source} has no {MANIFEST_NAME}", file=sys.stderr)
+            return 1
+        merged = manifest if merged is None else merged.merged(manifest)
+    if merged is not None:
+        write_manifest(out, merged)
+    files = sum(1 for p in out.iterdir() if p.is_file())
+    runtimes = ", ".join(sorted(merged.runtimes)) if merged else "none"
+    print(f"{files} files in {out} ({shared} shared, identical); runtimes: {runtimes}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,12 +158,18 @@ def main() -> int:
     cut.add_argument("wheelhouse", type=Path)
     cut.add_argument("chunks", type=Path)
     cut.add_argument("--chunk-mib", type=int, default=60)
+    union = commands.add_parser("merge")
+    union.add_argument("out", type=Path)
+    union.add_argument("wheelhouses", type=Path, nargs="+")
+    union.add_argument("--extra", type=Path, action="append", default=[])
     glue = commands.add_parser("join")
     glue.add_argument("staging", type=Path)
     glue.add_argument("wheelhouse", type=Path)
     args = parser.parse_args()
     if args.command == "split":
         return split(args.wheelhouse, args.chunks, args.chunk_mib * 2**20)
+    if args.command == "merge":
+        return merge(args.out, args.wheelhouses, args.extra)
     return join(args.staging, args.wheelhouse)
 
 

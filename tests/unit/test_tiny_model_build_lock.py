@@ -1,0 +1,50 @@
+"""The tiny random model is built once however many cells ask for it at once (a packed campaign starts a
+dozen): the others wait on the build's flock and take the finished directory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from matrix import model_files
+
+
+def test_concurrent_requests_build_the_random_model_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+    running = threading.Lock()
+
+    def write_weights(python: str, directory: Path) -> None:
+        assert running.acquire(blocking=False), "two builds ran at once"
+        try:
+            builds.append(python)
+            time.sleep(0.3)
+            (directory / "model.safetensors").write_bytes(b"weights")
+        finally:
+            running.release()
+
+    monkeypatch.setattr(model_files, "_write_weights", write_weights)
+    with ThreadPoolExecutor(8) as pool:
+        paths = list(pool.map(lambda n: model_files.ensure_tiny_model(root=tmp_path, weights_python=f"py{n}"),
+                              range(8)))  # fmt: skip
+    assert len(builds) == 1
+    assert len(set(paths)) == 1
+    assert (paths[0] / "model.safetensors").read_bytes() == b"weights"
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".building-")]
+
+
+def test_a_failed_build_leaves_nothing_and_the_next_request_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(python: str, directory: Path) -> None:
+        raise model_files.ConfigError("no torch")
+
+    monkeypatch.setattr(model_files, "_write_weights", broken)
+    with pytest.raises(model_files.ConfigError):
+        model_files.ensure_tiny_model(root=tmp_path, weights_python="py")
+    monkeypatch.setattr(model_files, "_write_weights", lambda python, directory: None)
+    path = model_files.ensure_tiny_model(root=tmp_path, weights_python="py")
+    assert (path / "tokenizer.json").is_file()
