@@ -473,7 +473,8 @@ def _equivalence(
             return as_error(pair, exc.kind, f"aggregated instance: {exc.message}")
     else:
         try:
-            key = baseline_key(_placeholder_plan(arm, context), environment.python, spec)
+            placeholder = _placeholder_plan(arm, context)
+            key = baseline_key([(p.role, p.argv, p.env) for p in placeholder.processes], environment.python, spec)
             baseline, reused = baselines.get_or_make(key, make)
         except MatrixError as exc:
             return as_error(pair, "config", f"aggregated instance: {exc}")

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matrix.check import oracle
 from matrix.check.specs import OracleSpec
-from matrix.launch.launch_plan import LaunchPlan
 
 # What the key's plan is made with instead of the pair's own values: none of them reaches an answer.
 PLACEHOLDER_DIR = Path("/matrix-baseline-key")
@@ -43,12 +42,16 @@ class Baseline:
         return all(isinstance(a, oracle.Completion) for a in self.answers)
 
 
-def baseline_key(plan: LaunchPlan, python: str, spec: OracleSpec) -> str:
-    """What makes two aggregated instances the same: each process's role, argv and environment, the
-    interpreter, and the prompt options (the endpoint's address is the placeholder plan's, left out)."""
-    processes = [[p.role, list(p.argv), sorted(p.env.items())] for p in plan.processes]
+# One process of the aggregated instance's plan: (role, argv, environment).
+ProcessLaunch = tuple[str, Iterable[str], Mapping[str, str]]
+
+
+def baseline_key(processes: Iterable[ProcessLaunch], python: str, spec: OracleSpec) -> str:
+    """What makes two aggregated instances the same: each process's role, argv and environment (of the plan
+    made with placeholders), the interpreter, and the prompt options (the endpoint's address left out)."""
+    launched = [[role, list(argv), sorted(env.items())] for role, argv, env in processes]
     options = replace(spec, url="", timeout_s=0.0)
-    return json.dumps([python, processes, repr(options)], sort_keys=True)
+    return json.dumps([python, launched, repr(options)], sort_keys=True)
 
 
 class OracleBaselines:
