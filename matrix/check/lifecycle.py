@@ -48,6 +48,8 @@ TOPOLOGY_CHECKS = frozenset({"worker_ids_distinct", "kv_transfer"})
 KV_TOLERANCE = 1e-6
 # How long the orphaned decode is left waiting before it is dropped (the engine may end it by itself).
 ORPHAN_HOLD_S = 5.0
+# Streams opened until one is caught in flight: one that an engine finished before the drop proved nothing.
+CANCEL_ATTEMPTS = 3
 
 Reading = dict[str, float] | str
 
@@ -213,6 +215,35 @@ def cancel_recovers(spec: LifecycleSpec, request: RequestSpec, primary: tuple[Ch
     return [] if failure is None else [CheckFailure(CANCEL, failure)]
 
 
+def _drop_in_flight(
+    spec: LifecycleSpec, request: RequestSpec, payload: dict[str, object], client: httpx.Client, evidence: Evidence
+) -> tuple[float | None, str | None]:
+    """Open the stream, read a few chunks, read the gauges, drop it: (when it was dropped, None) if an engine
+    held the request then, (None, None) if every engine had already finished it, (None, why) on a failure."""
+    try:
+        with _stream_open(client, request.url, payload, request.timeout_s) as response:
+            lines = response.iter_lines()
+            drop = _read_chunks(response, lines, spec.cancel_chunks, None)
+            # Read while the request is still open: the evidence that it was in flight when dropped.
+            evidence.during = read_gauges(spec.engines, client)
+    except httpx.HTTPError as exc:
+        return None, f"the streaming request failed before it could be dropped: {type(exc).__name__}: {exc}"
+    dropped = time.monotonic()  # leaving the block above closed the connection mid-body
+    evidence.facts |= {"chunks_read": drop.chunks, "stream_ended_before_drop": drop.ended,
+                       "max_tokens": spec.cancel_max_tokens}  # fmt: skip
+    if drop.status_code != 200:
+        return None, f"the streaming request answered HTTP {drop.status_code}: {drop.body_excerpt!r}"
+    if drop.ended:
+        return None, (f"the stream ended after {drop.chunks} chunk(s), before it could be dropped: nothing was "
+                      "cancelled (raise cancel_max_tokens)")  # fmt: skip
+    unreadable = [f"{role}: {r}" for role, r in evidence.during.items() if isinstance(r, str)]
+    if unreadable:
+        return None, f"cannot read the engines' gauges while the request was open: {'; '.join(unreadable)}"
+    in_flight = sum(r["running"] + r["waiting"] for r in evidence.during.values() if not isinstance(r, str))
+    evidence.facts["in_flight_during"] = in_flight
+    return (dropped if in_flight > 0 else None), None
+
+
 def _cancel(
     spec: LifecycleSpec, request: RequestSpec, primary: tuple[CheckFailure, ...], evidence: Evidence
 ) -> str | None:
@@ -223,24 +254,22 @@ def _cancel(
         unreadable = [f"{role}: {r}" for role, r in evidence.before.items() if isinstance(r, str)]
         if unreadable:
             return f"cannot read the engines' gauges before the request: {'; '.join(unreadable)}"
-        try:
-            with _stream_open(client, request.url, payload, request.timeout_s) as response:
-                lines = response.iter_lines()
-                drop = _read_chunks(response, lines, spec.cancel_chunks, None)
-                # Read while the request is still open: the evidence that it was in flight when dropped.
-                evidence.during = read_gauges(spec.engines, client)
-        except httpx.HTTPError as exc:
-            return f"the streaming request failed before it could be dropped: {type(exc).__name__}: {exc}"
-        dropped = time.monotonic()  # leaving the block above closed the connection mid-body
-        evidence.facts |= {"chunks_read": drop.chunks, "stream_ended_before_drop": drop.ended,
-                           "max_tokens": spec.cancel_max_tokens}  # fmt: skip
-        if drop.status_code != 200:
-            return f"the streaming request answered HTTP {drop.status_code}: {drop.body_excerpt!r}"
-        if drop.ended:
-            return (f"the stream ended after {drop.chunks} chunk(s), before it could be dropped: nothing was "
-                    "cancelled (raise cancel_max_tokens)")  # fmt: skip
-        in_flight = sum(r["running"] + r["waiting"] for r in evidence.during.values() if not isinstance(r, str))
-        evidence.facts["in_flight_during"] = in_flight
+        for attempt in range(1, CANCEL_ATTEMPTS + 1):
+            evidence.facts["attempts"] = attempt
+            dropped, failure = _drop_in_flight(spec, request, payload, client, evidence)
+            if failure is not None:
+                return failure
+            if dropped is not None:
+                break
+            # No engine held the request while its stream was open: the engine had generated the whole answer
+            # before the gauges were read (on a loaded machine the client can be held back for the seconds
+            # that takes), so the drop cancelled nothing. Once the engines are idle again, try again.
+            held = _wait_released(spec.engines, client, evidence, time.monotonic())
+            if held:
+                return f"{spec.bound_s:g} s after a finished answer the engines still hold work: {'; '.join(held)}"
+        else:
+            return (f"in {CANCEL_ATTEMPTS} attempts every engine had finished all {spec.cancel_max_tokens} tokens "
+                    "before the stream could be dropped: nothing was cancelled (raise cancel_max_tokens)")  # fmt: skip
         held = _wait_released(spec.engines, client, evidence, dropped)
     if held:
         return (f"{spec.bound_s:g} s after the client dropped the stream the engines still hold it: "

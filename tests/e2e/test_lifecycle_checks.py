@@ -1,6 +1,8 @@
 """[M22] `orphan_decode_released` against a loopback decode that answers headers, then nothing: the check
 must drop it after its hold (not after the 60 s request timeout), read the gauges while it is held, and
-pass only when the server frees the request once its client is gone."""
+pass only when the server frees the request once its client is gone. `cancel_recovers` against a loopback
+engine that finishes whole answers before the client reads the gauges (what a loaded machine makes of a
+fast engine): such a drop cancelled nothing, so the check must try again and never pass on it alone."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.check.lifecycle import ORPHAN_HOLD_S, orphan_decode_released
+from matrix.check.lifecycle import CANCEL_ATTEMPTS, ORPHAN_HOLD_S, cancel_recovers, orphan_decode_released
 from matrix.check.specs import EngineGauges, LifecycleSpec, RequestSpec
 
 pytestmark = pytest.mark.e2e
@@ -99,3 +101,96 @@ def test_a_silent_orphaned_decode_is_dropped_after_the_hold_and_judged(decode: _
         assert failures == [], failures
         assert evidence["after"]["decode"]["waiting"] == 0 and evidence["released_s"] < 3.0
         assert ORPHAN_HOLD_S <= took < ORPHAN_HOLD_S + 3.0
+
+
+# A chat answer the validation passes: several tokens, served by two distinct workers.
+ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "one two three four"},
+                       "finish_reason": "length"}],
+          "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+          "nvext": {"worker_id": {"prefill_worker_id": 1, "decode_worker_id": 2}}}  # fmt: skip
+
+
+class _FastEngine:
+    """Streams: the first `finishes` are generated whole (running back to 0) before the client can read the
+    gauges; later ones stay running until their client goes away. Non-streaming: `ANSWER`."""
+
+    def __init__(self, finishes: int) -> None:
+        self.finishes = finishes
+        self.streams = 0
+        self.running = 0
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, body: bytes, content_type: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                with engine.lock:
+                    running = engine.running
+                text = f"vllm:num_requests_running {running}\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+                self._send(text.encode(), "text/plain")
+
+            def do_POST(self) -> None:
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not payload.get("stream"):
+                    self._send(json.dumps(ANSWER).encode(), "application/json")
+                    return
+                chunk = b'data: {"choices": [{"delta": {"content": " ga"}}]}\n\n'
+                with engine.lock:
+                    engine.streams += 1
+                    finished = engine.streams <= engine.finishes
+                    engine.running += 0 if finished else 1
+                # The whole answer was generated before the client reads it: only the transfer is left.
+                self._send(chunk * 8 + b"data: [DONE]\n\n" if finished else chunk * 4, "text/event-stream")
+                if finished:
+                    return
+                self.connection.settimeout(30)
+                with contextlib.suppress(OSError):
+                    self.connection.recv(1)  # EOF: the client dropped the stream
+                with engine.lock:
+                    engine.running -= 1
+
+        return Handler
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("finishes", [CANCEL_ATTEMPTS - 1, CANCEL_ATTEMPTS])
+def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(finishes: int, tmp_path: Path) -> None:
+    engine = _FastEngine(finishes)
+    try:
+        spec = LifecycleSpec(str(tmp_path), engines=(EngineGauges("decode", engine.url("/metrics")),), bound_s=3.0)
+        request = RequestSpec(engine.url("/v1/chat/completions"), "m", "hi", timeout_s=30.0)
+        failures = cancel_recovers(spec, request, ())
+    finally:
+        engine.close()
+    evidence = json.loads((tmp_path / "cancel_recovers.json").read_text())
+    assert evidence["attempts"] == min(finishes + 1, CANCEL_ATTEMPTS) == engine.streams, evidence
+    assert evidence["stream_ended_before_drop"] is False, evidence  # three chunks read, [DONE] never
+    if finishes < CANCEL_ATTEMPTS:
+        assert failures == [], failures
+        assert evidence["in_flight_during"] == 1 and evidence["after"]["decode"]["running"] == 0, evidence
+        assert evidence["recovery"]["failed_checks"] == [], evidence
+    else:
+        assert [f.name for f in failures] == ["cancel_recovers"], failures
+        message = failures[0].message
+        assert f"in {CANCEL_ATTEMPTS} attempts" in message and "nothing was cancelled" in message, message
+        assert evidence["in_flight_during"] == 0 and "recovery" not in evidence, evidence
