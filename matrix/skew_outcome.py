@@ -10,7 +10,10 @@ message, checks, exit codes):
   (the error line is quoted);
 - `hang`: it timed out (matrix cut it at the bound); a request's timeout carries which process waited on what
   (state, wchan, last log lines: `matrix.launch.hang`), and that evidence is the reason;
-- `healthy-but-wrong`: the pair answered but a check (content, token counts, KV proof, oracle) failed;
+- `error-answer`: every process stayed up but the request got no 200 answer (an HTTP error status, a
+  broken request) and nothing names an incompatibility: an explicit error, not a silent wrong answer, and
+  no honest refusal either (an engine's own timeout reads so: vLLM's 5 s NIXL handshake under load);
+- `healthy-but-wrong`: the pair answered 200 but a check (content, token counts, KV proof, oracle) failed;
 - `crash`: a process died (start-up or mid-request) without naming an incompatibility;
 - `not-run`: no evidence (skipped, interrupted, not run, still running).
 """
@@ -34,14 +37,16 @@ from matrix.outcome import (
     VALIDATION,
 )
 
-SkewClass = Literal["works", "clean-reject", "hang", "healthy-but-wrong", "crash", "not-run"]
-SKEW_CLASSES: tuple[SkewClass, ...] = ("works", "clean-reject", "hang", "healthy-but-wrong", "crash", "not-run")
+SkewClass = Literal["works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run"]
+SKEW_CLASSES: tuple[SkewClass, ...] = (
+    "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run"
+)  # fmt: skip
 
 # Words an engine's refusal uses when it names the incompatibility (vLLM: "NIXL compatibility hash mismatch
 # ... Prefill and decode instances have incompatible ..."); a line with one of them is the quoted reason.
 _NAMES_INCOMPATIBILITY = re.compile(
     r"incompatib|mismatch|not compatible|unsupported (?:version|protocol)|version .*(?:differ|expected)|"
-    r"unknown (?:field|variant|message)|failed to (?:deserial|decode)|protocol",
+    r"unknown (?:field|variant|message)|failed to (?:deserial|decode)|\bprotocol\b",
     re.IGNORECASE,
 )
 # How much of a hang's evidence (the request in flight, each process's state, wchan and last log lines) the
@@ -50,6 +55,8 @@ HANG_REASON_CHARS = 3000
 _SAYS_INCOMPATIBLE = re.compile(r"incompatib|mismatch|not compatible", re.IGNORECASE)
 _ERRORISH = re.compile(r"error|fatal|panic|refus|reject", re.IGNORECASE)
 # A mid-request death reads as a failed request whose message says a process exited.
+# The checks that say the request got no 200 answer at all (an error status, or no HTTP answer).
+_NO_ANSWER_CHECKS = ("http_status", "request")
 _DIED = re.compile(r"exited|died|killed|signal|exit code|segmentation|panick", re.IGNORECASE)
 
 
@@ -98,7 +105,7 @@ def first_incompatibility(log: Path, scan_bytes: int = 64 * 2**20) -> str | None
 
 def refused_unexplained(verdict: SkewVerdict, checks: Sequence[Mapping[str, Any]]) -> bool:
     """An error status whose attempt does not say why: the engines' logs may (`logged_refusal`)."""
-    return verdict.cls == "healthy-but-wrong" and any(c.get("name") == "http_status" for c in checks)
+    return verdict.cls == "error-answer" and any(c.get("name") == "http_status" for c in checks)
 
 
 def logged_refusal(log_dir: str | None) -> str:
@@ -133,14 +140,19 @@ def classify(
     quoted = _incompatibility_line(message)
     # A refused request (an HTTP error) whose processes' logs name the incompatibility is a reject too: the
     # runner copies those lines into the message (vLLM's decode answers 500 and logs the NIXL hash mismatch).
-    refused = any(check.get("name") in ("http_status", "request") for check in checks)
+    errored = [check for check in checks if check.get("name") in _NO_ANSWER_CHECKS]
+    refused = bool(errored)
     if quoted and (failure_kind in (STARTUP, REQUEST) or (failure_kind == VALIDATION and refused)):
         return SkewVerdict("clean-reject", quoted)
     died = {role: code for role, code in exit_codes.items() if code not in (None, 0, -15)}
     if failure_kind == STARTUP or (failure_kind == REQUEST and (died or _DIED.search(message))):
         who = ", ".join(f"{role} exited {code}" for role, code in sorted(died.items()))
         return SkewVerdict("crash", "; ".join(part for part in (who, _first_line(message)) if part))
-    if failure_kind in (VALIDATION, REQUEST) or checks:
+    if errored or failure_kind == REQUEST:
+        # The status line and the engine's body ("HTTP status is 500; expected 200; body ..."), not the list.
+        detail = next((_first_line(str(c["message"])) for c in errored if c.get("message")), _first_line(message))
+        return SkewVerdict("error-answer", f"no 200 answer, and nothing names an incompatibility: {detail}")
+    if failure_kind == VALIDATION or checks:
         names = ", ".join(dict.fromkeys(str(c.get("name", "?")) for c in checks)) or failure_kind or "a check"
         detail = _first_line(message)
         if detail.startswith("failed checks"):

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 @with_session
 def skew_cmd(session: Session, case: str, as_json: bool) -> None:
     """Show CASE's prefill x decode grid (from `matrix run --skew`): works, clean-reject, hang,
-    healthy-but-wrong, crash or not-run per pair, with the reason. With a Dynamo frontend axis, one grid per
-    frontend version."""
+    error-answer, healthy-but-wrong, crash or not-run per pair, with the reason. With a Dynamo frontend axis,
+    one grid per frontend version."""
     from matrix.output import print_json, print_table
     from matrix.report.skew import load_skew_grid
 

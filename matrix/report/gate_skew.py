@@ -4,7 +4,7 @@ previous release, so both orders of the pair must be safe.
 For each required case the rule selects, the latest finished attempt of prefill=candidate/decode=previous and
 of prefill=previous/decode=candidate (on a Dynamo grid: with the frontend on either of the two releases) must
 be `works` or `clean-reject` (`matrix.skew_outcome`): a pair that refuses itself, naming why, is an honest
-outcome an operator can plan around; a hang, a crash or a healthy-but-wrong answer blocks. A direction
+outcome an operator can plan around; a hang, an error answer, a crash or a healthy-but-wrong answer blocks. A direction
 without an attempt is missing evidence (INCOMPLETE, never GO), with the command that runs it.
 """
 

@@ -120,6 +120,22 @@ def test_a_healthy_but_wrong_pair_blocks_even_when_every_diagonal_cell_passes(ma
     assert verdict["policy"]["skew_both_ways"] == "sidecar"
 
 
+def test_an_error_answer_naming_no_incompatibility_blocks_too(matrix: Matrix) -> None:
+    """A 500 whose logs name no incompatibility (vLLM's own handshake timeout reads so) is no honest refusal."""
+    sync(matrix, GATES)
+    _diagonal_passes(matrix)
+    _pair(matrix, "0.29.0", "0.30.0", "passed")
+    _pair(matrix, "0.30.0", "0.29.0", "failed", failure_kind="validation", message="failed checks: http_status",
+          checks=[{"name": "http_status", "message": "HTTP status is 500; expected 200; body 'failed'"}])  # fmt: skip
+    result = matrix("gate", "vllm", "0.30.0", "--policy", "upgrade", "--json")
+    assert result.exit_code == 1, result.output
+    (skew,) = [r for r in json.loads(result.output)["reasons"] if r["kind"] == "skew"]
+    assert skew["blocking"] and skew["message"].startswith(
+        "prefill 0.30.0 / decode 0.29.0 is error-answer: no 200 answer, and nothing names an incompatibility: "
+        "HTTP status is 500"
+    ), skew
+
+
 def test_the_latest_attempt_of_a_pair_decides(matrix: Matrix) -> None:
     sync(matrix, GATES)
     _diagonal_passes(matrix)

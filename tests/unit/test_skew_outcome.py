@@ -36,15 +36,26 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
          f"line 120: ERROR [base_worker.py:1175] RuntimeError: {NIXL}"),
         # The same refusal without a line naming the incompatibility is not a clean one.
         ("failed", "validation", "failed checks: http_status\n--- error lines (decode.log) ---\nline 9: ERROR oops",
-         [{"name": "http_status"}], {}, "healthy-but-wrong",
-         "answered, but http_status failed: failed checks: http_status"),
+         [{"name": "http_status"}], {}, "error-answer",
+         "no 200 answer, and nothing names an incompatibility: failed checks: http_status"),
         # What a reference pair whose prefill drops the KV transfer records (two http_status checks, the
         # unary and the streamed request): each check named once, and the check's own message quoted.
         ("failed", "validation", "failed checks: http_status",
          [{"name": "http_status", "message": "HTTP status is 502; expected 200; body 'KV transfer failed'"},
           {"name": "http_status", "message": "stream: HTTP status is 502"}], {},
-         "healthy-but-wrong", "answered, but http_status failed: HTTP status is 502; expected 200; body 'KV transfer "
-         "failed'"),
+         "error-answer", "no 200 answer, and nothing names an incompatibility: HTTP status is 502; expected 200; "
+         "body 'KV transfer failed'"),
+        # vLLM's own 5 s NIXL handshake timeout under load: an error answer, not a refusal and not a wrong answer.
+        ("failed", "validation", "failed checks: http_status, kv_transfer\n--- error lines (decode.log) ---\n"
+         "line 80: ERROR NIXL transfer failure: handshake_setup_failed",
+         [{"name": "http_status", "message": "HTTP status is 500; expected 200; body 'Internal Server Error'"},
+          {"name": "kv_transfer", "message": "no NIXL transfer"}], {}, "error-answer",
+         "no 200 answer, and nothing names an incompatibility: HTTP status is 500; expected 200; body 'Internal "
+         "Server Error'"),
+        # No HTTP answer at all, every process still up.
+        ("failed", "request", "the request failed: RemoteProtocolError: Server disconnected", [], {}, "error-answer",
+         "no 200 answer, and nothing names an incompatibility: the request failed: RemoteProtocolError: Server "
+         "disconnected"),
         ("failed", "validation", "failed checks: equivalent_to_aggregated; aggregated instance 99.7 s",
          [{"name": "equivalent_to_aggregated", "message": "0/8 prompts token-identical to aggregated, 8 real"}], {},
          "healthy-but-wrong", "answered, but equivalent_to_aggregated failed: 0/8 prompts token-identical to "
@@ -59,8 +70,8 @@ NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill an
          f"\nline 10: RuntimeError: {NIXL}", [{"name": "http_status", "message": "HTTP status is 500"}], {},
          "clean-reject", f"line 10: RuntimeError: {NIXL}"),
         ("failed", "validation", "failed checks: http_status\n--- decode error lines ---\nline 3: ERROR out of memory",
-         [{"name": "http_status", "message": "HTTP status is 500"}], {}, "healthy-but-wrong",
-         "answered, but http_status failed: HTTP status is 500"),
+         [{"name": "http_status", "message": "HTTP status is 500"}], {}, "error-answer",
+         "no 200 answer, and nothing names an incompatibility: HTTP status is 500"),
         ("skipped", None, "runtime not provisioned", [], {}, "not-run", "no evidence: the attempt is skipped"),
         ("error", "config", "no such model dir", [], {}, "not-run",
          "matrix could not run the pair (config): no such model dir"),
@@ -133,7 +144,7 @@ def test_the_report_has_an_n_by_n_page_per_skew_case(seeded: Matrix, tmp_path: P
     assert by_class == {"works": 3, "clean-reject": 1, "hang": 1, "not-run": 4}
     assert sum(1 for _, diagonal in cells if diagonal) == 3  # the diagonal is outlined, whatever its class
     # The legend names every class with its colour, so a release manager never has to guess one.
-    for cls in ("works", "clean-reject", "hang", "healthy-but-wrong", "crash", "not-run"):
+    for cls in ("works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run"):
         assert f'<span class="swatch skew-{cls}">{cls}</span>' in page
     assert "NIXL compatibility hash mismatch" in page  # the reason, one click (an anchor) away
     assert 'href="skew-dynamo_mocker_disaggregated.html"' in (tmp_path / "index.html").read_text(encoding="utf-8")
