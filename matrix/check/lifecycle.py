@@ -268,8 +268,12 @@ def _cancel(
             if held:
                 return f"{spec.bound_s:g} s after a finished answer the engines still hold work: {'; '.join(held)}"
         else:
-            return (f"in {CANCEL_ATTEMPTS} attempts every engine had finished all {spec.cancel_max_tokens} tokens "
-                    "before the stream could be dropped: nothing was cancelled (raise cancel_max_tokens)")  # fmt: skip
+            # Not a failure of the engine, and no pass either: the check was not exercised, and says so (an
+            # engine or frontend that answers whole before streaming, such as the reference one with some
+            # faults, always reads so).
+            evidence.skipped = (f"in {CANCEL_ATTEMPTS} attempts no engine's gauges showed the request while its "
+                                "stream was open: a drop would cancel nothing (raise cancel_max_tokens)")  # fmt: skip
+            return None
         held = _wait_released(spec.engines, client, evidence, dropped)
     if held:
         return (f"{spec.bound_s:g} s after the client dropped the stream the engines still hold it: "

@@ -189,8 +189,7 @@ def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(finishe
         assert failures == [], failures
         assert evidence["in_flight_during"] == 1 and evidence["after"]["decode"]["running"] == 0, evidence
         assert evidence["recovery"]["failed_checks"] == [], evidence
-    else:
-        assert [f.name for f in failures] == ["cancel_recovers"], failures
-        message = failures[0].message
-        assert f"in {CANCEL_ATTEMPTS} attempts" in message and "nothing was cancelled" in message, message
+    else:  # never exercised: neither a pass nor the engine's failure, and the evidence says why
+        assert failures == [] and evidence["passed"] is None, (failures, evidence)
+        assert f"in {CANCEL_ATTEMPTS} attempts" in evidence["skipped"] and "cancel nothing" in evidence["skipped"]
         assert evidence["in_flight_during"] == 0 and "recovery" not in evidence, evidence
