@@ -22,12 +22,10 @@ from matrix.check.specs import EngineGauges, LifecycleSpec, RequestSpec
 pytestmark = pytest.mark.e2e
 
 
-class _SilentDecode:
-    """POST: 200 and SSE headers, then silence until the client goes away (or forever, `holds`)."""
+class _LoopbackServer:
+    """A threaded HTTP server on a free loopback port, serving `_handler()` until `close()`."""
 
-    def __init__(self, holds: bool) -> None:
-        self.holds = holds
-        self.waiting = 0
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -35,6 +33,22 @@ class _SilentDecode:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _SilentDecode(_LoopbackServer):
+    """POST: 200 and SSE headers, then silence until the client goes away (or forever, `holds`)."""
+
+    def __init__(self, holds: bool) -> None:
+        self.holds = holds
+        self.waiting = 0
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         decode = self
@@ -71,10 +85,6 @@ class _SilentDecode:
 
         return Handler
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture(params=[False, True], ids=["releases", "holds"])
 def decode(request: pytest.FixtureRequest) -> Iterator[_SilentDecode]:
@@ -110,7 +120,7 @@ ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "
           "nvext": {"worker_id": {"prefill_worker_id": 1, "decode_worker_id": 2}}}  # fmt: skip
 
 
-class _FastEngine:
+class _FastEngine(_LoopbackServer):
     """Streams: the first `finishes` are generated whole (running back to 0) before the client can read the
     gauges; later ones stay running until their client goes away. Non-streaming: `ANSWER`."""
 
@@ -118,13 +128,7 @@ class _FastEngine:
         self.finishes = finishes
         self.streams = 0
         self.running = 0
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         engine = self
@@ -167,10 +171,6 @@ class _FastEngine:
                     engine.running -= 1
 
         return Handler
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.mark.parametrize("finishes", [CANCEL_ATTEMPTS - 1, CANCEL_ATTEMPTS])
