@@ -193,7 +193,8 @@ class Supervisor:
         if self._spawned_at is not None:
             raise RuntimeError("Supervisor.start() may only be called once")
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._watchdog = _Watchdog.start(self._plan.cell_id, self._base_env, self._plan.container_engine)
+        plan = self._plan
+        self._watchdog = _Watchdog.start(plan.cell_id, self._base_env, plan.container_engine, plan.scratch_dirs)
         self._spawned_at = time.monotonic()
         for spec in self._plan.processes:
             if not spec.start_after:
@@ -425,14 +426,16 @@ class _Watchdog:
         self._popen, self._write_fd = popen, write_fd
 
     @classmethod
-    def start(cls, cell_id: str, base_env: Mapping[str, str], engine: str = "") -> _Watchdog | None:
+    def start(
+        cls, cell_id: str, base_env: Mapping[str, str], engine: str = "", scratch: tuple[str, ...] = ()
+    ) -> _Watchdog | None:
         from matrix.launch import watchdog
 
         read_fd, write_fd = os.pipe()  # not inheritable: no other child of the runner holds the write end
         env = {k: v for k, v in base_env.items() if k != CELL_ENV}  # never part of the cell it watches
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-I", watchdog.__file__, str(read_fd), cell_id, *([engine] if engine else [])],
+                [sys.executable, "-I", watchdog.__file__, *watchdog.watchdog_argv(read_fd, cell_id, engine, scratch)],
                 pass_fds=(read_fd,), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip

@@ -11,17 +11,21 @@ Why not the kernel's parent-death signal (PR_SET_PDEATHSIG): it fires when the *
 child exits, not the process (and runners start cells from worker threads), and it reaches only the direct
 child, not an engine's own workers. The environment tag reaches them all.
 
-A cell whose processes run in containers passes the container engine too (`python -I watchdog.py FD
-CELL_ID ENGINE`): after the sweep the watchdog force-removes every container labelled with the cell, since
-a container's processes belong to the engine's daemon, not to the runner (the sweep reaches them only when
-the daemon runs on this very kernel and shows them in this pid namespace).
+A cell whose processes run in containers passes the container engine too (`--engine ENGINE`): after the
+sweep the watchdog force-removes every container labelled with the cell, since a container's processes
+belong to the engine's daemon, not to the runner (the sweep reaches them only when the daemon runs on this
+very kernel and shows them in this pid namespace). Last it removes the plan's scratch directories
+(`--remove DIR`, one per directory: the cell's TMPDIR, discovery and cache directories), which the runner's
+teardown would have removed; only once nothing of the cell runs, so no process writes into them any more.
 
-Run as a script (`python -I watchdog.py FD CELL_ID [ENGINE]`); it imports only the standard library and
-psutil, so it starts fast and does not depend on how matrix itself was put on the path.
+Run as a script (`python -I watchdog.py FD CELL_ID [--engine ENGINE] [--remove DIR]...`); it imports only
+the standard library and psutil, so it starts fast and does not depend on how matrix itself was put on the
+path.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -91,15 +95,26 @@ def remove_containers(engine: str, cell_id: str) -> int:
     return len(ids)
 
 
+def watchdog_argv(fd: int, cell_id: str, engine: str = "", remove: tuple[str, ...] = ()) -> list[str]:
+    """The script's arguments after its path."""
+    return [str(fd), cell_id, *(["--engine", engine] if engine else []), *(a for d in remove for a in ("--remove", d))]
+
+
 def main(argv: list[str]) -> int:
-    fd, cell_id = int(argv[1]), argv[2]
-    engine = argv[3] if len(argv) > 3 else ""
+    parser = argparse.ArgumentParser(prog="watchdog.py")
+    parser.add_argument("fd", type=int)
+    parser.add_argument("cell_id")
+    parser.add_argument("--engine", default="")
+    parser.add_argument("--remove", action="append", default=[])
+    args = parser.parse_args(argv[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the runner, which tears down itself
-    if _read_until_eof(fd).strip() == DONE:
+    if _read_until_eof(args.fd).strip() == DONE:
         return 0
-    sweep(cell_id)
-    if engine:
-        remove_containers(engine, cell_id)
+    sweep(args.cell_id)
+    if args.engine:
+        remove_containers(args.engine, args.cell_id)
+    for directory in args.remove:
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

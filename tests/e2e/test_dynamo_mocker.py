@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +21,18 @@ VERSION = os.environ.get("MATRIX_TEST_DYNAMO_VERSION", "1.6.1")
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(1200)]
 
 
+def _dynamo_logging_files() -> set[Path]:
+    """The logging configurations Dynamo writes into a temporary directory at every start-up."""
+    return {p for p in Path(tempfile.gettempdir()).glob("tmp*.json") if "dynamo.runtime.logging" in p.read_text()}
+
+
 @pytest.fixture(scope="module")
-def dynamo_campaign(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+def temp_files_before() -> set[Path]:
+    return _dynamo_logging_files()
+
+
+@pytest.fixture(scope="module")
+def dynamo_campaign(tmp_path_factory: pytest.TempPathFactory, temp_files_before: set[Path]) -> Matrix:
     home = tmp_path_factory.mktemp("dynamo")
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
@@ -60,12 +72,19 @@ def test_aggregated_control_is_caught_by_the_distinct_workers_check(dynamo_campa
 
 
 def test_discovery_and_cache_directories_are_removed_logs_kept(dynamo_campaign: Matrix) -> None:
-    from pathlib import Path
-
     for case in ("dynamo_mocker_disaggregated", "dynamo_mocker_aggregated_control"):
         log_dir = Path(str(_row(dynamo_campaign, case)["log_dir"]))
         assert (log_dir / "frontend.log").is_file()
         assert not (log_dir / "discovery").exists() and not (log_dir / "cache").exists()
+
+
+def test_dynamos_temporary_files_went_with_the_cells(dynamo_campaign: Matrix, temp_files_before: set[Path]) -> None:
+    # Every Dynamo process writes a logging configuration (tmpXXXX.json) into its TMPDIR and never removes it;
+    # the cell's TMPDIR is its own, removed with it, so the runner's temporary directory gains none.
+    assert _dynamo_logging_files() - temp_files_before == set()
+    for case in ("dynamo_mocker_disaggregated", "dynamo_mocker_aggregated_control"):
+        uid = str(_row(dynamo_campaign, case)["uid"])
+        assert not (Path(tempfile.gettempdir()) / f"matrix-{uid}").exists()
 
 
 def test_every_listener_is_recorded_and_only_the_event_plane_leaves_loopback(dynamo_campaign: Matrix) -> None:

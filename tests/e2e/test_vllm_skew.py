@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,7 +272,10 @@ def test_a_runner_killed_outright_leaves_no_shared_engine(grids: Matrix) -> None
     finally:
         runner.kill()  # SIGKILL: no teardown of its own; the engines' watchdogs must act
         runner.wait()
+    # The watchdogs remove the engines' scratch directories (TMPDIR matrix-<tag>) once the engines are gone.
+    scratch = [Path(tempfile.gettempdir()) / f"matrix-{tag}" for tag in mine]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and set(_grid_engines().values()) & mine:
+    while time.monotonic() < deadline and (set(_grid_engines().values()) & mine or any(map(Path.exists, scratch))):
         time.sleep(0.5)
     assert not set(_grid_engines().values()) & mine
+    assert [str(d) for d in scratch if d.exists()] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def test_mocker_plan(tmp_path: Path) -> None:
         assert env[host_var] == "127.0.0.1"
     assert env["DYN_TCP_RESPONSE_STREAM_HOST"] == "lo"  # an interface name: what every release accepts
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # CPU cell: no GPU visible
+    # Dynamo leaves a logging configuration in TMPDIR at every start-up: the cell's own, removed with it.
+    assert env["TMPDIR"] == str(Path(tempfile.gettempdir()) / "matrix-cell1")
+    assert all(p.env["TMPDIR"] == env["TMPDIR"] for p in plan.processes)
+    assert plan.scratch_dirs.count(env["TMPDIR"]) == 1
     frontend = plan.processes[2]
     assert "--http-host" in frontend.argv and frontend.argv[frontend.argv.index("--http-host") + 1] == "127.0.0.1"
     assert plan.ready_probes[0].require_models

@@ -21,6 +21,8 @@ from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import (
     LOOPBACK_ENV,
     LaunchContext,
+    cell_scratch,
+    cell_tmp_dir,
     chat_request,
     frontend_probes,
     gpu_env,
@@ -146,9 +148,13 @@ class DynamoArm:
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)
         ports = ctx.ports
+        # Dynamo writes a logging configuration into the temporary directory at every start-up and never
+        # removes it (a hundred files a grid): TMPDIR is the cell's, removed with it.
+        tmp = cell_scratch(ctx, {"TMPDIR": str(cell_tmp_dir(ctx))})
         env = {
             **LOOPBACK_ENV,
             **ctx.env,
+            **tmp,
             **gpu_env(ctx),
             "PYTHONUNBUFFERED": "1",
             "DYN_NAMESPACE": f"matrix-{ctx.cell_id}",
@@ -182,7 +188,7 @@ class DynamoArm:
         )
         metrics: tuple[MetricsCheck, ...] = ()
         lifecycle: LifecycleSpec | None = None
-        scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"]]
+        scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"], *tmp.values()]
         script = _script_text(ctx)
         ready = frontend_probes(frontend_port)
         if engine == "mocker":
@@ -223,7 +229,7 @@ class DynamoArm:
             teardown_grace_s=float(or_default(_launch(ctx.case).teardown_grace_s, 10.0)),
             gpu_ids=ctx.gpu_ids,
             metrics_checks=metrics,
-            scratch_dirs=tuple(scratch),
+            scratch_dirs=tuple(dict.fromkeys(scratch)),  # the sidecar arms name the cell's TMPDIR too
             lifecycle=lifecycle,
         )
 
