@@ -210,14 +210,26 @@ def run_cmd(
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
     if report and exit_code != 2:
-        from matrix.db.engine import transaction
-        from matrix.paths import data_dir
-        from matrix.report import write_report
-
-        with transaction(app.sessions()) as session:
-            index = write_report(session, report_dir or data_dir() / "report", options.selection)
-        click.echo(f"report: {index}", err=json_events)
+        _refresh_report(app, report_dir, exit_code, err=json_events)
     raise SystemExit(exit_code)
+
+
+def _refresh_report(app: App, report_dir: Path | None, exit_code: int, *, err: bool) -> None:
+    """The report of the whole database, whatever this run selected: an index of only the last selection
+    would drop the links to every other runtime's pages. Not after an interruption: whoever pressed Ctrl-C
+    wants the prompt back, and writing every page took seconds after the pairs were already down."""
+    from matrix.campaign import EXIT_INTERRUPTED
+
+    if exit_code == EXIT_INTERRUPTED:
+        click.echo("report not refreshed (run interrupted): `matrix report` refreshes it", err=err)
+        return
+    from matrix.db.engine import transaction
+    from matrix.paths import data_dir
+    from matrix.report import write_report
+
+    with transaction(app.sessions()) as session:
+        index = write_report(session, report_dir or data_dir() / "report")
+    click.echo(f"report: {index}", err=err)
 
 
 def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:
