@@ -11,6 +11,7 @@ The bounds below are hang guards, not targets: the targets (about a second) belo
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -147,10 +148,37 @@ startup_timeout_s = 20
         assert runner.poll() is None and time.monotonic() < deadline, "the build never reached its backend"
         time.sleep(0.05)
     backend = int(marker.read_text())
+    envs = matrix.home / "envs"
+    (building,) = [p for p in envs.iterdir() if p.name.startswith(".tmp-")]
+    try:
+        _fill(building / "installed-earlier", 20_000)
+    except BaseException:
+        stop_gracefully(runner)
+        raise  # what earlier steps installed: a real environment has tens of thousands
     took, output = _interrupt(runner)
+    left = [p.name for p in envs.iterdir() if p.is_dir()]
     print(f"SIGINT to exit while building: {took:.2f}s")
     assert runner.returncode == 3, output
     assert "campaign 1 interrupted: SIGINT while provisioning" in output, output
     assert not (matrix.home / "report").exists(), output
     assert not psutil.pid_exists(backend) or psutil.Process(backend).status() == psutil.STATUS_ZOMBIE
+    # The runner did not wait for the half-built tree to be deleted (seconds for a real one): at its exit the
+    # tree is under a trash name, not the build's, and it is deleted after.
+    assert len(left) == 1 and left[0].startswith(".trash-"), left
+    deadline = time.monotonic() + 60
+    while any(p.is_dir() for p in envs.iterdir()):
+        assert time.monotonic() < deadline, "the interrupted build's tree was never deleted"
+        time.sleep(0.1)
     assert took < HANG_GUARD_S, output
+
+
+def _fill(directory: Path, entries: int) -> None:
+    """`entries` directory entries under `directory` (hard links of one file: quick to make, as slow to delete
+    one by one as the files of an installed environment)."""
+    directory.mkdir()
+    (directory / "module.py").write_text("x = 1\n")
+    for d in range(entries // 200):
+        package = directory / f"package{d}"
+        package.mkdir()
+        for f in range(200):
+            os.link(directory / "module.py", package / f"module{f}.py")
