@@ -120,7 +120,8 @@ def _versions(cell: Any) -> str:
               "default: start a local cluster for this run.")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
-@click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
+@click.option("--report/--no-report", default=True, show_default=True,
+              help="Refresh the HTML report of the whole database at the end (not after an interruption).")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
 @click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
               help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix` (skew "
