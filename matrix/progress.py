@@ -13,6 +13,7 @@ from matrix.text import clean
 
 if TYPE_CHECKING:  # Rich is imported only for the live panel: it costs start-up time every run pays
     from rich.console import Console, Group
+    from rich.text import Text
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,18 @@ class LiveReporter:
         self._live.start()
 
     def emit(self, event: Event) -> None:
+        printed = self._update(event)
+        # Rich is called with our lock released. Rich's refresh thread holds rich's lock while it renders,
+        # and rendering (`_render`) takes ours: taking rich's lock while holding ours (console.print, refresh)
+        # deadlocked the runner for good, e.g. on the countdown after Ctrl-C.
+        if printed is not None:
+            self._live.console.print(printed)
+        self._live.refresh()
+
+    def _update(self, event: Event) -> Text | str | None:
+        """Record the event in the panel's state; what to print above the panel, if anything."""
+        from rich.text import Text
+
         with self._lock:
             if event.kind == "cell-start":
                 self._running[event.cell_id] = (event.cell, time.monotonic())
@@ -114,13 +127,11 @@ class LiveReporter:
                 if not event.data.get("will_retry"):
                     self._done += 1
                     self._counts[event.status] = self._counts.get(event.status, 0) + 1
-                from rich.text import Text
-
                 style = {"passed": "green", "skipped": "yellow"}.get(event.status, "red")
-                self._live.console.print(Text(_line(event), style=style))
+                return Text(_line(event), style=style)
             elif event.kind in ("message", "campaign-end", "campaign-start"):
-                self._live.console.print(_line(event))
-            self._live.refresh()
+                return _line(event)
+            return None
 
     def header(self) -> str:
         """``3/8 done (2 passed, 1 failed), 2 running, ETA 40s``: no empty parentheses before a cell ends."""

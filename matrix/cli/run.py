@@ -120,7 +120,8 @@ def _versions(cell: Any) -> str:
               "default: start a local cluster for this run.")
 @click.option("--json-events", is_flag=True, help="Print one JSON object per event instead of the live view.")
 @click.option("--quiet", "-q", is_flag=True, help="Only the summary.")
-@click.option("--report/--no-report", default=True, show_default=True, help="Refresh the HTML report at the end.")
+@click.option("--report/--no-report", default=True, show_default=True,
+              help="Refresh the HTML report of the whole database at the end (not after an interruption).")
 @click.option("--report-dir", type=click.Path(path_type=Path), help="Where the report goes (default: data dir/report).")
 @click.option("--cell", "cell_args", multiple=True, metavar="ID[,ID...]",
               help="Run exactly these cells: stable ids from `matrix plan --json`/`--format github-matrix` (skew "
@@ -210,14 +211,26 @@ def run_cmd(
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
     if report and exit_code != 2:
-        from matrix.db.engine import transaction
-        from matrix.paths import data_dir
-        from matrix.report import write_report
-
-        with transaction(app.sessions()) as session:
-            index = write_report(session, report_dir or data_dir() / "report", options.selection)
-        click.echo(f"report: {index}", err=json_events)
+        _refresh_report(app, report_dir, exit_code, err=json_events)
     raise SystemExit(exit_code)
+
+
+def _refresh_report(app: App, report_dir: Path | None, exit_code: int, *, err: bool) -> None:
+    """The report of the whole database, whatever this run selected: an index of only the last selection
+    would drop the links to every other runtime's pages. Not after an interruption: whoever pressed Ctrl-C
+    wants the prompt back, and writing every page took seconds after the pairs were already down."""
+    from matrix.campaign import EXIT_INTERRUPTED
+
+    if exit_code == EXIT_INTERRUPTED:
+        click.echo("report not refreshed (run interrupted): `matrix report` refreshes it", err=err)
+        return
+    from matrix.db.engine import transaction
+    from matrix.paths import data_dir
+    from matrix.report import write_report
+
+    with transaction(app.sessions()) as session:
+        index = write_report(session, report_dir or data_dir() / "report")
+    click.echo(f"report: {index}", err=err)
 
 
 def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:

@@ -51,6 +51,7 @@ from matrix.launch.providers.venv import (
     Installer,
     ProvisionError,
     Target,
+    discard,
     locked,
     read_info,
 )
@@ -368,8 +369,8 @@ def build_from_base(
     except MatrixError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ProvisionError(f"provisioning {runtime.label} from environment {base.path.name} failed: {exc}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # interrupted: deleted in the background, the runner exits at once
+        discard(tmp)
         raise
     echo(f"{target.label}: environment {target.name} ready from {base.path.name} "
          f"(+{info['extra_bytes'] / 2**20:.1f} MiB, {info['build_s']:.1f}s)")  # fmt: skip

@@ -30,6 +30,7 @@ from matrix.launch.providers.venv.target import (
     Target,
     check_recorded,
     complete_info,
+    discard,
     remove_tree,
     resolve_target,
     targets_of,
@@ -215,8 +216,9 @@ def _buildlocked(
         _record_failure(target, runtime, message, host=host)
         raise (HostCannotBuild if host else ProvisionError)(message) from None
     except BaseException:
-        # Interrupted (Ctrl-C, a stop request): no half environment stays behind, and no failure is recorded.
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Interrupted (Ctrl-C, a stop request): no half environment stays behind, and no failure is recorded;
+        # it is deleted in the background, so the interrupted runner exits at once.
+        discard(tmp)
         raise
     target.failure_path.unlink(missing_ok=True)
     elapsed = time.monotonic() - builder.started

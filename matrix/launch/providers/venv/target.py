@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Mapping
@@ -242,3 +243,23 @@ def remove_tree(path: Path) -> None:
     except OSError:
         trash = path
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def discard(path: Path) -> None:
+    """Remove an interrupted build's directory without making the interrupted runner wait for it.
+
+    Deleting a half-built environment (tens of thousands of files) took seconds, after Ctrl-C, before the
+    prompt came back. The tree is renamed to a trash name at once (nothing half-deleted under a build's
+    name) and an `rm` in a session of its own deletes it, outliving this process; should it not finish,
+    the next build of the same key sweeps the trash (`_stale_temps`), as `prune` does."""
+    if not path.exists():
+        return
+    trash = path.parent / f"{TRASH_PREFIX}{path.name.removeprefix(TMP_PREFIX)}-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        os.rename(path, trash)
+        subprocess.Popen(
+            ["rm", "-rf", "--", str(trash)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,  # a second Ctrl-C on the terminal spares it
+        )  # fmt: skip
+    except OSError:
+        shutil.rmtree(trash if trash.exists() else path, ignore_errors=True)
