@@ -318,8 +318,8 @@ def judge_listeners(outcome: CellOutcome, *, loopback_only: bool) -> CellOutcome
 # --- which attempt is "the latest": two rules, named here -------------------------------------------------
 # `highest_attempts`: the attempt with the highest number, whatever its status; what a campaign resumes,
 # reruns and counts (`--resume`, `--rerun-failed`, `matrix campaigns`). `standing_attempt`: the newest
-# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip
-# never hides a pass or a failure).
+# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip or
+# interruption never hides a pass or a failure).
 
 
 class Attempt(Protocol):
@@ -340,18 +340,21 @@ def highest_attempts(rows: Iterable[tuple[K, int, str]]) -> dict[K, tuple[int, s
     return state
 
 
-# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
-# never started. A later one never hides an earlier pass or failure.
-UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN})
+# Finished attempts that say nothing about the runtime: the host could not run the cell, the cell was
+# never started, or the runner cut it short (a kill, a SIGTERM, a lost node: the runner's doing, never the
+# runtime's; `docs/statistics.md`). A later one never hides an earlier pass or failure: the evidence is the
+# newest attempt that finished on its own, in every verdict (compare, gate, report, exports).
+UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN, INTERRUPTED})
 
 
 def standing_attempt(attempts: Sequence[A]) -> A | None:
     """The attempt that stands for a cell in a report, a gate or a comparison (its attempts oldest first):
-    the newest informative finished one (a pass or a failure), else
-    the newest finished one (a skip), else the newest (still running).
+    the newest informative finished one (a pass or a failure of the cell's own), else
+    the newest finished one (a skip, an interruption), else the newest (still running).
 
-    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
-    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
+    A skip or an interruption proves nothing: an imported pass stays a pass after a local run on a host
+    without that runtime skipped the cell, a pass stays a pass after a later run of it was killed, and a
+    failure stays a failure (`later_skip` says it happened).
     """
     fallback: A | None = None
     for index in range(len(attempts) - 1, -1, -1):
@@ -366,7 +369,7 @@ def standing_attempt(attempts: Sequence[A]) -> A | None:
 
 
 def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
-    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
+    """The newest skipped, not-run or interrupted attempt after `chosen`: shown beside the attempt that decides."""
     if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
         return None
     for index in range(len(attempts) - 1, -1, -1):

@@ -1,8 +1,9 @@
 """Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
 
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
-version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
-attempt of that case on any of the side's runtimes (the newest row wins, across campaigns).
+version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the attempt that stands for it
+on any of the side's runtimes (`outcome.standing_attempt`: the newest pass or failure, across campaigns; a
+later skip or interruption never replaces it).
 
 Beyond the verdict, each case carries each side's pass rate over all its informative attempts (Wilson 95 %
 interval; flaky when a side both passed and failed) and, per metric, B against A as a ratio of medians with
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
+from matrix.outcome import CELL_FAULT_STATUSES, PASSED, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -142,12 +143,13 @@ class Comparison:
 
 
 def _klass(outcome: Outcome | None) -> str:
-    """pass, fail, or none (no attempt, skipped, not run, still running)."""
+    """pass, fail, or none (no attempt, skipped, not run, interrupted, still running): an interruption is
+    the runner's doing and says nothing about the runtime, so it is never a side's failure."""
     if outcome is None:
         return "none"
     if outcome.status == PASSED:
         return "pass"
-    return "fail" if outcome.status in FAILED_STATUSES else "none"
+    return "fail" if outcome.status in CELL_FAULT_STATUSES else "none"
 
 
 def verdict(a: Outcome | None, b: Outcome | None) -> str:

@@ -5,10 +5,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
 
 1. A required fix the runtime's components lack blocks, before anything has run; waivers do not
    excuse it (the catalog knows the runtime is broken for this case).
-2. The latest informative attempt (any campaign) must pass: a skipped or never-started attempt proves
-   nothing, so it never replaces an earlier pass or failure (it is reported beside it, with its reason).
-   No informative attempt (never run, only skipped, still running) leaves the cell *not run*; waivers do
-   not excuse it (nothing shows how it behaves).
+2. The latest informative attempt (any campaign) must pass: a skipped, never-started or interrupted
+   attempt proves nothing, so it never replaces an earlier pass or failure (it is reported beside it, with
+   its reason). No informative attempt (never run, only skipped or interrupted, still running) leaves the
+   cell *not run*; waivers do not excuse it (nothing shows how it behaves).
 3. A failed attempt blocks unless a waiver for the case admits the version (its `runtime_spec`, empty
    meaning every version) and has not expired. A waiver is valid through its `expires` day (UTC);
    an expired one is reported and excuses nothing.
@@ -56,7 +56,7 @@ from sqlalchemy.orm import Session, selectinload
 from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError, MatrixError
 from matrix.markers import Expression, MarkerUse, matches
-from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
+from matrix.outcome import CELL_FAULT_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
 from matrix.plan import missing_fixes
 from matrix.report.data import (
     AttemptRow,
@@ -480,7 +480,7 @@ def evaluate_gate(
         skip = later_skip(attempts, now)
         if skip is not None and now is not None:
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
-                                f"attempt of campaign {now.campaign_id}, which decides: a skip proves nothing", False))
+                                f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about the runtime", False))
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
         cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
@@ -510,7 +510,7 @@ def _judge(
     found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
     for w in expired:
         found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
-    if now is None or (now.status != PASSED and now.status not in FAILED_STATUSES):
+    if now is None or (now.status != PASSED and now.status not in CELL_FAULT_STATUSES):
         if now is None:
             what = "never run"
         elif now.status in UNINFORMATIVE_STATUSES:
