@@ -480,7 +480,8 @@ def evaluate_gate(
         skip = later_skip(attempts, now)
         if skip is not None and now is not None:
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
-                                f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about the runtime", False))
+                                f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about "
+                                "the runtime", False))  # fmt: skip
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
         cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
