@@ -103,3 +103,23 @@ def test_a_gate_with_only_an_interrupted_attempt_is_incomplete(matrix: Matrix) -
     data = json.loads(result.output)
     not_run = [r for r in data["reasons"] if r["kind"] == "not-run"]
     assert [r["case"] for r in not_run] == ["vllm_agg_check"] and "was interrupted" in not_run[0]["message"]
+
+
+def test_an_interrupted_skew_attempt_does_not_replace_the_pair_that_worked(matrix: Matrix) -> None:
+    from matrix.cells import roles_key
+    from tests.unit.test_gate_skew import GATES as SKEW_GATES
+    from tests.unit.test_gate_skew import _diagonal_passes
+
+    sync(matrix, SKEW_GATES)
+    _diagonal_passes(matrix)
+    for prefill, decode in (("0.30.0", "0.29.0"), ("0.29.0", "0.30.0")):
+        roles = {"prefill": prefill, "decode": decode}
+        with db(matrix) as s:
+            attempt(s, campaign(s), "vllm_disaggregated", f"vllm={decode}", "passed", roles=roles,
+                    roles_key=roles_key(roles))  # fmt: skip
+            attempt(s, campaign(s), "vllm_disaggregated", f"vllm={decode}", "interrupted", roles=roles,
+                    roles_key=roles_key(roles), **INTERRUPTED)  # fmt: skip
+    grid = json.loads(matrix("skew", "vllm_disaggregated", "--json").output)["cells"]
+    assert {c["class"] for c in grid} == {"works"}, grid
+    result = matrix("gate", "vllm", "0.30.0", "--policy", "upgrade", "--json")
+    assert result.exit_code == 0, result.output
