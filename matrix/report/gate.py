@@ -302,8 +302,9 @@ class GateResult:
         blocking = {r.kind for r in self.reasons if r.blocking}
         if self.verdict == "NO-GO" and blocking & PREDICTED_KINDS and blocking <= PREDICTED_KINDS | INCOMPLETE_KINDS:
             ran = ", ".join(c.case.name for c in self.measured_failures)
-            return (f"measured: {ran} ran and failed (a waiver may excuse the failure); the catalog says a required "
-                    "fix is missing, which no waiver excuses")  # fmt: skip
+            # Every failure here is waived (an unwaived one would block on its own): measured, not predicted.
+            return (f"measured, not predicted: {ran} ran and failed (waived); NO-GO because the catalog says a "
+                    "required fix is missing, which no waiver excuses")  # fmt: skip
         if not self.applicable:
             return f"not applicable: policy {self.policy.name} selects no case that applies to {self.runtime.label}"
         return ""
