@@ -300,6 +300,20 @@ def describe_listeners(listeners: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(parts)
 
 
+# The check `judge_listeners` fails under `--loopback-only`.
+LOOPBACK_CHECK: Final = "loopback_only"
+# How every reader names an attempt that failed only that check (gate, skew grid, `matrix show`, pages).
+EXPOSED: Final = "exposed"
+
+
+def exposure_only(status: str, failure_kind: str | None, check_names: Iterable[str]) -> bool:
+    """The attempt failed only because a listener was reachable from other hosts (`--loopback-only`): it
+    served correctly. Exposure is its own finding (`docs/security.md`), never a regression of the runtime
+    (the previous release may expose the same, run without the flag) nor a wrong answer."""
+    names = set(check_names)
+    return status == FAILED and failure_kind == VALIDATION and names == {LOOPBACK_CHECK}
+
+
 def judge_listeners(outcome: CellOutcome, *, loopback_only: bool) -> CellOutcome:
     """Say in the message which of the cell's listeners another host could reach; under `loopback_only`
     (`matrix run --loopback-only`) a cell that served correctly but exposed one fails the check
@@ -309,7 +323,7 @@ def judge_listeners(outcome: CellOutcome, *, loopback_only: bool) -> CellOutcome
         return outcome
     note = f"listens beyond loopback: {describe_listeners(exposed)}"
     if loopback_only and outcome.status == "passed":
-        check = CheckFailure("loopback_only", note)
+        check = CheckFailure(LOOPBACK_CHECK, note)
         return replace(outcome, status="failed", failure_kind="validation", checks=(*outcome.checks, check),
                        message=f"failed checks: loopback_only; {note}")  # fmt: skip
     return replace(outcome, message=f"{outcome.message}; {note}" if outcome.message else note)
@@ -318,8 +332,8 @@ def judge_listeners(outcome: CellOutcome, *, loopback_only: bool) -> CellOutcome
 # --- which attempt is "the latest": two rules, named here -------------------------------------------------
 # `highest_attempts`: the attempt with the highest number, whatever its status; what a campaign resumes,
 # reruns and counts (`--resume`, `--rerun-failed`, `matrix campaigns`). `standing_attempt`: the newest
-# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip
-# never hides a pass or a failure).
+# informative one, which a report, a gate, a comparison and an export show for the cell (a later skip or
+# interruption never hides a pass or a failure).
 
 
 class Attempt(Protocol):
@@ -340,18 +354,21 @@ def highest_attempts(rows: Iterable[tuple[K, int, str]]) -> dict[K, tuple[int, s
     return state
 
 
-# Finished attempts that say nothing about the runtime: the host could not run the cell, or the cell was
-# never started. A later one never hides an earlier pass or failure.
-UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN})
+# Finished attempts that say nothing about the runtime: the host could not run the cell, the cell was
+# never started, or the runner cut it short (a kill, a SIGTERM, a lost node: the runner's doing, never the
+# runtime's; `docs/statistics.md`). A later one never hides an earlier pass or failure: the evidence is the
+# newest attempt that finished on its own, in every verdict (compare, gate, report, exports).
+UNINFORMATIVE_STATUSES = frozenset({SKIPPED, NOT_RUN, INTERRUPTED})
 
 
 def standing_attempt(attempts: Sequence[A]) -> A | None:
     """The attempt that stands for a cell in a report, a gate or a comparison (its attempts oldest first):
-    the newest informative finished one (a pass or a failure), else
-    the newest finished one (a skip), else the newest (still running).
+    the newest informative finished one (a pass or a failure of the cell's own), else
+    the newest finished one (a skip, an interruption), else the newest (still running).
 
-    A skip proves nothing: an imported pass stays a pass after a local run on a host without that
-    runtime skipped the cell, and an imported failure stays a failure (`later_skip` says it happened).
+    A skip or an interruption proves nothing: an imported pass stays a pass after a local run on a host
+    without that runtime skipped the cell, a pass stays a pass after a later run of it was killed, and a
+    failure stays a failure (`later_skip` says it happened).
     """
     fallback: A | None = None
     for index in range(len(attempts) - 1, -1, -1):
@@ -366,7 +383,7 @@ def standing_attempt(attempts: Sequence[A]) -> A | None:
 
 
 def later_skip(attempts: Sequence[A], chosen: A | None) -> A | None:
-    """The newest skipped or not-run attempt after `chosen`: shown beside the attempt that decides."""
+    """The newest skipped, not-run or interrupted attempt after `chosen`: shown beside the attempt that decides."""
     if chosen is None or chosen.status in UNINFORMATIVE_STATUSES:
         return None
     for index in range(len(attempts) - 1, -1, -1):

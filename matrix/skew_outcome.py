@@ -15,6 +15,9 @@ message, checks, exit codes):
   no honest refusal either (an engine's own timeout reads so: vLLM's 5 s NIXL handshake under load);
 - `healthy-but-wrong`: the pair answered 200 but a check (content, token counts, KV proof, oracle) failed;
 - `crash`: a process died (start-up or mid-request) without naming an incompatibility;
+- `exposed`: it served correctly, but `matrix run --loopback-only` found a listener another host could reach
+  (the only failed check is `loopback_only`): exposure is its own finding (`docs/security.md`), not a wrong
+  answer;
 - `not-run`: no evidence (skipped, interrupted, not run, still running).
 """
 
@@ -28,6 +31,7 @@ from typing import Any, Literal
 
 from matrix.outcome import (
     CELL_FAULT_STATUSES,
+    EXPOSED,
     HEALTH,
     NO_EVIDENCE_KINDS,
     PASSED,
@@ -35,11 +39,14 @@ from matrix.outcome import (
     STARTUP,
     TIMEOUT,
     VALIDATION,
+    exposure_only,
 )
 
-SkewClass = Literal["works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run"]
+SkewClass = Literal[
+    "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "exposed", "not-run"
+]  # fmt: skip
 SKEW_CLASSES: tuple[SkewClass, ...] = (
-    "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run"
+    "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", EXPOSED, "not-run"
 )  # fmt: skip
 
 # Words an engine's refusal uses when it names the incompatibility (vLLM: "NIXL compatibility hash mismatch
@@ -135,6 +142,9 @@ def classify(
         return SkewVerdict("hang", message.strip()[:HANG_REASON_CHARS] or "no answer within the bound")
     if status == TIMEOUT or failure_kind == HEALTH:
         return SkewVerdict("hang", _first_line(message) or "no answer within the bound")
+    if exposure_only(status, failure_kind, (str(c.get("name", "")) for c in checks)):
+        where = next((_first_line(str(c.get("message", ""))) for c in checks), "") or _first_line(message)
+        return SkewVerdict(EXPOSED, f"served correctly, but --loopback-only: {where}")
     if failure_kind in NO_EVIDENCE_KINDS:
         return SkewVerdict("not-run", f"matrix could not run the pair ({failure_kind}): {_first_line(message)}")
     quoted = _incompatibility_line(message)

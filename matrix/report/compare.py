@@ -1,15 +1,18 @@
 """Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
 
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
-version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
-attempt of that case on any of the side's runtimes (the newest row wins, across campaigns).
+version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the attempt that stands for it
+on any of the side's runtimes (`outcome.standing_attempt`: the newest pass or failure, across campaigns; a
+later skip or interruption never replaces it).
 
 Beyond the verdict, each case carries each side's pass rate over all its informative attempts (Wilson 95 %
 interval; flaky when a side both passed and failed) and, per metric, B against A as a ratio of medians with
 a 95 % interval and a Mann-Whitney p-value; a metric regresses only when the change is both significant
 and past the threshold (`matrix.report.perf`). The verdict includes the performance verdict: a case that
-passes on both sides but has a metric that regressed is `slower`, never `unchanged`. The ratios shown per
-metric are those same ratios of medians over passed attempts, so a page never shows two ratios for one metric.
+passes on both sides but has a metric that regressed is `slower`, never `unchanged`; without scipy (no
+test) such a case is `slower (not tested)` when a metric is past the threshold, else `insufficient data`.
+The ratios shown per metric are those same ratios of medians over passed attempts, so a page never shows two
+ratios for one metric.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
+from matrix.outcome import CELL_FAULT_STATUSES, PASSED, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -59,13 +62,20 @@ __all__ = [
 ]
 
 NO_RATE = PassRate(0, 0, "")
+# Without scipy (no significance test): passed on both sides, and a metric with two or more samples a side
+# is worse than the threshold (`SLOWER_UNTESTED`), or none is but nothing was tested (`INSUFFICIENT`).
+# Never `unchanged`: "unchanged" is a claim only the test can make, and a +48 % slowdown must not pass CI.
+SLOWER_UNTESTED = "slower (not tested)"
+INSUFFICIENT = "insufficient data"
 # Most newsworthy first: the order of rows in tables. `slower`: passed on both sides, a metric regressed.
-VERDICTS = ("regressed", "slower", "fixed", "still failing", "new", "missing", "unchanged")
-# The verdicts `matrix compare --fail-on` exits 1 for (`FAIL_ON`), and what each choice means.
+VERDICTS = ("regressed", "slower", SLOWER_UNTESTED, "fixed", "still failing", "new", "missing", INSUFFICIENT,
+            "unchanged")  # fmt: skip
+# The verdicts `matrix compare --fail-on` exits 1 for (`FAIL_ON`), and what each choice means. A slowdown the
+# missing test could not confirm fails `regression` too: CI on a base install must not stay green on it.
 FAIL_ON: Mapping[str, frozenset[str]] = {
     "never": frozenset(),
-    "regression": frozenset({"regressed", "slower"}),
-    "failure": frozenset({"regressed", "slower", "still failing"}),
+    "regression": frozenset({"regressed", "slower", SLOWER_UNTESTED}),
+    "failure": frozenset({"regressed", "slower", SLOWER_UNTESTED, "still failing"}),
 }
 
 
@@ -142,12 +152,13 @@ class Comparison:
 
 
 def _klass(outcome: Outcome | None) -> str:
-    """pass, fail, or none (no attempt, skipped, not run, still running)."""
+    """pass, fail, or none (no attempt, skipped, not run, interrupted, still running): an interruption is
+    the runner's doing and says nothing about the runtime, so it is never a side's failure."""
     if outcome is None:
         return "none"
     if outcome.status == PASSED:
         return "pass"
-    return "fail" if outcome.status in FAILED_STATUSES else "none"
+    return "fail" if outcome.status in CELL_FAULT_STATUSES else "none"
 
 
 def verdict(a: Outcome | None, b: Outcome | None) -> str:
@@ -165,11 +176,41 @@ def verdict(a: Outcome | None, b: Outcome | None) -> str:
     }[(ka, kb)]
 
 
-def with_performance(outcome_verdict: str, performance: Sequence[MetricVerdict]) -> str:
+def testable(metric: MetricVerdict) -> bool:
+    """A metric the significance test judges: a better direction and two or more samples a side."""
+    return bool(metric.direction) and metric.comparison.n_a >= 2 and metric.comparison.n_b >= 2
+
+
+def worse_than(metric: MetricVerdict, threshold: float) -> bool:
+    """B's median is worse than A's by more than `threshold` (the size half of the regression rule)."""
+    ratio = metric.comparison.ratio
+    if metric.direction == "lower":
+        return ratio > 1 + threshold
+    return metric.direction == "higher" and ratio < 1 - threshold
+
+
+def untested_slowdowns(performance: Sequence[MetricVerdict], threshold: float) -> list[MetricVerdict]:
+    """Testable metrics past the threshold whose significance was not tested (no p-value: scipy missing)."""
+    return [m for m in performance if testable(m) and m.comparison.p_value is None and worse_than(m, threshold)]
+
+
+def with_performance(
+    outcome_verdict: str, performance: Sequence[MetricVerdict], *, tested: bool = True,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> str:  # fmt: skip
     """The case's verdict once its metrics are judged: passing on both sides with a regressed metric is
-    `slower`; any other verdict already says more than the timings."""
-    if outcome_verdict == "unchanged" and any(m.regression for m in performance):
+    `slower`; any other verdict already says more than the timings. Without the significance test
+    (`tested` false) a case with testable metrics is never `unchanged`: `slower (not tested)` when one is
+    past the threshold, else `insufficient data`."""
+    if outcome_verdict != "unchanged":
+        return outcome_verdict
+    if any(m.regression for m in performance):
         return "slower"
+    if not tested:
+        if untested_slowdowns(performance, threshold):
+            return SLOWER_UNTESTED
+        if any(testable(m) for m in performance):
+            return INSUFFICIENT
     return outcome_verdict
 
 
@@ -223,7 +264,7 @@ def compare(
                 case=cases[case_id],
                 a=oa,
                 b=ob,
-                verdict=with_performance(verdict(oa, ob), performance),
+                verdict=with_performance(verdict(oa, ob), performance, tested=significance, threshold=threshold),
                 rate_a=pass_rate(statuses_a.get(case_id, [])),
                 rate_b=pass_rate(statuses_b.get(case_id, [])),
                 performance=performance,
@@ -243,10 +284,14 @@ def statistics_lines(comparison: Comparison) -> list[str]:
             f"{side} {rate.history}" for side, rate in (("A", row.rate_a), ("B", row.rate_b)) if rate.flaky
         ) if flaky else ""  # fmt: skip
         lines.append(f"  {row.case.name}: A {row.rate_a.text()}; B {row.rate_b.text()}{note}")
-        lines.extend(f"    {metric.text()}" for metric in row.performance)
+        untested = untested_slowdowns(row.performance, comparison.threshold)
+        lines.extend(f"    {metric.text()}" + (" SLOWER (not tested)" if metric in untested else "")
+                     for metric in row.performance)  # fmt: skip
     regressions = sum(len(row.regressions) for row in comparison.rows)
     if comparison.significance_missing:
-        lines.append(f"significance not tested: p-values and regressions need scipy ({INSTALL_HINT})")
+        lines.append(f"significance not tested: p-values and regressions need scipy ({INSTALL_HINT}); a case "
+                     f"worse than the threshold is '{SLOWER_UNTESTED}' (--fail-on regression fails on it), "
+                     f"one that is not is '{INSUFFICIENT}', never 'unchanged'")  # fmt: skip
     else:
         lines.append(f"{regressions} performance regression(s)")
     return lines

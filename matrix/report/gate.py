@@ -5,10 +5,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
 
 1. A required fix the runtime's components lack blocks, before anything has run; waivers do not
    excuse it (the catalog knows the runtime is broken for this case).
-2. The latest informative attempt (any campaign) must pass: a skipped or never-started attempt proves
-   nothing, so it never replaces an earlier pass or failure (it is reported beside it, with its reason).
-   No informative attempt (never run, only skipped, still running) leaves the cell *not run*; waivers do
-   not excuse it (nothing shows how it behaves).
+2. The latest informative attempt (any campaign) must pass: a skipped, never-started or interrupted
+   attempt proves nothing, so it never replaces an earlier pass or failure (it is reported beside it, with
+   its reason). No informative attempt (never run, only skipped or interrupted, still running) leaves the
+   cell *not run*; waivers do not excuse it (nothing shows how it behaves).
 3. A failed attempt blocks unless a waiver for the case admits the version (its `runtime_spec`, empty
    meaning every version) and has not expired. A waiver is valid through its `expires` day (UTC);
    an expired one is reported and excuses nothing.
@@ -20,6 +20,8 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    local-labelled build of a version that is a runtime itself, was never released). Under `regressions_block` (the
    default) a regression blocks even when a waiver covers its failure.
 5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
+   A failure of the check `loopback_only` alone (`matrix run --loopback-only`: it served correctly, a
+   listener was beyond loopback) is an `exposure`: it blocks unless waived, and is never a regression.
 6. Under `min_pass_rate` (with `min_samples`, default 1) rules 2, 3 and 5 judge the pass rate over every
    informative attempt of the cell on this runtime (repeats, retries, campaigns) instead of the latest
    attempt: fewer than `min_samples` samples is incomplete evidence; a Wilson 95 % lower bound at or
@@ -39,7 +41,8 @@ when a required cell has not run (the evidence is missing, nothing is known to b
 and ask again); else GO. A GO where not every required cell passed (failures excused by waivers) says
 so on its first line. A policy that selects no case for the runtime is N/A (not applicable): it says
 nothing about the runtime either way. A NO-GO whose only blocking findings are missing fixes (and missing
-evidence) is *predicted*: known from the catalog before a cell ran, and shown as such. `matrix gate` exits
+evidence), where no required cell ran and failed, is *predicted*: known from the catalog before a cell ran,
+and shown as such (a failure excused by a waiver still ran: that NO-GO is measured). `matrix gate` exits
 0 for GO, 1 for NO-GO, 3 for INCOMPLETE, 4 for N/A and 2 for bad input.
 """
 
@@ -56,7 +59,15 @@ from sqlalchemy.orm import Session, selectinload
 from matrix.db.models import CellRun, GatePolicy, Waiver
 from matrix.errors import ConfigError, MatrixError
 from matrix.markers import Expression, MarkerUse, matches
-from matrix.outcome import FAILED_STATUSES, PASSED, UNINFORMATIVE_STATUSES, later_skip, standing_attempt
+from matrix.outcome import (
+    CELL_FAULT_STATUSES,
+    LOOPBACK_CHECK,
+    PASSED,
+    UNINFORMATIVE_STATUSES,
+    exposure_only,
+    later_skip,
+    standing_attempt,
+)
 from matrix.plan import missing_fixes
 from matrix.report.data import (
     AttemptRow,
@@ -188,7 +199,8 @@ class Reason:
     """One finding. `blocking` findings make the gate NO-GO; the others are reported for the record."""
 
     # missing-fix | not-run | failed | regression | flaky | waived | waiver-expired | unexpected-pass | no-cases
-    # | skipped-later (a skip after the attempt that decides: reported, never blocking)
+    # | skipped-later (a skip or interruption after the attempt that decides: reported, never blocking)
+    # | exposure (served correctly, but `--loopback-only` found a listener beyond loopback)
     kind: str
     case: str
     message: str
@@ -246,13 +258,20 @@ class GateResult:
         return "GO" if self.go else "INCOMPLETE" if self.incomplete else "NO-GO"
 
     @property
+    def measured_failures(self) -> list[GateCell]:
+        """Required cells whose standing attempt ran and failed by the cell's own fault (waived or not)."""
+        return [c for c in self.cells if c.attempt is not None and c.attempt.status in CELL_FAULT_STATUSES]
+
+    @property
     def predicted(self) -> bool:
-        """A NO-GO known before any measurement: only missing fixes (and missing evidence) block, so the
-        verdict comes from the catalog, not from a cell that ran and failed."""
+        """A NO-GO known before any measurement: only missing fixes (and missing evidence) block, and no
+        required cell ran and failed, so the verdict comes from the catalog alone. A failure that ran is a
+        measurement even when a waiver excuses it: that NO-GO is not a prediction."""
         blocking = {r.kind for r in self.reasons if r.blocking}
-        return self.verdict == "NO-GO" and bool(blocking & PREDICTED_KINDS) and blocking <= (
+        from_catalog = self.verdict == "NO-GO" and bool(blocking & PREDICTED_KINDS) and blocking <= (
             PREDICTED_KINDS | INCOMPLETE_KINDS
         )
+        return from_catalog and not self.measured_failures
 
     @property
     def verdict_text(self) -> str:
@@ -280,6 +299,12 @@ class GateResult:
         if self.predicted:
             return ("predicted, not measured: the catalog says a required fix is missing; no required cell has "
                     "failed (run them to measure)")  # fmt: skip
+        blocking = {r.kind for r in self.reasons if r.blocking}
+        if self.verdict == "NO-GO" and blocking & PREDICTED_KINDS and blocking <= PREDICTED_KINDS | INCOMPLETE_KINDS:
+            ran = ", ".join(c.case.name for c in self.measured_failures)
+            # Every failure here is waived (an unwaived one would block on its own): measured, not predicted.
+            return (f"measured, not predicted: {ran} ran and failed (waived); NO-GO because the catalog says a "
+                    "required fix is missing, which no waiver excuses")  # fmt: skip
         if not self.applicable:
             return f"not applicable: policy {self.policy.name} selects no case that applies to {self.runtime.label}"
         return ""
@@ -480,7 +505,8 @@ def evaluate_gate(
         skip = later_skip(attempts, now)
         if skip is not None and now is not None:
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
-                                f"attempt of campaign {now.campaign_id}, which decides: a skip proves nothing", False))
+                                f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about "
+                                "the runtime", False))  # fmt: skip
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
         cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
@@ -510,7 +536,7 @@ def _judge(
     found = [Reason("missing-fix", name, why, True) for _, why in missing_fixes(case.info, runtime.info)]
     for w in expired:
         found.append(Reason("waiver-expired", name, f"{w.describe()} expired: it excuses nothing", False))
-    if now is None or (now.status != PASSED and now.status not in FAILED_STATUSES):
+    if now is None or (now.status != PASSED and now.status not in CELL_FAULT_STATUSES):
         if now is None:
             what = "never run"
         elif now.status in UNINFORMATIVE_STATUSES:
@@ -529,6 +555,9 @@ def _judge(
             found.append(Reason("unexpected-pass", name, "passed although a required fix is missing: check the "
                                 "fix's fixed_in versions in the catalog", False))  # fmt: skip
         return found
+    if exposure_only(now.status, now.failure_kind, now.check_names):
+        found.append(_exposure(name, runtime, previous, now, before, waiver))
+        return found
     failure = _failure_text(now)
     regression = previous is not None and before is not None and before.status == PASSED
     if waiver is None:
@@ -543,6 +572,23 @@ def _judge(
                    f"{runtime.version}{note}", blocks or waiver is None)
         )  # fmt: skip
     return found
+
+
+def _exposure(
+    name: str, runtime: RuntimeView, previous: RuntimeView | None, now: AttemptRow, before: AttemptRow | None,
+    waiver: WaiverView | None,
+) -> Reason:  # fmt: skip
+    """A cell that served correctly but failed `--loopback-only`: exposure, its own finding (`docs/security.md`).
+    Never a regression: the previous release's pass may have had the same listeners, judged without the flag."""
+    where = next((str(c.get("message", "")) for c in now.checks if c.get("name") == LOOPBACK_CHECK), "")
+    text = (f"{clean(where) or 'listens beyond loopback'} on {runtime.label} (campaign {now.campaign_id}, "
+            "--loopback-only): served correctly, but another host could reach it")  # fmt: skip
+    if previous is not None and before is not None and before.status == PASSED:
+        text += (f"; not a regression: the previous release {previous.version} passed, its listeners not judged "
+                 "unless run with --loopback-only too")  # fmt: skip
+    if waiver is not None:
+        return Reason("waived", name, f"exposure: {text}, excused by {waiver.describe()}", False)
+    return Reason("exposure", name, text, True)
 
 
 def _judge_rate(

@@ -168,7 +168,7 @@ def junit_xml(session: Session, results: Results) -> bytes:
 
 
 # Skew classes that are findings (the pair is broken in a way users meet); works and clean-reject pass.
-SKEW_FINDINGS = frozenset({"hang", "error-answer", "healthy-but-wrong", "crash"})
+SKEW_FINDINGS = frozenset({"hang", "error-answer", "healthy-but-wrong", "crash", "exposed"})
 
 
 def _skew_suite(root: ET.Element, grid: SkewGrid) -> dict[str, int]:

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from matrix.outcome import EXPOSED, beyond_loopback, describe_listeners, exposure_only
 from matrix.report.fmt import DASH, fmt_kv_ledger, fmt_pairs, fmt_peaks, fmt_seconds, fmt_time
 from matrix.report.stats import PassRate
 
@@ -42,7 +43,14 @@ def _rate(data: Any) -> str:
 def show_lines(d: Mapping[str, Any]) -> list[str]:
     """The attempt as aligned ``label  text`` lines, then its failed checks and log files."""
     status = str(d.get("status", ""))
-    if d.get("failure_kind"):
+    checks = [c for c in d.get("checks") or () if isinstance(c, Mapping)]
+    listeners = [e for e in d.get("listeners") or () if isinstance(e, Mapping)]
+    if exposure_only(status, d.get("failure_kind"), (str(c.get("name", "")) for c in checks)):
+        # Exposure is its own finding (docs/security.md): the pair served correctly, where it listened did not.
+        where = describe_listeners(beyond_loopback(listeners))
+        status = (f"{EXPOSED.upper()}: served correctly, but under --loopback-only a listener is beyond loopback"
+                  + (f" ({where})" if where else "") + f" · stored as {status} ({d.get('failure_kind')})")
+    elif d.get("failure_kind"):
         status += f" ({d['failure_kind']})"
     flags = [
         "flaky (passed after a failed attempt)" if d.get("flaky") else "",
@@ -78,6 +86,7 @@ def show_lines(d: Mapping[str, Any]) -> list[str]:
         ("GPU", fmt_pairs(d.get("gpu") or {})),
         ("peaks", fmt_peaks(d.get("peaks") or {})),
         ("KV transfer", fmt_kv_ledger(d.get("kv_ledger") or {})),
+        ("listens on", describe_listeners(listeners)),
         ("pass rate", _rate(d.get("pass_rate"))),
         ("logs in", str(d.get("log_dir") or "")),
     ]
@@ -88,9 +97,8 @@ def show_lines(d: Mapping[str, Any]) -> list[str]:
         first, *rest = text.splitlines() or [""]
         lines.append(f"{name:<{WIDTH}} {first}")
         lines.extend(f"{'':<{WIDTH}} {line}" for line in rest)
-    for check in d.get("checks") or ():
-        if isinstance(check, Mapping):
-            lines.append(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
+    for check in checks:
+        lines.append(f"  check failed: {check.get('name', '')}: {check.get('message', '')}")
     for role, path in (d.get("logs") or {}).items():
         lines.append(f"  log {role}: {path}")
     return lines

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, joinedload
 from matrix.cells import ROLES
 from matrix.db.models import Case, CellRun, Runtime
 from matrix.errors import ConfigError
-from matrix.outcome import FINISHED_STATUSES
+from matrix.outcome import FINISHED_STATUSES, standing_attempt
 from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify, logged_refusal, refused_unexplained
 from matrix.versions import parse_version
 
@@ -72,8 +72,9 @@ class SkewGrid:
 
 
 def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = None) -> SkewGrid:
-    """Every skew (and diagonal) cell of `case_name` with its latest finished attempt (of `campaign_id`, when
-    given), classified."""
+    """Every skew (and diagonal) cell of `case_name` with the attempt that stands for it (of `campaign_id`,
+    when given; `outcome.standing_attempt`: the newest pass or failure, a later skip or interruption never
+    replaces it), classified."""
     case = session.scalar(select(Case).where(Case.name == case_name))
     if case is None:
         raise ConfigError(f"unknown case {case_name!r}; see `matrix cases list`")
@@ -84,13 +85,14 @@ def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = N
         .where(*([CellRun.campaign_id == campaign_id] if campaign_id is not None else []))
         .order_by(CellRun.id)
     ).all()
-    latest: dict[str, CellRun] = {}
-    statuses: dict[str, list[str]] = {}
+    by_key: dict[str, list[CellRun]] = {}
     for row in rows:
-        latest[row.cell_key] = row
-        statuses.setdefault(row.cell_key, []).append(row.status)
+        by_key.setdefault(row.cell_key, []).append(row)
+    statuses = {key: [row.status for row in found] for key, found in by_key.items()}
+    # The attempt that stands for the pair, as everywhere else: a later skip or interruption says nothing.
+    latest = {key: standing_attempt(found) for key, found in by_key.items()}
     entries = []
-    for key, row in latest.items():
+    for key, row in ((k, r) for k, r in latest.items() if r is not None):
         roles = {role: (row.roles or {}).get(role, row.runtime.version) for role in ROLES}
         verdict = classify(row.status, row.failure_kind, row.message, row.checks or [], row.exit_codes or {})
         said = logged_refusal(row.log_dir) if refused_unexplained(verdict, row.checks or []) else ""

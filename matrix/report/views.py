@@ -14,7 +14,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from matrix.outcome import FAILED_STATUSES, PASSED, SKIPPED, beyond_loopback, describe_listeners, standing_attempt
+from matrix.outcome import (
+    EXPOSED,
+    FAILED_STATUSES,
+    LOOPBACK_CHECK,
+    PASSED,
+    SKIPPED,
+    beyond_loopback,
+    describe_listeners,
+    exposure_only,
+    standing_attempt,
+)
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
 from matrix.report.fmt import flatten, fmt_pairs, fmt_peaks, fmt_seconds, fmt_time
@@ -49,6 +59,8 @@ STATUS_LABELS: Mapping[str, str] = {
     "failed": "FAIL",
     "error": "ERROR",
     "timeout": "TIMEOUT",
+    # Not a stored status: a failure of `--loopback-only` alone (`shown_status`), exposure is its own finding.
+    EXPOSED: "EXPOSED",
     "skipped": "SKIP",
     "interrupted": "INTERRUPTED",
     "not-run": "NOT RUN",
@@ -68,6 +80,24 @@ def status_label(status: str) -> str:
 
 def status_css(status: str) -> str:
     return "st-" + links.slug(status)
+
+
+def _check_names(attempt: AttemptRow | AttemptDetail) -> list[str]:
+    return [str(c.get("name", "")) for c in attempt.checks if isinstance(c, Mapping)]
+
+
+def shown_status(attempt: AttemptRow | AttemptDetail) -> str:
+    """The status a page shows: `exposed` for a pair that served correctly but failed `--loopback-only`
+    (a listener another host could reach; `docs/security.md`), else the stored status."""
+    if exposure_only(attempt.status, attempt.failure_kind, _check_names(attempt)):
+        return EXPOSED
+    return attempt.status
+
+
+def exposure_note(attempt: AttemptRow | AttemptDetail) -> str:
+    """Where the exposed attempt listened ("listens beyond loopback: prefill 0.0.0.0:41234/tcp")."""
+    return next((clean(str(c.get("message", ""))) for c in attempt.checks
+                 if isinstance(c, Mapping) and c.get("name") == LOOPBACK_CHECK), "")  # fmt: skip
 
 
 NOTE_LIMIT = 60
@@ -140,9 +170,15 @@ def _grid_cell(
     if last is None:
         return GridCell("none", status_label("none"), "st-none", href, f"{key}: no attempt yet", tuple(notes))
     detail = last.status
+    shown = shown_status(last)
     if last.failure_kind:
         detail += f" ({last.failure_kind}" + (f": {', '.join(last.check_names)}" if last.check_names else "") + ")"
-    if last.status in FAILED_STATUSES and last.failure_kind:  # the grid names the failure kind and checks
+    if shown == EXPOSED:
+        # Served correctly; where it listened is the finding, named in the grid itself.
+        where = exposure_note(last)
+        notes.append(shorten(where or "listens beyond loopback", NOTE_LIMIT))
+        detail = f"exposed under --loopback-only: {where}" if where else "exposed under --loopback-only"
+    elif last.status in FAILED_STATUSES and last.failure_kind:  # the grid names the failure kind and checks
         # What failed, in the grid itself: the kind and the checks ("validation: worker_ids_distinct").
         checks = ", ".join(last.check_names)
         notes.append(shorten(f"{last.failure_kind}: {checks}" if checks else last.failure_kind, NOTE_LIMIT))
@@ -173,7 +209,7 @@ def _grid_cell(
     # A plain first-try pass needs no tooltip; leaving it out keeps a 100,000-cell grid a third smaller.
     plain = last.status == PASSED and runs == 1 and not notes
     title = "" if plain else f"{key}: {detail}; attempt {last.attempt}; {runs} run(s) in all"
-    return GridCell(last.status, status_label(last.status), status_css(last.status), href, title, tuple(notes))
+    return GridCell(shown, status_label(shown), status_css(shown), href, title, tuple(notes))
 
 
 def backend_sections(
@@ -195,7 +231,7 @@ def backend_sections(
         columns = []
         for runtime in runtimes:
             outcomes = [c.latest for c in (results.cells.get((case.id, runtime.id)) for case in cases) if c]
-            finished = [o.status for o in outcomes if o is not None]
+            finished = [shown_status(o) for o in outcomes if o is not None]
             href = links.runtime_page(runtime.backend, runtime.version)
             columns.append(Column(runtime, href, counts_text(finished), gates.get(runtime.id, ())))
         versions = [runtime.version for runtime in runtimes]
@@ -223,7 +259,7 @@ def status_counts(cells: Iterable[ResultCell]) -> list[tuple[str, str, int]]:
     flaky = 0
     for cell in cells:
         last = cell.latest
-        counts[last.status if last else "none"] += 1
+        counts[shown_status(last) if last else "none"] += 1
         flaky += bool(last and last.flaky)
     order = [s for s in STATUS_LABELS if counts[s]] + sorted(s for s in counts if s not in STATUS_LABELS)
     found = [(s, status_label(s), counts[s]) for s in order]
@@ -324,8 +360,8 @@ def attempt_view(detail: AttemptDetail) -> AttemptView:
     )
     return AttemptView(
         detail=detail,
-        label=status_label(detail.status),
-        css=status_css(detail.status),
+        label=status_label(shown_status(detail)),
+        css=status_css(shown_status(detail)),
         campaign_href=links.campaign_page(detail.campaign_id),
         headline=_headline(detail),
         message=shorten(clean(detail.message), MESSAGE_LIMIT) if detail.message else "",
@@ -410,7 +446,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
     for cell in cells:
         attempts = details.get(cell.case.id, [])
         last = standing_attempt(attempts)
-        status = last.status if last else "none"
+        status = shown_status(last) if last else "none"
         views = tuple(attempt_view(a) for a in reversed(attempts))
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),
