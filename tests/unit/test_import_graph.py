@@ -177,6 +177,19 @@ def doc_rules() -> tuple[dict[str, set[str]], dict[str, set[str]], frozenset[str
 FORBIDDEN, FORBIDDEN_DIRECT, LEAVES, SHARED, MODULES = doc_rules()
 
 
+def doc_top() -> frozenset[str]:
+    """The units above the stages (the "**Top**" list): the commands and what only they use."""
+    text = DOC.read_text(encoding="utf-8")
+    top = re.search(r"\*\*Top\*\*: (.+?)\. ", text[text.index("## Import rules (checked)") :], re.S)
+    assert top, "docs/architecture.md lost its list of top units"
+    return frozenset(_names(top.group(1)))
+
+
+TOP = doc_top()
+# What each unit of the table may not reach: its row, and every top unit (nothing below a command imports it).
+REACH_RULES = {unit: banned | TOP for unit, banned in FORBIDDEN.items()}
+
+
 @functools.cache  # parsed once per session: several tests walk the same package
 def named_modules(root: Path) -> dict[str, dict[str, set[str]]]:
     return read_named_modules(root)
@@ -276,8 +289,8 @@ def reach_violations(
 
 def test_no_stage_imports_what_the_architecture_forbids() -> None:
     graph = import_graph(ROOT)
-    assert set(FORBIDDEN) <= set(graph) | {"check"}  # every named stage exists (check imports nothing)
-    rules = {unit: FORBIDDEN.get(unit, set()) | FORBIDDEN_DIRECT.get(unit, set()) for unit in FORBIDDEN}
+    assert set(FORBIDDEN) <= {unit_of(m) for m in module_graph(ROOT)}  # every named stage exists
+    rules = {unit: REACH_RULES[unit] | FORBIDDEN_DIRECT.get(unit, set()) for unit in FORBIDDEN}
     broken = [
         f"{unit} -> {target} (from {', '.join(sorted(graph[unit][target]))})"
         for unit, targets in rules.items()
@@ -290,7 +303,7 @@ def test_no_stage_reaches_what_it_may_not_import_through_another_module() -> Non
     graph = module_graph(ROOT)
     # The walk saw the parents an import runs: the arm registry runs with any arm's module.
     assert "matrix.launch.arms" in graph["matrix.runner"] and "matrix.launch" in graph["matrix.catalog.load"]
-    broken = reach_violations(graph, FORBIDDEN, shared=SHARED)
+    broken = reach_violations(graph, REACH_RULES, shared=SHARED)
     assert not broken, "stages reaching what docs/architecture.md forbids:\n" + "\n".join(broken)
 
 
@@ -345,6 +358,18 @@ def test_leaves_and_shared_modules_import_only_leaves() -> None:
     reached = {m: graph[m] - allowed for m in sorted(allowed - {"matrix"})}
     reached |= {m: graph[m] - {"matrix", "matrix.check"} for m in SHARED}
     assert not {m: t for m, t in reached.items() if t}, f"a leaf or shared module imports more: {reached}"
+
+
+def test_every_unit_of_matrix_has_its_rules() -> None:
+    """0 upward imports needs a rule for every unit: each is a row of the table, a leaf or top, and one only
+    (a module added without a place in the table fails here until the doc gives it one)."""
+    units = {unit_of(m) for m in module_graph(ROOT)} - {"matrix"}  # the package's own `__init__`
+    placed = [set(FORBIDDEN), set(LEAVES), set(TOP)]
+    unplaced = sorted(units - set().union(*placed))
+    assert not unplaced, f"units with no row, not a leaf nor top in docs/architecture.md: {unplaced}"
+    twice = sorted(u for u in units if sum(u in group for group in placed) > 1)
+    assert not twice, f"units placed twice in docs/architecture.md: {twice}"
+    assert units >= TOP, f"top units that do not exist: {sorted(TOP - units)}"
 
 
 def test_the_doc_lists_every_rule_unit_with_its_modules_and_the_walk_sees_them() -> None:
