@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.catalog.queries import plan_from_db
-from matrix.cells import CaseInfo, Cell, RuntimeInfo
+from matrix.cells import Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
@@ -110,12 +110,6 @@ class HostHooks(Protocol):
     implements it), so that the campaign never imports `matrix.launch`."""
 
     build_interrupted: type[BaseException]  # what `provision` raises when a stop request ended a build
-
-    def runs_on_cpu(self, case: CaseInfo) -> bool: ...
-
-    def absolute_memory(self, case: CaseInfo) -> bool:
-        """Whether the case's arm bounds its GPU memory absolutely (its start-ups need not queue)."""
-        ...
 
     def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
         """The cells with each runtime's provider entry parsed once into its typed recipe (`RuntimeInfo.spec`),
@@ -473,9 +467,8 @@ def _run(
     jobs_limit = options.jobs or pool.slots
     jobs = []
     for cell, attempt, failed_before in selected:
-        demand = demand_for(
-            cell, cpu_ok=hooks.runs_on_cpu(cell.case), absolute_memory=hooks.absolute_memory(cell.case)
-        )
+        # The memory facts came with the cell (`CaseInfo`, computed from its arm's row when it was made).
+        demand = demand_for(cell, cpu_ok=cell.case.runs_on_cpu, absolute_memory=cell.case.absolute_memory)
         expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         jobs.append(Job(cell, attempt, expected, demand, failed_before))
     # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
