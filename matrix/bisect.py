@@ -238,11 +238,11 @@ def _find_or_create_campaign(session: Session, params: dict[str, Any], selection
         info = (campaign.selection or {}).get("bisect")
         if isinstance(info, dict) and {k: info.get(k) for k in params} == params and "result" not in info:
             return campaign.id, True
-    from matrix.campaign import _git_sha
+    from matrix.campaign import git_sha
 
     campaign = Campaign(
         status="finished", selection={**selection.as_dict(), "cells": [], "bisect": dict(params)},
-        host=socket.gethostname(), executor="local", git_sha=_git_sha(), matrix_version=__version__,
+        host=socket.gethostname(), executor="local", git_sha=git_sha(), matrix_version=__version__,
         owner_pid=os.getpid(),
     )  # fmt: skip
     session.add(campaign)

@@ -95,7 +95,7 @@ class RunOptions:
     shared_engines: bool = True
 
 
-def _git_sha() -> str:
+def git_sha() -> str:
     try:
         result = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=2, check=False
@@ -332,7 +332,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         selection=recorded,
         host=socket.gethostname(),
         executor=options.executor,
-        git_sha=_git_sha(),
+        git_sha=git_sha(),
         matrix_version=__version__,
         owner_pid=os.getpid(),
     )
