@@ -1,7 +1,7 @@
 """`matrix bisect`: the first version between a good and a bad runtime at which a case changes outcome.
 
 Every probe is a normal attempt of one *bisect campaign*: the cell is appended to the campaign's stored
-selection with a `pending` row and run by `run_campaign(resume=...)`, the same path as `matrix run
+selection with a `pending` row and run by `run_campaign` with a `resume` start, the same path as `matrix run
 --resume`, so it is recorded, shown, reported and exported like any other attempt. The search itself
 (`next_probe`) is a pure function of the verdicts known so far, so a bisect stopped by Ctrl-C continues
 from its recorded attempts when the same command is run again.
@@ -334,11 +334,12 @@ def _attempt(
 ) -> str:  # fmt: skip
     """Run one more attempt of `cell` in the bisect campaign, through `matrix run --resume`'s path; its status."""
     from matrix.campaign import EXIT_INTERRUPTED, RunOptions, run_campaign
+    from matrix.schedule.start import Start
 
     with transaction(factory) as session:
         before, _ = _evidence(session, campaign_id, cell)
         _queue(session, campaign_id, cell)
-    options = RunOptions(selection=selection, resume=campaign_id, quiet=True, **(run_options or {}))
+    options = RunOptions(selection=selection, start=Start("resume", campaign_id), quiet=True, **(run_options or {}))
     if run_campaign(factory, options, echo=lambda line: None) == EXIT_INTERRUPTED:
         raise BisectInterrupted(campaign_id)
     with transaction(factory) as session:
