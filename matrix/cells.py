@@ -17,6 +17,7 @@ from packaging.version import Version
 from matrix.case_launch import LAUNCH_TYPES, CommonLaunch, parse_launch
 from matrix.kv_bound import KvBound
 from matrix.markers import MarkerUse
+from matrix.traffic_profile import TrafficProfile
 from matrix.versions import parse_version
 
 _GPU_MARKER = re.compile(r"^gpu_(\d+)$")
@@ -77,6 +78,8 @@ class CaseInfo:
     weights_gib: float = 0.0
     enabled: bool = True
     id: int | None = None
+    # The concurrent load of the traffic check ([M27], `matrix.check.traffic`); None: the case has none.
+    traffic: TrafficProfile | None = None
 
     def __post_init__(self) -> None:
         given: object = self.launch

@@ -22,6 +22,7 @@ from matrix.check.baselines import PLACEHOLDER_CELL, PLACEHOLDER_DIR, Baseline, 
 from matrix.check.client import send_chat
 from matrix.check.lifecycle import run_lifecycle
 from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.check.traffic import TrafficSession
 from matrix.check.validate import validate_chat_response
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
@@ -205,6 +206,7 @@ def _run(
         ports = allocator.allocate(cell_id, arm.port_requests(case))
     except MatrixError as exc:
         return error("infra", f"port allocation failed: {exc}")
+    traffic = TrafficSession(case.traffic, log_dir) if case.traffic is not None else None
     try:
         try:
             model_dir = resolve_model_dir(case.launch.model_dir, case.source_dir, environment.python)
@@ -234,6 +236,8 @@ def _run(
                 plan = replace(plan, lifecycle=None)
             if cell.skewed:
                 plan = _bounded(plan, SKEW_BOUND_S)
+            if traffic is not None:  # the profile's prompts ride on the oracle: the twin answers them too
+                plan = replace(plan, oracle=traffic.with_prompts(plan.oracle))
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
         for scratch in plan.scratch_dirs:
@@ -243,14 +247,14 @@ def _run(
         pd_answers: list[oracle.Completion | str] = []
         try:
             outcome = _supervise(
-                supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers, supervisor)
+                supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers, supervisor, traffic)
             )
         finally:
             live.remove(cell_id)
         if plan.oracle is not None and outcome.status == PASSED:
             outcome = _equivalence(
                 outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live,
-                resources.baselines,
+                resources.baselines, traffic,
             )
         gpu = {"cuda_visible_devices": ",".join(context.gpu_ids)} if context.gpu_ids else {}
         return replace(outcome, ports={**ports, **outcome.ports}, components=dict(environment.components), gpu=gpu)
@@ -369,7 +373,11 @@ def _start_and_query(
 
 
 def _request(
-    plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Completion | str], supervisor: Supervisor
+    plan: LaunchPlan,
+    ready_s: float,
+    oracle_answers: list[oracle.Completion | str],
+    supervisor: Supervisor,
+    traffic: TrafficSession | None = None,
 ) -> CellOutcome:
     scraped_before: dict[int, str] = {}
     before = metrics.baseline(plan.metrics_checks, scraped_before) if plan.metrics_checks else []
@@ -415,6 +423,9 @@ def _request(
     if plan.lifecycle is not None:  # streaming, cancel and orphaned-decode checks; TTFT from the stream
         lifecycle_failures, ttft_s = run_lifecycle(plan.lifecycle, plan.request, tuple(failures))
         failures += lifecycle_failures
+    if traffic is not None and not failures:  # [M27] the case's concurrent load; a hang is cut and fails here
+        pids, logs = supervisor.pids, supervisor.log_paths
+        failures += traffic.run(plan.oracle, lambda waited: waiting_on(pids(), logs(), plan.request, waited))
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,
@@ -430,7 +441,7 @@ def _request(
         "kv_ledger": kv_ledger,
     }
     if not failures and plan.oracle is not None:  # the pair served correctly: now the prompts the oracle compares
-        oracle_answers.extend(oracle.ask(plan.oracle, oracle.oracle_prompts(plan.oracle.prompts, plan.oracle.seed)))
+        oracle_answers.extend(oracle.ask(plan.oracle, oracle.spec_prompts(plan.oracle)))
     return checked(failures, **common)
 
 
@@ -445,6 +456,7 @@ def _equivalence(
     resources: Resources,
     live: LiveCells,
     baselines: OracleBaselines | None = None,
+    traffic: TrafficSession | None = None,
 ) -> CellOutcome:
     """The `equivalent_to_aggregated` check of a pair that passed: the arm's aggregated instance (same engine
     flags and seed, its own ports, supervised and torn down like the pair, after the pair is gone) answers
@@ -498,13 +510,16 @@ def _equivalence(
     timing = f"aggregated instance {baseline.aggregated_s:.1f} s (ready {baseline.ready_s or 0:.1f} s)"
     if reused:
         timing = f"aggregated answers of {baseline.source_cell} reused (the same instance plan; {timing})"
-    prompts = oracle.oracle_prompts(spec.prompts, spec.seed)
+    prompts = oracle.spec_prompts(spec)
     results = [
         oracle.compare(i, prompt, pd, ag, spec.near_tie_gap)
         for i, (prompt, pd, ag) in enumerate(zip(prompts, pd_answers, baseline.answers, strict=False))
     ]
     _write_equivalence(context.work_dir, spec, results, baseline, reused)
     failures = oracle.judge(results)
+    if traffic is not None:  # [M27] every stream of the load against the twin's answer to its own prompt
+        failures += traffic.judge(spec, baseline.answers)
+        merged = replace(merged, peaks={**merged.peaks, "traffic": traffic.metrics})
     return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
 
 
@@ -543,7 +558,7 @@ def _aggregated_answers(
         target = replace(spec, url=plan.oracle.url) if plan.oracle is not None else None
         if target is None:
             return error("config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
-        answers.extend(oracle.ask(target, oracle.oracle_prompts(spec.prompts, spec.seed)))
+        answers.extend(oracle.ask(target, oracle.spec_prompts(spec)))
         return passed(ready_s=ready_s)
 
     try:
