@@ -425,7 +425,7 @@ def _request(
         failures += lifecycle_failures
     if traffic is not None and not failures:  # [M27] the case's concurrent load; a hang is cut and fails here
         pids, logs = supervisor.pids, supervisor.log_paths
-        failures += traffic.run(plan.oracle, lambda waited: waiting_on(pids(), logs(), plan.request, waited))
+        failures += traffic.run(plan.oracle, lambda asked, waited: waiting_on(pids(), logs(), asked, waited))
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,

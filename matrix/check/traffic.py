@@ -32,7 +32,7 @@ import httpx
 
 from matrix.check import oracle
 from matrix.check.http import loopback_client
-from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.check.specs import CheckFailure, OracleSpec, RequestSpec
 from matrix.traffic_profile import TrafficProfile
 
 # The named classes a traffic failure falls in (`CheckFailure.name`).
@@ -320,7 +320,7 @@ class TrafficSession:
     def with_prompts(self, spec: OracleSpec | None) -> OracleSpec | None:
         return None if spec is None else replace(spec, extra_prompts=(*spec.extra_prompts, *self.prompts))
 
-    def run(self, spec: OracleSpec | None, evidence: Callable[[float], str]) -> list[CheckFailure]:
+    def run(self, spec: OracleSpec | None, evidence: Callable[[RequestSpec, float], str]) -> list[CheckFailure]:
         """Put the load on the pair; a hang (or a request that failed outright) fails at once, with
         `evidence(waited_s)` (who waited on what) read while the pair is still up."""
         if spec is None:
@@ -332,9 +332,10 @@ class TrafficSession:
         if not hung:
             return []  # wrong answers are judged against the twin's, once it answered (`judge`)
         pending = ", ".join(f"request {p.index} (prompt {p.prompt}, n={p.n})" for p in hung[:_SHOWN])
+        asked = RequestSpec(spec.url, spec.model, "", spec.tokens, self.profile.bound_s)
         return [CheckFailure(HANG, f"{len(hung)} request(s) unanswered after {self.profile.bound_s:g} s under "
                              f"traffic: {pending}; matrix cut the load\n--- who waited on what ---\n"
-                             f"{evidence(self.run_result.wall_s)}")]  # fmt: skip
+                             f"{evidence(asked, self.run_result.wall_s)}")]  # fmt: skip
 
     def judge(self, spec: OracleSpec, answers: tuple[oracle.Completion | str, ...]) -> list[CheckFailure]:
         """The streams against the aggregated answers to the profile's prompts (the last of `answers`)."""

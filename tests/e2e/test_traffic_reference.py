@@ -49,6 +49,9 @@ def _catalog(directory: Path) -> list[Path]:
             "[[case]]",
             f'name = "{name}"',
             'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0"]',
+            # 2048 blocks of 64 bytes: a round (8 prompts of at most 200 words) fits, three rounds do not, so
+            # the pool recycles blocks between rounds.
+            "kv_bound = { bytes = 131072 }",
             "startup_timeout_s = 20\nrequest_timeout_s = 20",
             f"launch = {{ faults = {faults}, teardown_grace_s = 1, equivalence = {{ prompts = 2, tokens = 16 }} }}",
             f"traffic = {PROFILE.replace('BOUND', str(bound))}",
