@@ -1,7 +1,8 @@
 """The cell and what it is made of: a case, a runtime, the fixes a case requires, the cell's stable id.
 
-A leaf: it imports nothing of matrix but other leaves (`case_launch`, `kv_bound`, `markers`, `versions`, `errors`),
-so every stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
+A leaf: it imports nothing of matrix but other leaves (`case_launch`, `kv_bound`, `markers`, `traffic_profile`,
+`versions`, `errors`), so every stage (plan, schedule, execute, launch, record, report) can name a cell without
+reaching the database.
 """
 
 from __future__ import annotations
