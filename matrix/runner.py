@@ -520,6 +520,7 @@ def _equivalence(
     if traffic is not None:  # [M27] every stream of the load against the twin's answer to its own prompt
         failures += traffic.judge(spec, baseline.answers)
         merged = replace(merged, peaks={**merged.peaks, "traffic": traffic.metrics})
+        timing = f"{timing}; {traffic.summary()}"
     return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
 
 

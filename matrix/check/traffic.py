@@ -346,6 +346,20 @@ class TrafficSession:
         self._record(failures)
         return failures
 
+    def summary(self) -> str:
+        """One line for the cell's message: the load and what it measured."""
+        m = self.metrics
+        if not m:
+            return "traffic: not run"
+        ttft, itl = m["ttft_s"], m["itl_s"]
+
+        def ms(value: float | None) -> str:
+            return "n/a" if value is None else f"{value * 1000:.0f} ms"
+
+        return (f"traffic {m['requests']} requests ({m['streams']} streams x {m['rounds']} rounds) in "
+                f"{m['wall_s']:.1f} s, every choice its own prompt's answer: TTFT p50 {ms(ttft['p50'])} p99 {ms(ttft['p99'])}, ITL p50 {ms(itl['p50'])} p99 {ms(itl['p99'])}, "
+                f"{m['tokens_per_s']} tokens/s")  # fmt: skip
+
     def _record(self, failures: list[CheckFailure]) -> None:
         run = self.run_result
         document = {
