@@ -358,7 +358,7 @@ class TrafficSession:
 
         load = f"traffic {m['requests']} requests ({m['streams']} streams x {m['rounds']} rounds)"
         latency = f"TTFT p50 {ms(ttft['p50'])} p99 {ms(ttft['p99'])}, ITL p50 {ms(itl['p50'])} p99 {ms(itl['p99'])}"
-        return f"{load} in {m['wall_s']:.1f} s, every choice its own prompt's answer: {latency}, {m['tokens_per_s']} tokens/s"
+        return f"{load} in {m['wall_s']:.1f} s: {latency}, {m['tokens_per_s']} tokens/s"
 
     def _record(self, failures: list[CheckFailure]) -> None:
         run = self.run_result
