@@ -424,8 +424,8 @@ def _request(
         lifecycle_failures, ttft_s = run_lifecycle(plan.lifecycle, plan.request, tuple(failures))
         failures += lifecycle_failures
     if traffic is not None and not failures:  # [M27] the case's concurrent load; a hang is cut and fails here
-        pids, logs = supervisor.pids, supervisor.log_paths
-        failures += traffic.run(plan.oracle, lambda asked, waited: waiting_on(pids(), logs(), asked, waited))
+        pids, logs, scraped = supervisor.pids, supervisor.log_paths, tuple(c.url for c in plan.metrics_checks)
+        failures += traffic.run(plan.oracle, lambda asked, waited: waiting_on(pids(), logs(), asked, waited), scraped)
     common: dict[str, Any] = {
         "ready_s": ready_s,
         "request_s": response.request_s,

@@ -33,7 +33,8 @@ class TrafficProfile:
     prompt `shared_prefix_tokens` common words then its own words, `max_prompt_tokens` words at most. Every
     `n_every`-th request asks `n` choices; `stream` says which requests stream ("mixed": every other one).
     `logprobs` top log-probabilities per token are asked and the top-1 must be within `logprob_tolerance`
-    (nats) of the twin's; the whole load must end within `bound_s` (a hang past it is cut and reported)."""
+    (nats) of the twin's; the whole load must end within `bound_s` (a hang past it is cut and reported);
+    `kv_handoff_per_choice`: the KV ledger must show a transfer per choice."""
 
     streams: int = 8
     rounds: int = 3
@@ -47,6 +48,9 @@ class TrafficProfile:
     logprob_tolerance: float = 0.05
     seed: int = 0
     bound_s: float = 60.0
+    # The engine hands each choice's KV off on its own (the reference server: one prefill per choice): the KV
+    # ledger of the load must then count a transfer per choice (dynamo #14018: only one child's arrives).
+    kv_handoff_per_choice: bool = False
 
     @property
     def prompt_count(self) -> int:
@@ -94,6 +98,8 @@ def parse_traffic(raw: object) -> TrafficProfile:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value > 3600:
                 raise TrafficProfileError(f"traffic.{key} must be a number from 0 to 3600, got {value!r}")
             value = float(value)
+        elif key == "kv_handoff_per_choice" and not isinstance(value, bool):
+            raise TrafficProfileError(f"traffic.kv_handoff_per_choice must be true or false, got {value!r}")
         elif key == "stream" and value not in STREAM_MODES:
             raise TrafficProfileError(f"traffic.stream must be one of {', '.join(STREAM_MODES)}, got {value!r}")
         values[key] = value

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from matrix.check import oracle
+from matrix.check import ledger, oracle
 from matrix.check.http import loopback_client
 from matrix.check.specs import CheckFailure, OracleSpec, RequestSpec
 from matrix.traffic_profile import TrafficProfile
@@ -42,7 +42,8 @@ CONTAMINATION = "cross_request_contamination"
 CHOICE = "traffic_n_choice"
 DIVERGENCE = "traffic_divergence"
 LOGPROBS = "traffic_logprobs"
-CHECK_NAMES = (HANG, REQUEST, CONTAMINATION, CHOICE, DIVERGENCE, LOGPROBS)
+HANDOFFS = "traffic_kv_handoffs"
+CHECK_NAMES = (HANG, REQUEST, CONTAMINATION, CHOICE, DIVERGENCE, LOGPROBS, HANDOFFS)
 _SHOWN = 3  # examples per failure class in its message
 MAX_STREAM_BYTES = 4 * 1024 * 1024
 
@@ -213,6 +214,20 @@ def run_load(spec: OracleSpec, profile: TrafficProfile, prompts: tuple[str, ...]
     return TrafficRun(answered, time.monotonic() - started, hung)
 
 
+def _scrape(urls: tuple[str, ...]) -> dict[int, str]:
+    """Each endpoint's Prometheus text by position; an unreadable one is left out (its ledger: not measured)."""
+    texts: dict[int, str] = {}
+    with loopback_client(5.0) as client:
+        for number, url in enumerate(urls):
+            try:
+                response = client.get(url)
+                response.raise_for_status()
+                texts[number] = response.text
+            except httpx.HTTPError:
+                continue
+    return texts
+
+
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     ordered = sorted(values)
 
@@ -320,22 +335,43 @@ class TrafficSession:
     def with_prompts(self, spec: OracleSpec | None) -> OracleSpec | None:
         return None if spec is None else replace(spec, extra_prompts=(*spec.extra_prompts, *self.prompts))
 
-    def run(self, spec: OracleSpec | None, evidence: Callable[[RequestSpec, float], str]) -> list[CheckFailure]:
-        """Put the load on the pair; a hang (or a request that failed outright) fails at once, with
-        `evidence(waited_s)` (who waited on what) read while the pair is still up."""
+    def run(
+        self, spec: OracleSpec | None, evidence: Callable[[RequestSpec, float], str], metrics_urls: tuple[str, ...] = ()
+    ) -> list[CheckFailure]:
+        """Put the load on the pair; a hang fails at once, with `evidence(asked, waited_s)` (who waited on
+        what) read while the pair is still up. `metrics_urls`: the engines' Prometheus endpoints, scraped
+        before and after the load for its KV ledger (`matrix.check.ledger`)."""
         if spec is None:
             return [CheckFailure(REQUEST, "the arm's plan has no completions endpoint for the traffic check")]
+        before = _scrape(metrics_urls)
         self.run_result = run_load(spec, self.profile, self.prompts)
         self.metrics = load_metrics(self.run_result, self.profile)
-        self._record([])
         hung = self.run_result.hung
         if not hung:
-            return []  # wrong answers are judged against the twin's, once it answered (`judge`)
+            self.metrics["kv_ledger"] = ledger.ledger(metrics_urls, before, _scrape(metrics_urls))
+            self._record([])
+            return []  # wrong answers (and handoffs) are judged once the twin answered (`judge`)
+        self._record([])
         pending = ", ".join(f"request {p.index} (prompt {p.prompt}, n={p.n})" for p in hung[:_SHOWN])
         asked = RequestSpec(spec.url, spec.model, "", spec.tokens, self.profile.bound_s)
         return [CheckFailure(HANG, f"{len(hung)} request(s) unanswered after {self.profile.bound_s:g} s under "
                              f"traffic: {pending}; matrix cut the load\n--- who waited on what ---\n"
                              f"{evidence(asked, self.run_result.wall_s)}")]  # fmt: skip
+
+    def _handoffs(self) -> list[CheckFailure]:
+        """With `kv_handoff_per_choice`, the ledger must count a KV transfer for every choice served."""
+        if not self.profile.kv_handoff_per_choice or self.run_result is None:
+            return []
+        choices = sum(len(a.choices) for a in self.run_result.answered)
+        found = self.metrics.get("kv_ledger") or {}
+        if not found:
+            why = "no engine endpoint published a KV-transfer counter: the handoff per choice cannot be proven"
+            return [CheckFailure(HANDOFFS, f"{why} (set kv_handoff_per_choice = false for this engine)")]
+        if found["transfers"] < choices:
+            return [CheckFailure(HANDOFFS, f"the KV ledger counts {found['transfers']} transfer(s) for {choices} "
+                                 f"choices served under traffic ({found['source']}): a choice's KV handoff never "
+                                 "arrived (dynamo #14018)")]  # fmt: skip
+        return []
 
     def judge(self, spec: OracleSpec, answers: tuple[oracle.Completion | str, ...]) -> list[CheckFailure]:
         """The streams against the aggregated answers to the profile's prompts (the last of `answers`)."""
@@ -343,6 +379,7 @@ class TrafficSession:
             return []
         references = list(answers[len(answers) - len(self.prompts) :])
         failures = judge(self.run_result, self.prompts, references, self.profile, spec.near_tie_gap)
+        failures += self._handoffs()
         self._record(failures)
         return failures
 

@@ -20,7 +20,7 @@ from tests.e2e.test_run_reference import cell_processes
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = (
     "{ streams = 8, rounds = 3, shared_prefix_tokens = 24, max_prompt_tokens = 200, n = 2, n_every = 4, "
-    'stream = "mixed", logprobs = 2, bound_s = BOUND }'
+    'stream = "mixed", logprobs = 2, bound_s = BOUND, kv_handoff_per_choice = true }'
 )
 # case -> (faults, the load's bound in seconds)
 CASES = {
@@ -108,6 +108,8 @@ def test_a_healthy_pair_serves_every_stream_its_own_answer(runs: dict[str, Ran])
     metrics = ran.peaks["traffic"]
     assert isinstance(metrics, dict) and metrics["requests"] == 24 and metrics["tokens_per_s"] > 0
     assert metrics["ttft_s"]["p50"] is not None and metrics["itl_s"]["p90"] is not None
+    # A KV handoff per choice: 18 requests of one choice and 6 of two.
+    assert metrics["kv_ledger"]["transfers"] == 30 and metrics["kv_ledger"]["source"].startswith("reference")
 
 
 @pytest.mark.parametrize(
@@ -124,6 +126,11 @@ def test_each_concurrency_fault_fails_its_cell_with_its_class(runs: dict[str, Ra
     assert ran.status == "failed" and check in ran.checks, ran.message
     # Only the traffic check sees it: the one request and the oracle's sequential prompts passed.
     assert "equivalent_to_aggregated" not in ran.checks and "http_status" not in ran.checks, ran.message
+
+
+def test_a_lost_child_handoff_shows_in_the_kv_ledger(runs: dict[str, Ran]) -> None:
+    message = runs["traffic_n_child"].checks["traffic_kv_handoffs"]
+    assert "the KV ledger counts 24 transfer(s) for 30 choices" in message, message
 
 
 def test_the_hang_is_cut_within_its_bound_with_who_waited_on_what(runs: dict[str, Ran]) -> None:

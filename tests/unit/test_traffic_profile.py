@@ -35,7 +35,9 @@ def test_the_seed_traffic_case_survives_sync_typed(seeded: Matrix) -> None:
     finally:
         engine.dispose()
     profile = by_case["reference_traffic"].traffic
-    assert profile == TrafficProfile(streams=16, rounds=3, shared_prefix_tokens=32, max_prompt_tokens=400, n=2)
+    assert profile == TrafficProfile(
+        streams=16, rounds=3, shared_prefix_tokens=32, max_prompt_tokens=400, n=2, kv_handoff_per_choice=True
+    )
     assert by_case["reference_equivalence"].traffic is None
     assert "traffic" in (DATA / "cases.toml").read_text()
 
