@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -200,7 +200,8 @@ def run_load(spec: OracleSpec, profile: TrafficProfile, prompts: tuple[str, ...]
                 _send(http, spec, body, a, max(0.1, deadline - time.monotonic()))
 
             futures = {pool.submit(one, a): a for a in batch}
-            done, pending = wait(futures, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_EXCEPTION)
+            # Every request of the round, or the bound: one that raised must not leave the others looking hung.
+            done, pending = wait(futures, timeout=max(0.0, deadline - time.monotonic()), return_when=ALL_COMPLETED)
             for future in done:
                 if future.exception() is not None:
                     futures[future].error = f"{type(future.exception()).__name__}: {future.exception()}"
