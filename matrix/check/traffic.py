@@ -247,7 +247,7 @@ def load_metrics(run: TrafficRun, profile: TrafficProfile) -> dict[str, Any]:
         "rounds": profile.rounds,
         "wall_s": round(run.wall_s, 3),
         "completion_tokens": tokens,
-        "tokens_per_s": round(tokens / run.wall_s, 1) if run.wall_s > 0 else None,
+        "tokens_per_second": round(tokens / run.wall_s, 1) if run.wall_s > 0 else None,
         "ttft_s": _percentiles([a.ttft_s for a in run.answered if a.ttft_s is not None]),
         "itl_s": _percentiles([x for a in run.answered for x in a.itl_s]),
     }
@@ -396,7 +396,7 @@ class TrafficSession:
 
         load = f"traffic {m['requests']} requests ({m['streams']} streams x {m['rounds']} rounds)"
         latency = f"TTFT p50 {ms(ttft['p50'])} p99 {ms(ttft['p99'])}, ITL p50 {ms(itl['p50'])} p99 {ms(itl['p99'])}"
-        return f"{load} in {m['wall_s']:.1f} s: {latency}, {m['tokens_per_s']} tokens/s"
+        return f"{load} in {m['wall_s']:.1f} s: {latency}, {m['tokens_per_second']} tokens/s"
 
     def _record(self, failures: list[CheckFailure]) -> None:
         run = self.run_result

@@ -106,7 +106,7 @@ def test_a_healthy_pair_serves_every_stream_its_own_answer(runs: dict[str, Ran])
     assert all(len(r["choices"]) == r["n"] and not r["error"] for r in document["requests"])
     # The twin answered every traffic prompt, and the metrics are in the outcome.
     metrics = ran.peaks["traffic"]
-    assert isinstance(metrics, dict) and metrics["requests"] == 24 and metrics["tokens_per_s"] > 0
+    assert isinstance(metrics, dict) and metrics["requests"] == 24 and metrics["tokens_per_second"] > 0
     assert metrics["ttft_s"]["p50"] is not None and metrics["itl_s"]["p90"] is not None
     # A KV handoff per choice: 18 requests of one choice and 6 of two.
     assert metrics["kv_ledger"]["transfers"] == 30 and metrics["kv_ledger"]["source"].startswith("reference")

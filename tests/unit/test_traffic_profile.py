@@ -88,3 +88,24 @@ def test_judge_names_contamination_apart_from_divergence_and_lost_children(tmp_p
     wrong = Answered(plan[1], [_completion((7, 5, 5)), refs[1]])
     assert [f.name for f in judge(TrafficRun([right, wrong], 1.0), prompts, refs, profile, 0.1)] == [DIVERGENCE]
     assert judge(TrafficRun([right, Answered(plan[1], [refs[1], refs[1]])], 1.0), prompts, refs, profile, 0.1) == []
+
+
+def test_a_slowdown_under_traffic_is_a_perf_regression_compare_and_gates_see() -> None:
+    from matrix.report.perf import attempt_metrics, compare_metrics
+
+    def attempt(ttft_p50: float, rate: float) -> dict[str, float]:
+        traffic = {"ttft_s": {"p50": ttft_p50, "p99": ttft_p50 * 3}, "itl_s": {"p50": 0.004, "p99": None},
+                   "tokens_per_second": rate}  # fmt: skip
+        return attempt_metrics(1.0, 0.05, 0.1, 10, {}, traffic)
+
+    # One request's timings are the same on both sides; under load B is 40 % slower to first token.
+    a = [attempt(0.10 + i * 0.001, 800 + i) for i in range(12)]
+    b = [attempt(0.14 + i * 0.001, 600 + i) for i in range(12)]
+    assert "traffic_itl_p99_s" not in a[0] and a[0]["traffic_ttft_p99_s"] == pytest.approx(0.3)
+
+    def side(runs: list[dict[str, float]]) -> dict[str, list[float]]:
+        return {name: [r[name] for r in runs] for name in runs[0]}
+
+    verdicts = {v.comparison.metric: v for v in compare_metrics(side(a), side(b), threshold=0.10, alpha=0.01)}
+    assert verdicts["traffic_ttft_p50_s"].regression and verdicts["traffic_tokens_per_s"].regression
+    assert not verdicts["ttft_s"].regression
