@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matrix.kv_bound import KvBound
+from matrix.traffic_profile import TrafficProfile
 
 MARKER_KINDS = ("lifecycle", "hardware", "framework", "kind", "other", "resource")
 CHANNELS = ("release", "rc", "dev", "nightly")
@@ -76,6 +77,8 @@ class CaseSpec:
     requires_fixes: list[str] = field(default_factory=list)
     weights_gib: float = 0.0
     enabled: bool = True
+    # The `traffic` table ([M27]): the concurrent load the traffic check puts on the pair; None: none.
+    traffic: TrafficProfile | None = None
 
 
 @dataclass(frozen=True)

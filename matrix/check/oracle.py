@@ -37,7 +37,9 @@ __all__ = [
     "oracle_prompts",
     "parse_completion",
     "payload",
+    "spec_prompts",
     "summary",
+    "word",
 ]
 
 CHECK_NAME = "equivalent_to_aggregated"
@@ -60,6 +62,16 @@ def oracle_prompts(count: int, seed: int = 0) -> list[str]:
         if text not in prompts:
             prompts.append(text)
     return prompts
+
+
+def spec_prompts(spec: OracleSpec) -> list[str]:
+    """Every prompt `spec` asks, in order: the generated ones, then its extra (a traffic profile's) ones."""
+    return oracle_prompts(spec.prompts, spec.seed) + list(spec.extra_prompts)
+
+
+def word(index: int) -> str:
+    """Token id `index` of the tiny model's vocabulary spelt as its word (7 <= index < 4096)."""
+    return _word(index)
 
 
 def _word(index: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeGuard
 
 from matrix.reference import tokens
+from matrix.reference.concurrency import ConcurrencyFaults
 from matrix.reference.eventlog import EventLog
 from matrix.reference.faults import AGGREGATED_FAULTS, DECODE_FAULTS, FLAKE_RATE_ENV, PREFILL_FAULTS, STATE_ENV
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
@@ -75,6 +76,7 @@ class WorkerApp:
         # and decodes waiting for KV that did not come (handle -> when the wait ends; fault hold-orphan-decode).
         self.running = 0
         self.waiting_until: dict[str, float] = {}
+        self.concurrency = ConcurrencyFaults(cfg.faults, cfg.block_bytes, log)
 
     def routes(self) -> dict[tuple[str, str], Route]:
         table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health, ("GET", "/metrics"): self.metrics}
@@ -220,12 +222,12 @@ class WorkerApp:
         stream = body.get("stream", False) is True
         try:
             # Generation reads the cache back from the pool, so the pool's memory is really used.
-            cached = self.pool.get(local) or b""
+            cached = self._under_load(handle, self.pool.get(local) or b"")
             count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
             top = tokens.top_logprobs(cached[-bb:], count)
             ids = [best[0] for best, _ in top]
             if stream:
-                self._stream_tokens(req, handle, ids)
+                self._stream_tokens(req, handle, ids, [[list(best), list(runner_up)] for best, runner_up in top])
                 return
             if self.cfg.token_delay_s:
                 time.sleep(self.cfg.token_delay_s * len(ids))  # the blocks stay held, as in a real decode
@@ -250,15 +252,28 @@ class WorkerApp:
             },
         )
 
-    def _stream_tokens(self, req: JSONHandler, handle: str, ids: list[int]) -> None:
+    def _under_load(self, handle: str, cached: bytes) -> bytes:
+        """The faults that only concurrency shows (`matrix.reference.concurrency`): each acts only while
+        another decode is in flight, so one request at a time (the primary request, the oracle) never sees it."""
+        return self.concurrency.apply(handle, cached, self.running_now())
+
+    def running_now(self) -> int:
+        with self._kv_lock:
+            return self.running
+
+    def _stream_tokens(
+        self, req: JSONHandler, handle: str, ids: list[int], tops: list[list[list[float]]] | None = None
+    ) -> None:
         """One JSON line per token, paced like a real decode step (at least `STREAM_TOKEN_S`), the blocks
         held until the last; a client that goes away ends it at the next write (BrokenPipe)."""
         req.send_response(200)
         req.send_header("Content-Type", "application/x-ndjson")
         req.end_headers()
-        for tok in ids:
+        for i, tok in enumerate(ids):
             time.sleep(max(self.cfg.token_delay_s, STREAM_TOKEN_S))
-            req.wfile.write(json.dumps({"token_id": tok, "text": tokens.detokenize_one(tok)}).encode() + b"\n")
+            top = tops[i] if tops and i < len(tops) else None
+            line = {"token_id": tok, "text": tokens.detokenize_one(tok), "top": top}
+            req.wfile.write(json.dumps(line).encode() + b"\n")
             req.wfile.flush()
         end = {"done": True, "completion_tokens": len(ids), "finish_reason": "length",
                "decode_worker_id": self.instance_id}  # fmt: skip

@@ -103,6 +103,9 @@ def _assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
     assert m.dump() == before
 
 
+_TRAFFIC_CASE = (
+    '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodel = "m"\nlaunch = { equivalence = true }\n'
+)
 BAD_TOML = {
     "malformed": ("cases.toml", '[[case]]\nname = "x\n', ["malformed TOML", "cases.toml", "line 2"]),
     "unknown backend": (
@@ -161,6 +164,26 @@ BAD_TOML = {
         ["invalid marker expression 'pre_merge and'", "column 14"],
     ),
     "unknown section": ("extra.toml", '[[casse]]\nname = "x"\n', ["unknown section(s) 'casse'"]),
+    "bad traffic value": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { streams = 0 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic.streams must be an integer from 1 to 64, got 0"],
+    ),
+    "bad traffic stream mode": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { stream = 8 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic.stream must be one of mixed, always, never, got 8"],
+    ),
+    "misspelt traffic key": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { streems = 8 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic: unknown key(s) 'streems'", "known keys:"],
+    ),
+    "traffic without equivalence": (
+        "extra.toml",
+        _TRAFFIC_CASE.replace("launch = { equivalence = true }\n", "") + "traffic = { streams = 4 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic needs launch.equivalence", "add equivalence = true"],
+    ),
 }
 
 
