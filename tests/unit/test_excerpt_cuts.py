@@ -62,7 +62,7 @@ class _Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(self.server.status)
         self.send_header("Content-Type", self.server.content_type)
