@@ -330,7 +330,9 @@ def parse_results(path: Path, text: str) -> ShardResults:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _fail(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); truncated?") from None
+        # One sentence: _fail appends ". Nothing was imported; ...", which read badly after "truncated?".
+        where = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        raise _fail(path, f"not valid JSON, perhaps cut short ({where})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _fail(path, f'not a matrix shard results file (expected "format": "{FORMAT}")')
     version = data.get("format_version")
