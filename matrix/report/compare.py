@@ -1,4 +1,5 @@
-"""Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
+"""Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, recipe fault, new,
+missing, unchanged.
 
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
 version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the latest finished
@@ -10,6 +11,9 @@ a 95 % interval and a Mann-Whitney p-value; a metric regresses only when the cha
 and past the threshold (`matrix.report.perf`). The verdict includes the performance verdict: a case that
 passes on both sides but has a metric that regressed is `slower`, never `unchanged`. The ratios shown per
 metric are those same ratios of medians over passed attempts, so a page never shows two ratios for one metric.
+
+B failing with a `recipe` failure (an engine refused a dependency of matrix's recipe at start-up) is `recipe
+fault`, never `regressed`: the recipe is at fault, not the release; `--fail-on failure` still exits 1 for it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
+from matrix.outcome import FAILED_STATUSES, PASSED, RECIPE, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -60,12 +64,12 @@ __all__ = [
 
 NO_RATE = PassRate(0, 0, "")
 # Most newsworthy first: the order of rows in tables. `slower`: passed on both sides, a metric regressed.
-VERDICTS = ("regressed", "slower", "fixed", "still failing", "new", "missing", "unchanged")
+VERDICTS = ("regressed", "slower", "fixed", "still failing", "recipe fault", "new", "missing", "unchanged")
 # The verdicts `matrix compare --fail-on` exits 1 for (`FAIL_ON`), and what each choice means.
 FAIL_ON: Mapping[str, frozenset[str]] = {
     "never": frozenset(),
     "regression": frozenset({"regressed", "slower"}),
-    "failure": frozenset({"regressed", "slower", "still failing"}),
+    "failure": frozenset({"regressed", "slower", "still failing", "recipe fault"}),
 }
 
 
@@ -155,6 +159,8 @@ def verdict(a: Outcome | None, b: Outcome | None) -> str:
     ka, kb = _klass(a), _klass(b)
     if kb == "none":
         return "missing"
+    if b is not None and b.attempt.failure_kind == RECIPE:
+        return "recipe fault"
     if ka == "none":
         return "new"
     return {
