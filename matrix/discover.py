@@ -17,6 +17,7 @@ from __future__ import annotations
 import configparser
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -298,7 +299,7 @@ def _backend_and_template(
 def discover(
     session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool,
     resolve: bool = True,
-) -> Discovery:
+) -> Discovery:  # fmt: skip
     backend, template, package = _backend_and_template(session, backend_name, package, channel)
     known = {parse_version(r.version) for r in backend.runtimes}
     live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
@@ -371,7 +372,11 @@ def _missing(template: dict[str, Any], package: str, version: Version, index: st
     target = own_target(template.get("provider", {}))
     if target is None:
         return []
-    return list(resolvability([[f"{package}=={version}"]], target, index_url=index).missing)
+    missing = resolvability([[f"{package}=={version}"]], target, index_url=index).missing
+    # The index lists the release itself: where uv does not see it (a Requires-Python it cannot read), that
+    # says nothing about its requirements, and pip decides at the build as before.
+    itself = canonicalize_name(package)
+    return [m for m in missing if canonicalize_name(re.split(r"[<>=!~;\[ ]", m, maxsplit=1)[0]) != itself]
 
 
 def _add_runtime(session: Session, backend: Backend, version: Version, template: dict[str, Any], index: str) -> None:
