@@ -90,3 +90,29 @@ def test_discover_marks_an_unresolvable_release_and_adds_no_runtime_for_it(matri
     upload = matrix("runtime", "wheelhouse", "--runtime", "nixlpkg=1.5.2", "--python", "3.11",
                     "--platform", "manylinux_2_28_x86_64", "--out", str(tmp_path / "wh"))  # fmt: skip
     assert upload.exit_code == 2 and not (tmp_path / "wh").exists(), upload.output
+
+
+def test_no_gpu_upload_is_prepared_for_a_catalogued_runtime_that_cannot_resolve(
+    matrix: Matrix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime catalogued with the meta wheel's pin: `runtime wheelhouse` refuses in one line, downloads
+    nothing; the control (the same recipe on 1.5.1) makes its wheelhouse."""
+    catalog = CATALOG + "".join(
+        f'\n[[runtime]]\nbackend = "nixlpkg"\nversion = "{v}"\n'
+        f'provider = {{ kind = "venv", python = "3.11", steps = [["nixl=={v}"]] }}\ncomponents = {{ nixl = "{v}" }}\n'
+        for v in ("1.5.1", "1.5.2")
+    )  # fmt: skip
+    (tmp_path / "nixl.toml").write_text(catalog)
+    assert matrix("catalog", "sync", str(tmp_path / "nixl.toml"), str(DATA / "markers.toml")).exit_code == 0
+    nixl_like_index(tmp_path / "index")
+    target = ("--python", "3.11", "--platform", "manylinux_2_28_x86_64")
+    with serve_index(tmp_path / "index") as url:
+        monkeypatch.setenv("PIP_INDEX_URL", url)
+        refused = matrix("runtime", "wheelhouse", "--runtime", "nixlpkg=1.5.2", *target, "--out", str(tmp_path / "a"))
+        made = matrix("runtime", "wheelhouse", "--runtime", "nixlpkg=1.5.1", *target, "--out", str(tmp_path / "b"))
+    assert refused.exit_code == 2, refused.output
+    line = refused.output.strip().splitlines()[-1]
+    assert line.startswith("error: nixlpkg-1.5.2 step 1 (pip install nixl==1.5.2): no index has nixl-cu1"), line
+    assert "nothing was downloaded" in line and not list((tmp_path / "a").glob("*.whl"))
+    assert made.exit_code == 0, made.output
+    assert [p.name for p in (tmp_path / "b").glob("*.whl")] == ["nixl-1.5.1-py3-none-any.whl"]

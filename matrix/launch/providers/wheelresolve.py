@@ -228,12 +228,16 @@ def resolvability(
         try:
             uv_report(args, target, what="check", index_url=index_url)
         except ConfigError as exc:
-            text = str(exc)
-            missing = [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text)]
+            missing = missing_in(str(exc))
             if not missing:
-                return Resolvability(unchecked=text.splitlines()[-1] if text else "uv failed")
-            return Resolvability(missing=tuple(dict.fromkeys(m.rstrip(".") for m in missing)))
+                return Resolvability(unchecked=str(exc).splitlines()[-1] if str(exc) else "uv failed")
+            return Resolvability(missing=missing)
     return Resolvability()
+
+
+def missing_in(text: str) -> tuple[str, ...]:
+    """The requirements uv's failure says no index has, in its order (empty: it failed for another reason)."""
+    return tuple(dict.fromkeys(m.rstrip(".") for m in [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text)]))
 
 
 def step_requirements(steps: Sequence[Any]) -> list[list[str]]:
@@ -598,7 +602,16 @@ def make_wheelhouse(
     if existing is not None:
         existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
     echo(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
-    planned = plan_runtimes(runtimes, target, exclude, echo, omit)
+    try:
+        planned = plan_runtimes(runtimes, target, exclude, echo, omit)
+    except ConfigError as exc:
+        missing = missing_in(str(exc))
+        if not missing:
+            raise
+        # An unresolvable runtime: one line naming what is missing, before anything is downloaded.
+        who = str(exc).split(": uv could not resolve", 1)[0]
+        raise ConfigError(f"{who}: no index has {', '.join(missing)} for {target.describe()} (uv's resolver); "
+                          "nothing was downloaded: pin versions that exist in the runtime's recipe") from None
     files = download([f for p in planned for s in p.steps for f in s.downloads()], out, echo)
     locks = {p.label: lock_of(p, files) for p in planned}
     manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks,
