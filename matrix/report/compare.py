@@ -92,6 +92,10 @@ class Outcome:
     def status(self) -> str:
         return self.attempt.status
 
+    @property
+    def failure_kind(self) -> str | None:
+        return self.attempt.failure_kind
+
 
 @dataclass(frozen=True)
 class ComparisonRow:
@@ -159,7 +163,7 @@ def verdict(a: Outcome | None, b: Outcome | None) -> str:
     ka, kb = _klass(a), _klass(b)
     if kb == "none":
         return "missing"
-    if b is not None and b.attempt.failure_kind == RECIPE:
+    if b is not None and b.failure_kind == RECIPE:
         return "recipe fault"
     if ka == "none":
         return "new"
