@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 @selection_options
 @skew_options
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
+@click.option("--resolve", is_flag=True,
+              help="First resolve each planned venv runtime's recipe for its own target with uv (metadata only) "
+                   "and refuse, naming what is missing, when no index has a requirement.")  # fmt: skip
 @json_option
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
@@ -28,8 +31,9 @@ if TYPE_CHECKING:
 )  # fmt: skip
 @with_session
 def plan_cmd(
-    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None, **kw: Any
-) -> None:
+    session: Session, explain: bool, resolve: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
+    **kw: Any,
+) -> None:  # fmt: skip
     """Expand cases x runtimes into cells and print them.
 
     `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
@@ -48,6 +52,10 @@ def plan_cmd(
         raise click.UsageError("--explain applies to --format table or json")
     selection = make_selection(**kw)
     plan = plan_from_db(session, selection)
+    if resolve:
+        from matrix.launch.providers.wheelresolve import refuse_unresolvable
+
+        refuse_unresolvable({c.runtime.label: c.runtime for c in plan.cells}.values())
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
 

@@ -92,11 +92,17 @@ def test_discover_marks_an_unresolvable_release_and_adds_no_runtime_for_it(matri
     assert upload.exit_code == 2 and not (tmp_path / "wh").exists(), upload.output
 
 
-def test_no_gpu_upload_is_prepared_for_a_catalogued_runtime_that_cannot_resolve(
+def _host_platform() -> str:
+    from matrix.launch.providers.wheeltarget import this_host
+
+    return this_host().platforms[0]
+
+
+def test_plan_and_wheelhouse_refuse_a_catalogued_runtime_that_cannot_resolve(
     matrix: Matrix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A runtime catalogued with the meta wheel's pin: `runtime wheelhouse` refuses in one line, downloads
-    nothing; the control (the same recipe on 1.5.1) makes its wheelhouse."""
+    """A runtime catalogued with the meta wheel's pin: `plan --resolve` and `runtime wheelhouse` refuse in one
+    line (the wheelhouse downloads nothing); the controls (the same recipe on 1.5.1) plan and make theirs."""
     catalog = CATALOG + "".join(
         f'\n[[runtime]]\nbackend = "nixlpkg"\nversion = "{v}"\n'
         f'provider = {{ kind = "venv", python = "3.11", steps = [["nixl=={v}"]] }}\ncomponents = {{ nixl = "{v}" }}\n'
@@ -108,8 +114,16 @@ def test_no_gpu_upload_is_prepared_for_a_catalogued_runtime_that_cannot_resolve(
     target = ("--python", "3.11", "--platform", "manylinux_2_28_x86_64")
     with serve_index(tmp_path / "index") as url:
         monkeypatch.setenv("PIP_INDEX_URL", url)
+        planned = matrix("plan", "--resolve")
+        planned_ok = matrix("plan", "--resolve", "--runtime", "nixlpkg=1.5.1", "--json")
         refused = matrix("runtime", "wheelhouse", "--runtime", "nixlpkg=1.5.2", *target, "--out", str(tmp_path / "a"))
         made = matrix("runtime", "wheelhouse", "--runtime", "nixlpkg=1.5.1", *target, "--out", str(tmp_path / "b"))
+    assert planned.exit_code == 2, planned.output
+    assert planned.output.strip() == ("error: runtime nixlpkg-1.5.2 cannot be built: no index has nixl-cu12==1.5.2 for "
+                                      f"Python 3.11 on {_host_platform()} (uv's resolver); fix its recipe's pins or "
+                                      "leave it out")  # fmt: skip
+    assert planned_ok.exit_code == 0, planned_ok.output
+    assert {c["cell"] for c in json.loads(planned_ok.output)["cells"]} == {"nixl_pair@nixlpkg-1.5.1"}
     assert refused.exit_code == 2, refused.output
     line = refused.output.strip().splitlines()[-1]
     assert line.startswith("error: nixlpkg-1.5.2 step 1 (pip install nixl==1.5.2): no index has nixl-cu1"), line

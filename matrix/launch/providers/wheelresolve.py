@@ -235,6 +235,22 @@ def resolvability(
     return Resolvability()
 
 
+def refuse_unresolvable(runtimes: Iterable[RuntimeInfo]) -> None:
+    """A `ConfigError` (one line) for the first `venv` runtime whose recipe's steps name what no index has for
+    its own target (uv, metadata only, one resolution per step); other providers and an index uv cannot ask
+    pass (the build decides then)."""
+    for runtime in runtimes:
+        target = own_target(runtime.provider)
+        if target is None:
+            continue
+        found = resolvability(step_requirements(runtime.provider.get("steps", [])), target)
+        if found.missing:
+            raise ConfigError(
+                f"runtime {runtime.label} cannot be built: no index has {', '.join(found.missing)} for Python "
+                f"{target.python} on {target.platforms[0]} (uv's resolver); fix its recipe's pins or leave it out"
+            )
+
+
 def missing_in(text: str) -> tuple[str, ...]:
     """The requirements uv's failure says no index has, in its order (empty: it failed for another reason)."""
     return tuple(dict.fromkeys(m.rstrip(".") for m in [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text)]))
