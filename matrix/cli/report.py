@@ -180,7 +180,7 @@ def compare_cmd(
     session: Session, a: str, b: str, component: str | None, hold: tuple[str, ...], html_out: Path | None,
     fail_on: str, threshold: float, alpha: float, as_json: bool,
 ) -> None:  # fmt: skip
-    """Compare outcomes case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
+    """Compare outcomes case by case: regressed, slower, fixed, still failing, recipe fault, new, missing, unchanged.
 
     \b
     matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)
