@@ -25,6 +25,8 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "crash-once": ("failed", "startup", None),  # one attempt only here; retried in test_scheduler
     "flaky-start": ("failed", "startup", None),  # rate 1 unless MATRIX_REFERENCE_FLAKE_RATE says otherwise
     "hang-at-start": ("timeout", "health", None),
+    # An engine that refuses a dependency of matrix's recipe at start-up: the recipe's fault (test_recipe_fault).
+    "unmet-dependency": ("failed", "recipe", None),
     "slow-start": ("timeout", "health", None),
     "same-worker-id": ("failed", "validation", "worker_ids_distinct"),
     "empty-completion": ("failed", "validation", "content_nonblank"),

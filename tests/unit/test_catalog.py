@@ -46,7 +46,8 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
     runtimes = json.loads(seeded("runtimes", "list", "--json").output)
     vllm = [r["version"] for r in runtimes if r["backend"] == "vllm"]
     # PEP 440 order
-    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0"]
+    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0",
+                    "0.32.0", "0.33.0", "0.34.0"]
     dev = next(r for r in runtimes if r["version"] == "0.29.1rc1.dev347+gdee37d891")
     assert "vllm=0.29.0" in dev["components"] and "vllm-rs=0.29.1rc1.dev347+gdee37d891" in dev["components"]
     for kind in ("backends", "markers", "cases", "fixes", "gates"):
@@ -57,21 +58,21 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
 
 
 def test_runtime_add_disable_enable(seeded: Matrix) -> None:
-    result = seeded("runtime", "add", "vllm", "v0.33.0", "--component", "vllm-rs=0.33.0", "--component", "vllm=0.33.0")
+    result = seeded("runtime", "add", "vllm", "v0.35.0", "--component", "vllm-rs=0.35.0", "--component", "vllm=0.35.0")
     assert result.exit_code == 0, result.output
-    assert "added runtime vllm 0.33.0 (v0.33.0, release)" in result.output
+    assert "added runtime vllm 0.35.0 (v0.35.0, release)" in result.output
     plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
-    assert "vllm_disaggregated@vllm-0.33.0" in {c["cell"] for c in plan["cells"]}
+    assert "vllm_disaggregated@vllm-0.35.0" in {c["cell"] for c in plan["cells"]}
     # A hand-added runtime survives a catalog sync.
     assert seeded("catalog", "sync").output.strip() == "0 changes"
-    assert seeded("runtime", "disable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "disable", "vllm", "0.35.0").exit_code == 0
     explained = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--explain", "--json").output)
     assert {
         "case": "vllm_disaggregated",
-        "runtime": "vllm-0.33.0",
+        "runtime": "vllm-0.35.0",
         "reason": "runtime is disabled",
     } in explained["excluded"]
-    assert seeded("runtime", "enable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "enable", "vllm", "0.35.0").exit_code == 0
 
 
 def test_marker_add(seeded: Matrix) -> None:
