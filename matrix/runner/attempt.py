@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import Cell
+from matrix.check import faults
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
@@ -43,6 +44,8 @@ def run_cell(
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
     outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
+    # [M28]: a cell with a KV fault is judged by whether it fired and was caught.
+    outcome = faults.judge(outcome, cell.case.launch.kv_fault, log_dir)
     return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 
