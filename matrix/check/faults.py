@@ -3,7 +3,9 @@
 The plugin (matrix/tools/vllm_kv_faults) appends one JSON line per injection to the cell's events file, and
 a `not_armed` line when the engine's release lacks a method the class needs. Only injections that changed
 something count as fired (`effective`): a fault that silently did nothing must never make a cell pass or
-fail, so a cell with zero effective injections is "not exercised" (`outcome.judge_fault`).
+fail, so a cell with zero effective injections is "not exercised" (`outcome.judge_fault`, which the runner
+calls with `evidence`). The fault classes and the `kv_fault` launch value's grammar live here too (pure
+data, so the launch side and the runner read the same).
 """
 
 from __future__ import annotations
@@ -15,8 +17,41 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError
-from matrix.launch.faults import events_path, parse
-from matrix.outcome import CellOutcome, judge_fault
+
+# The classes the plugin knows (matrix/tools/vllm_kv_faults), with the role each acts on by default.
+DEFAULT_ROLE = {
+    "bit_flip": "decode",
+    "stale": "decode",
+    "off_by_one": "decode",
+    "drop_last": "decode",
+    "never_complete": "decode",
+    "lost_notification": "prefill",
+}
+CLASSES = tuple(DEFAULT_ROLE)
+# In the cell's directory: the plugin appends here.
+EVENTS_FILE = "kv-fault-events.jsonl"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    fault: str
+    role: str
+
+
+def parse(spec: str, roles: tuple[str, ...] = ("prefill", "decode")) -> FaultSpec:
+    """`CLASS` or `CLASS:ROLE` -> FaultSpec; a wrong name is a one-line config error naming the known ones."""
+    fault, _, role = spec.partition(":")
+    if fault not in DEFAULT_ROLE:
+        raise ConfigError(f"kv_fault {spec!r}: unknown fault class {fault!r}; known: {', '.join(CLASSES)}")
+    role = role or DEFAULT_ROLE[fault]
+    if role not in roles:
+        raise ConfigError(f"kv_fault {spec!r}: unknown role {role!r}; known: {', '.join(roles)}")
+    return FaultSpec(fault, role)
+
+
+def events_path(work_dir: Path) -> Path:
+    """Where the plugin appends its events for the cell in `work_dir`."""
+    return work_dir / EVENTS_FILE
 
 
 @dataclass(frozen=True)
@@ -52,13 +87,14 @@ def read_events(path: Path, fault: str) -> FaultEvents:
     return FaultEvents(len(effective), len(injected) - len(effective), not_armed, requests)
 
 
-def judge(outcome: CellOutcome, spec: str | None, work_dir: Path) -> CellOutcome:
-    """`outcome` judged by the fault the cell injected (none: unchanged)."""
+def evidence(spec: str | None, work_dir: Path) -> tuple[int, str, str] | None:
+    """(effective injections, "CLASS on ROLE", what the events say) for `outcome.judge_fault`; None when
+    the cell has no fault, or a `kv_fault` value the arm already refused as a config error."""
     if not spec:
-        return outcome
+        return None
     try:
         fault = parse(spec)
-    except ConfigError:  # the arm already made the cell a config error naming it
-        return outcome
+    except ConfigError:
+        return None
     events = read_events(events_path(work_dir), fault.fault)
-    return judge_fault(outcome, events.fired, f"{fault.fault} on {fault.role}", events.evidence())
+    return events.fired, f"{fault.fault} on {fault.role}", events.evidence()

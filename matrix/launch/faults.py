@@ -12,48 +12,14 @@ role, the oracle's aggregated baseline and every cell without a fault run the en
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.errors import ConfigError
+from matrix.check.faults import events_path, parse
 
 PLUGIN_MODULE = "matrix_vllm_kv_faults"
 PLUGIN_SOURCE = Path(__file__).resolve().parent.parent / "tools" / "vllm_kv_faults" / f"{PLUGIN_MODULE}.py"
 DIST = "matrix_vllm_kv_faults-0.1.0.dist-info"
-# The classes the plugin knows (matrix/tools/vllm_kv_faults), with the role each acts on by default.
-DEFAULT_ROLE = {
-    "bit_flip": "decode",
-    "stale": "decode",
-    "off_by_one": "decode",
-    "drop_last": "decode",
-    "never_complete": "decode",
-    "lost_notification": "prefill",
-}
-CLASSES = tuple(DEFAULT_ROLE)
-EVENTS_FILE = "kv-fault-events.jsonl"
 SITE_DIR = "kv-fault-plugin"
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    fault: str
-    role: str
-
-
-def parse(spec: str, roles: tuple[str, ...] = ("prefill", "decode")) -> FaultSpec:
-    """`CLASS` or `CLASS:ROLE` -> FaultSpec; a wrong name is a one-line config error naming the known ones."""
-    fault, _, role = spec.partition(":")
-    if fault not in DEFAULT_ROLE:
-        raise ConfigError(f"kv_fault {spec!r}: unknown fault class {fault!r}; known: {', '.join(CLASSES)}")
-    role = role or DEFAULT_ROLE[fault]
-    if role not in roles:
-        raise ConfigError(f"kv_fault {spec!r}: unknown role {role!r}; known: {', '.join(roles)}")
-    return FaultSpec(fault, role)
-
-
-def events_path(work_dir: Path) -> Path:
-    """Where the plugin appends its events for the cell in `work_dir` (read back by matrix.check.faults)."""
-    return work_dir / EVENTS_FILE
 
 
 def install_site(work_dir: Path) -> Path:

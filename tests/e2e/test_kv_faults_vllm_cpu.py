@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.launch.faults import CLASSES
+from matrix.check.faults import CLASSES
 from tests.conftest import Matrix
 from tests.e2e.helpers.engine_store import engine_envs, home_with_store
 

@@ -12,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from matrix.check.faults import judge, read_events
+from matrix.check.faults import events_path, evidence, parse, read_events
 from matrix.check.specs import CheckFailure
 from matrix.errors import ConfigError
-from matrix.launch.faults import events_path, parse, role_env
-from matrix.outcome import FAILED, PASSED, SKIPPED, checked, failure, passed
+from matrix.launch.faults import role_env
+from matrix.outcome import FAILED, PASSED, SKIPPED, CellOutcome, checked, failure, judge_fault, passed
+
+
+def judge(outcome: CellOutcome, spec: str, work_dir: Path) -> CellOutcome:
+    """What the runner does after a cell (matrix/runner/attempt.py)."""
+    fault = evidence(spec, work_dir)
+    return outcome if fault is None else judge_fault(outcome, *fault)
 
 
 def test_a_class_acts_on_its_side_unless_the_case_names_a_role() -> None:
@@ -80,6 +86,7 @@ def test_a_fired_fault_passes_the_cell_when_caught_and_fails_it_when_every_check
     caught = judge(checked([CheckFailure("equivalent_to_aggregated", "diverged")]), "stale", tmp_path)
     assert caught.status == PASSED and "caught by: equivalent_to_aggregated" in caught.message
     assert [c.name for c in caught.checks] == ["equivalent_to_aggregated"]  # the evidence stays recorded
+    assert evidence(None, tmp_path) is None and evidence("bitflip", tmp_path) is None  # the arm refused that one
     # No evidence about the engines (the runtime did not build): left alone.
     assert judge(failure("provision", "no wheel"), "stale", tmp_path).status == FAILED
     # Only effective injections count: a fault whose injections all changed nothing is not exercised.
