@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(5400)]
 
 VERSION = os.environ.get("MATRIX_TEST_KV_FAULTS_VERSION", "0.32.0")
 HEALTHY = "none"
+# Classes no default check catches yet (docs/results/detection.md): their cell must fail `fault_undetected`,
+# so the check that closes the gap must also take the class out of here.
+MISSED = frozenset({"lost_notification"})  # answers stay right; prefill's blocks wait for their lease
 
 
 def case_name(fault: str) -> str:
@@ -90,5 +93,8 @@ def test_each_fault_fires_in_the_engine_and_a_default_check_catches_it(fault_cam
     assert [e for e in events if e["event"] == "injected" and e["effective"]], events
     # Passed: the fault fired and at least one check failed (`outcome.judge_fault`); failed with
     # `fault_undetected`: every check passed although the fault fired.
+    if fault in MISSED:
+        assert row["status"] == "failed" and "fault_undetected" in str(row["checks"]), row["message"]
+        return
     assert row["status"] == "passed", row["message"]
     assert "caught by:" in str(row["message"])
