@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.browser.conftest import open_tab, require_browser_here
-from tests.conftest import DATA, Matrix
+from tests.helpers.browser import open_tab, require_browser_here
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -15,24 +15,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.catalogs import HANGING
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 # A limit for the wait, far below the pair's own start-up timeout (60 s), never a measure.
 GONE_WITHIN_S = 30.0
-
-HANGING = """
-[[case]]
-name = "hanging_pair"
-backend = "reference"
-arm = "reference"
-model = "matrix-reference-tiny"
-markers = ["e2e", "gpu_0"]
-startup_timeout_s = 60
-request_timeout_s = 30
-launch = { faults = ["hang-at-start"] }
-"""
 
 
 def cell_processes(home: Path) -> list[psutil.Process]:

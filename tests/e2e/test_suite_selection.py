@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 # Modules that provision engines from PyPI (Dynamo releases, vLLM CPU builds).
 ENGINE_MODULES = {

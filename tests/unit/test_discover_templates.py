@@ -12,13 +12,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from matrix.catalog.template import render
-from tests.conftest import DATA, Matrix
-from tests.pep691 import sdist, serve_index, wheel, write_project
-
-CATALOG_FILES = ("backends", "markers", "fixes", "gates", "runtimes", "cases")
+from tests.helpers.catalogs import discovered, host_platform
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.pep691 import sdist, serve_index, wheel, write_project
 
 
 def _template(backend: str) -> dict[str, Any]:
@@ -55,18 +52,10 @@ def test_the_sglang_template_rendered_for_a_catalogued_release_is_that_runtime_l
         assert components == expected and "sglang-kernel" in entry["components"], entry["version"]
 
 
-def _host_platform() -> str:
-    """A platform tag pip accepts here: the index's wheels must fit this host for discover to take them."""
-    from packaging.tags import platform_tags
-
-    tags = list(platform_tags())
-    return next((t for t in tags if t.startswith("manylinux_")), tags[0])
-
-
 def pypi_like_index(root: Path) -> None:
     """vLLM and SGLang as PyPI lists them (one abi3 wheel per vLLM release for Python >= 3.10/3.11, one
     cp312 wheel per SGLang release, sdists for vLLM), with this host's platform tag."""
-    host = _host_platform()
+    host = host_platform()
     write_project(root, "vllm", [
         entry
         for version, python in (("0.29.0", ">=3.10,<3.15"), ("0.30.0", ">=3.10,<3.15"), ("0.31.0", ">=3.10,<3.15"),
@@ -80,34 +69,17 @@ def pypi_like_index(root: Path) -> None:
     ])  # fmt: skip
 
 
-@pytest.fixture
-def seeded(matrix: Matrix) -> Matrix:
-    result = matrix("catalog", "sync", *(str(DATA / f"{name}.toml") for name in CATALOG_FILES))
-    assert result.exit_code == 0, result.output
-    return matrix
-
-
-def _discovered(m: Matrix, backend: str) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
-    rows = m.sql(
-        "SELECT runtime.id, runtime.version, runtime.provider FROM runtime JOIN backend ON backend.id = "
-        "runtime.backend_id WHERE backend.name = ? AND runtime.source = 'discovered'",
-        backend,
-    )
-    found = {}
-    for runtime_id, version, provider in rows:
-        components = m.sql("SELECT name, version FROM runtime_component WHERE runtime_id = ?", runtime_id)
-        found[str(version)] = (json.loads(str(provider)), {str(n): str(v) for n, v in components})
-    return found
-
-
-def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(seeded: Matrix, tmp_path: Path) -> None:
+def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(
+    catalogued: Matrix, tmp_path: Path
+) -> None:
     pypi_like_index(tmp_path / "index")
-    before = seeded.dump()
+    before = catalogued.dump()
     with serve_index(tmp_path / "index") as url:
-        listed = {backend: seeded("discover", backend, "--index-url", url, "--dry-run", "--json")
+        listed = {backend: catalogued("discover", backend, "--index-url", url, "--dry-run", "--json")
                   for backend in ("vllm", "sglang")}  # fmt: skip
-        assert seeded.dump() == before
-        added = {backend: seeded("discover", backend, "--index-url", url, "--json") for backend in ("vllm", "sglang")}
+        assert catalogued.dump() == before
+        added = {backend: catalogued("discover", backend, "--index-url", url, "--json")
+                 for backend in ("vllm", "sglang")}  # fmt: skip
     for result in (*listed.values(), *added.values()):
         assert result.exit_code == 0, result.output
     # Newer than the catalog's newest only: sglang 0.5.20 sits between catalogued releases and stays out.
@@ -119,7 +91,7 @@ def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(see
     }  # fmt: skip
     assert json.loads(added["vllm"].output)["target"]["python"] == "3.12"
 
-    vllm = _discovered(seeded, "vllm")
+    vllm = discovered(catalogued, "vllm")
     assert sorted(vllm) == ["0.32.0", "0.33.0"]
     provider, components = vllm["0.33.0"]
     assert provider == {
@@ -134,7 +106,7 @@ def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(see
     }  # fmt: skip
     assert components == {"vllm": "0.33.0", "vllm-rs": "0.33.0", "ai-dynamo": "1.6.1", "nixl": "1.4.1"}
 
-    sglang = _discovered(seeded, "sglang")
+    sglang = discovered(catalogued, "sglang")
     assert sorted(sglang) == ["0.5.22", "0.5.23"]
     provider, components = sglang["0.5.22"]
     assert provider["steps"][0] == {"requirements_of": "sglang==0.5.22", "exclude": ["cuda-tile"],
@@ -144,7 +116,7 @@ def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(see
     assert components == {"sglang": "0.5.22", "sglang-grpc-bridge": "0.5.22", "ai-dynamo": "1.6.1", "nixl": "1.5.0"}
 
     # The new runtimes are cells of the backends' cases, and the ones nobody has run yet.
-    plan = seeded("plan", "--runtime", "vllm=0.33.0", "--runtime", "sglang=0.5.23", "--json")
+    plan = catalogued("plan", "--runtime", "vllm=0.33.0", "--runtime", "sglang=0.5.23", "--json")
     assert plan.exit_code == 0, plan.output
     cells = {c["cell"] for c in json.loads(plan.output)["cells"]}
     assert {"vllm_disaggregated@vllm-0.33.0", "vllm_native_disaggregated@vllm-0.33.0",

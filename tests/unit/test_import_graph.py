@@ -280,8 +280,6 @@ def test_the_closure_finds_a_forbidden_unit_two_modules_away(tmp_path: Path) -> 
     assert reach_violations(graph, {"b": {"a"}}) == []
 
 
-
-
 def test_leaves_and_shared_modules_import_only_leaves() -> None:
     graph = module_graph(ROOT)
     allowed = {"matrix"} | {f"matrix.{leaf}" for leaf in LEAVES}
