@@ -25,11 +25,26 @@ from tests.helpers.claims import catalog_factory
 from tests.helpers.cli import DATA, POSTGRES_ENV, Matrix
 
 DATABASES = ("sqlite", "postgresql")
+WORKERS_ENV = "MATRIX_TEST_WORKERS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "all_databases: run the test on SQLite and on PostgreSQL")
     config.addinivalue_line("markers", "fresh_database: the `matrix` fixture leaves the SQLite file uncreated")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many workers `-n auto` (the default, see pyproject.toml) starts.
+
+    The fast suite spends most of its time waiting for the servers, runners and browsers it starts, so it gets
+    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides). The engine suite (`-m engines`)
+    gets none: its builds of several GiB each and their shared store are not run side by side."""
+    if os.environ.get(WORKERS_ENV):
+        return int(os.environ[WORKERS_ENV])
+    expression = str(config.getoption("markexpr") or "")
+    if "engines" in expression and "not engines" not in expression:
+        return 0
+    return max(4, 2 * (os.cpu_count() or 1))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def variant_wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One base environment for the module (the one full build here); each test's variant has its own key."""
     folder = tmp_path_factory.mktemp("wheels")
     make_wheel(folder, "mtoolpkg", "1.0", "1.0.0")
