@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -40,5 +41,19 @@ def cell_processes(uid: str) -> list[psutil.Process]:
             if (proc.info.get("environ") or {}).get("MATRIX_CELL_ID") == uid:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def home_cell_processes(home: Path) -> list[psutil.Process]:
+    """Processes of the cells of one data directory: they carry a MATRIX_CELL_ID and that MATRIX_HOME (so a
+    test never counts another test's, or another worker's, cells)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
             continue
     return found
