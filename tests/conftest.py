@@ -37,14 +37,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """How many workers `-n auto` (the default, see pyproject.toml) starts.
 
     The fast suite spends most of its time waiting for the servers, runners and browsers it starts, so it gets
-    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides). The engine suite (`-m engines`)
-    gets none: its builds of several GiB each and their shared store are not run side by side."""
+    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides), and no more than the files named
+    on the command line. The engine suite (`-m engines`) gets none: its builds of several GiB each and their
+    shared store are not run side by side."""
     if os.environ.get(WORKERS_ENV):
         return int(os.environ[WORKERS_ENV])
     expression = str(config.getoption("markexpr") or "")
     if "engines" in expression and "not engines" not in expression:
         return 0
-    return max(4, 2 * (os.cpu_count() or 1))
+    workers = max(4, 2 * (os.cpu_count() or 1))
+    # Named files (or tests in them): each file runs in one worker, so more workers than files only start up.
+    files = {arg.split("::")[0] for arg in config.args}
+    if config.args and all(name.endswith(".py") for name in files):
+        workers = min(workers, len(files))
+    return workers if workers > 1 else 0
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

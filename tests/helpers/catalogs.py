@@ -12,6 +12,7 @@ from matrix.launch.arms.base import LaunchContext
 from matrix.markers import parse_marker_use
 from tests.helpers.cli import DATA, Matrix
 
+# A reference pair that never becomes ready (the kill tests stop its runner while it waits).
 HANGING = """
 [[case]]
 name = "hanging_pair"
@@ -26,6 +27,7 @@ launch = { faults = ["hang-at-start"] }
 
 
 def assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
+    """The command exits 2 naming each needle, and the database is unchanged."""
     before = m.dump()
     result = m(*args)
     assert result.exit_code == 2, result.output
@@ -45,6 +47,7 @@ def catalog_with(tmp_path: Path, name: str, text: str) -> list[str]:
 
 
 def arm_ctx(case: CaseInfo, tmp_path: Path, gpu_ids: tuple[str, ...] = ()) -> LaunchContext:
+    """A launch context for `case` with fixed ports from 20000 (plans only: nothing listens on them)."""
     arm = get_arm(case.arm)
     ports = {req.name: 20000 + i for i, req in enumerate(arm.port_requests(case))}
     runtime = RuntimeInfo(backend=case.backend, version="0.30.0", tag="v0.30.0")
@@ -52,6 +55,7 @@ def arm_ctx(case: CaseInfo, tmp_path: Path, gpu_ids: tuple[str, ...] = ()) -> La
 
 
 def arm_case(arm: str, launch: dict[str, object], **kw: object) -> CaseInfo:
+    """A vLLM case `c` on one GPU for `arm` with the given launch table."""
     markers = ("gpu_1",)
     return CaseInfo(
         name="c", backend="vllm", arm=arm, model="Qwen/Qwen3-0.6B", markers=tuple(map(parse_marker_use, markers)),
@@ -60,6 +64,7 @@ def arm_case(arm: str, launch: dict[str, object], **kw: object) -> CaseInfo:
 
 
 def discovered(m: Matrix, backend: str) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
+    """The runtimes `matrix discover` added for `backend`: version -> (provider, components)."""
     rows = m.sql(
         "SELECT runtime.id, runtime.version, runtime.provider FROM runtime JOIN backend ON backend.id = "
         "runtime.backend_id WHERE backend.name = ? AND runtime.source = 'discovered'",
@@ -80,9 +85,11 @@ def host_platform() -> str:
     return next((t for t in tags if t.startswith("manylinux_")), tags[0])
 
 
+# The seed files the discovery-template tests sync (the `catalogued` fixture).
 TEMPLATE_CATALOG_FILES = ("backends", "markers", "fixes", "gates", "runtimes", "cases")
 
 
+# A backend versioned like a package on an index, for the discover tests.
 DISCOVER_CATALOG = """
 [[backend]]
 name = "refpkg"
