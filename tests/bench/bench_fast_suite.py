@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.bench.results import append_section  # noqa: E402
 
-SUMMARY = re.compile(r"^=+ (.*(?:passed|failed|error).*) in [\d.]+s")
+# The last line, with or without the bars around it (-q drops them).
+SUMMARY = re.compile(r"^(?:=+ )?(.*(?:passed|failed|error).*) in [\d.]+s")
 SLOW = re.compile(r"^(\d+\.\d+)s (call|setup|teardown)\s+(\S+)")
 
 
@@ -41,6 +42,7 @@ class Run:
     status: int
     summary: str
     slowest: tuple[str, ...]
+    failed: tuple[str, ...]
 
 
 def _worktree(ref: str, parent: Path) -> Path:
@@ -62,8 +64,9 @@ def _run(label: str, tree: Path, extra: list[str]) -> Run:
     lines = done.stdout.splitlines()
     summary = next((m.group(1) for line in reversed(lines) if (m := SUMMARY.match(line))), "no summary line")
     slowest = tuple(f"{m.group(1)} s {m.group(2)} {m.group(3)}" for line in lines if (m := SLOW.match(line)))
-    print(f"{label}: {wall:.0f} s, exit {done.returncode}, {summary}", flush=True)
-    return Run(label, wall, done.returncode, summary, slowest)
+    failed = tuple(line for line in lines if line.startswith(("FAILED ", "ERROR ")))
+    print(f"{label}: {wall:.0f} s, exit {done.returncode}, {summary}", *failed, sep="\n  ", flush=True)
+    return Run(label, wall, done.returncode, summary, slowest, failed)
 
 
 def main() -> None:
@@ -97,6 +100,8 @@ def main() -> None:
     for ref in trees:
         last = [r for r in runs if r.revision == ref][-1]
         slow.append(f"\nSlowest of `{ref}` (last run):\n\n" + "\n".join(f"- {s}" for s in last.slowest[:10]))
+        if last.failed:
+            slow.append(f"\nFailed in `{ref}` (last run):\n\n" + "\n".join(f"- {s}" for s in last.failed))
     subset = " ".join(args.pytest_args) or "the whole fast suite"
     report = (
         f"\n## The fast suite at two revisions (tests/bench/bench_fast_suite.py, {dt.date.today()}, "
