@@ -26,6 +26,8 @@ from tests.helpers.cli import DATA, POSTGRES_ENV, Matrix
 
 DATABASES = ("sqlite", "postgresql")
 WORKERS_ENV = "MATRIX_TEST_WORKERS"
+# Fixtures made once for several tests: their tests share a worker.
+SHARED_SCOPES = ("module", "class", "package")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,8 +39,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """How many workers `-n auto` (the default, see pyproject.toml) starts.
 
     The fast suite spends most of its time waiting for the servers, runners and browsers it starts, so it gets
-    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides), and no more than the files named
-    on the command line. The engine suite (`-m engines`) gets none: its builds of several GiB each and their
+    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides), and no more than the tests named
+    one by one on the command line. The engine suite (`-m engines`) gets none: its builds of several GiB each and their
     shared store are not run side by side."""
     if os.environ.get(WORKERS_ENV):
         return int(os.environ[WORKERS_ENV])
@@ -46,11 +48,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if "engines" in expression and "not engines" not in expression:
         return 0
     workers = max(4, 2 * (os.cpu_count() or 1))
-    # Named files (or tests in them): each file runs in one worker, so more workers than files only start up.
-    files = {arg.split("::")[0] for arg in config.args}
-    if config.args and all(name.endswith(".py") for name in files):
-        workers = min(workers, len(files))
+    # Tests named one by one (`file.py::test`): more workers than tests would only start up.
+    if config.args and all("::" in arg for arg in config.args):
+        workers = min(workers, len(config.args))
     return workers if workers > 1 else 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (pyproject's addopts) the workers take tests one at a time, except the tests
+    of a file that use a module-, class- or package-scoped fixture: those form one group, run in one worker
+    in file order, so the fixture (a report of real runs, an environment later tests reuse) is made once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() if defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
