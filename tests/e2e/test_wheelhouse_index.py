@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, REPO, Matrix
-from tests.unit.test_discover_templates import CATALOG_FILES, _discovered, _host_platform
+from tests.helpers.catalogs import discovered, host_platform
+from tests.helpers.cli import REPO, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def seeded(matrix: Matrix) -> Matrix:
-    result = matrix("catalog", "sync", *(str(DATA / f"{name}.toml") for name in CATALOG_FILES))
-    assert result.exit_code == 0, result.output
-    return matrix
 
 
 def _wheel_file(directory: Path, name: str, version: str, tags: str, requires_python: str) -> None:
@@ -34,7 +27,7 @@ def _wheel_file(directory: Path, name: str, version: str, tags: str, requires_py
 
 
 def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_without_one(
-    seeded: Matrix, tmp_path: Path
+    catalogued: Matrix, tmp_path: Path
 ) -> None:
     """tests/gpu/wheelhouse_index.py: the GPU host's `matrix discover` reads the releases from the wheelhouse
     made for them. Requires-Python comes from each wheel's metadata (here a fabricated 0.37.0 that refuses
@@ -42,7 +35,7 @@ def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_w
     other projects' wheels are on their own pages."""
     wheelhouse = tmp_path / "wh"
     wheelhouse.mkdir()
-    host = _host_platform()
+    host = host_platform()
     for version, python in (("0.35.0", ">=3.11,<3.15"), ("0.36.0", ">=3.11,<3.15"), ("0.37.0", ">=3.13")):
         _wheel_file(wheelhouse, "vllm", version, f"cp38-abi3-{host}", python)
     _wheel_file(wheelhouse, "torch", "2.14.0", f"cp312-cp312-{host}", ">=3.10")
@@ -50,10 +43,10 @@ def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_w
     done = subprocess.run(
         [sys.executable, str(REPO / "tests" / "gpu" / "wheelhouse_index.py"), str(wheelhouse), "--",
          sys.executable, "-m", "matrix", "discover", "vllm", "--index-url", "{index}", "--json"],
-        env=seeded.env, capture_output=True, text=True, timeout=120, check=False,
+        env=catalogued.env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "serving 4 file(s) of 2 project(s) at http://127.0.0.1:" in done.stderr
     actions = {v["version"]: v["action"] for v in json.loads(done.stdout)["versions"]}
     assert actions == {"0.35.0": "added", "0.36.0": "added", "0.37.0": "python"}
-    assert sorted(_discovered(seeded, "vllm")) == ["0.35.0", "0.36.0"]
+    assert sorted(discovered(catalogued, "vllm")) == ["0.35.0", "0.36.0"]

@@ -29,18 +29,11 @@ DEPS=${DEPS:-/tmp/matrix-deps}
 BACKENDS=${BACKENDS:-"vllm sglang"}
 declare -A NEW=([vllm]="0.32.0 0.33.0 0.34.0" [sglang]="0.5.22 0.5.23")
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Never NVLink multicast on a shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PYTHON:-python3}
-started=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - started )) s] $*"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
-left() {
-  ps -eo pid,args | grep -E "vllm|sglang|dynamo|python -m matrix" | grep -v -e grep -e new_releases_h200 \
-    || echo "no engine, sidecar or matrix process left"
-}
+no_multicast
 export PYTHONPATH="$DEPS:$PWD"
-m() { "$PY" -m matrix "$@"; }
 offline=(--find-links "$WHEELHOUSE" --offline)
 # A fresh database has run nothing, so every runtime is new there: the lower bounds keep `--new` to the
 # discovered releases (on a database that holds the earlier runs, `--new` alone selects the same cells).

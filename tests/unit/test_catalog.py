@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.catalogs import assert_refused, catalog_with
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = pytest.mark.all_databases
 
@@ -83,25 +84,6 @@ def test_marker_add(seeded: Matrix) -> None:
 
 
 # --- bad input: message, exit code 2, database unchanged ---------------------------------------------
-
-
-def _catalog_with(tmp_path: Path, name: str, text: str) -> list[str]:
-    """The seed catalog with one file replaced (or added)."""
-    out = tmp_path / "bad"
-    out.mkdir(exist_ok=True)
-    for path in DATA.glob("*.toml"):
-        (out / path.name).write_text(path.read_text())
-    (out / name).write_text(text)
-    return sorted(str(p) for p in out.glob("*.toml"))
-
-
-def _assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
-    before = m.dump()
-    result = m(*args)
-    assert result.exit_code == 2, result.output
-    for needle in needles:
-        assert needle in result.output, result.output
-    assert m.dump() == before
 
 
 _TRAFFIC_CASE = (
@@ -191,14 +173,14 @@ BAD_TOML = {
 @pytest.mark.parametrize("label", sorted(BAD_TOML))
 def test_bad_catalog_is_refused_and_changes_nothing(seeded: Matrix, tmp_path: Path, label: str) -> None:
     name, text, needles = BAD_TOML[label]
-    _assert_refused(seeded, ["catalog", "sync", *_catalog_with(tmp_path, name, text)], *needles)
+    assert_refused(seeded, ["catalog", "sync", *catalog_with(tmp_path, name, text)], *needles)
 
 
 def test_bad_catalog_on_an_empty_database_writes_no_catalog_rows(matrix: Matrix, tmp_path: Path) -> None:
     result = matrix(
         "catalog",
         "sync",
-        *_catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'),
+        *catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'),
     )
     assert result.exit_code == 2
     assert matrix.sql("SELECT count(*) FROM backend") == [(0,)]
@@ -234,7 +216,7 @@ BAD_COMMANDS = {
 @pytest.mark.parametrize("label", sorted(BAD_COMMANDS))
 def test_bad_command_input_is_refused_and_changes_nothing(seeded: Matrix, label: str) -> None:
     args, needles = BAD_COMMANDS[label]
-    _assert_refused(seeded, args, *needles)
+    assert_refused(seeded, args, *needles)
 
 
 def test_unopenable_database_url(matrix: Matrix, tmp_path: Path) -> None:

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from matrix.catalog.template import render
-from tests.conftest import DATA, Matrix
-from tests.pep691 import sdist, serve_index, wheel, write_project
-
-CATALOG_FILES = ("backends", "markers", "fixes", "gates", "runtimes", "cases")
+from tests.helpers.catalogs import TEMPLATE_CATALOG_FILES, discovered, host_platform
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.pep691 import sdist, serve_index, wheel, write_project
 
 
 def _template(backend: str) -> dict[str, Any]:
@@ -73,18 +72,10 @@ def test_the_vllm_template_pins_nixl_1_5_from_0_33_0_on() -> None:
         assert components["nixl"] == nixl, version
 
 
-def _host_platform() -> str:
-    """A platform tag pip accepts here: the index's wheels must fit this host for discover to take them."""
-    from packaging.tags import platform_tags
-
-    tags = list(platform_tags())
-    return next((t for t in tags if t.startswith("manylinux_")), tags[0])
-
-
 def pypi_like_index(root: Path) -> None:
     """vLLM and SGLang as PyPI lists them (one abi3 wheel per vLLM release for Python >= 3.10/3.11, one
     cp312 wheel per SGLang release, sdists for vLLM), with this host's platform tag."""
-    host = _host_platform()
+    host = host_platform()
     write_project(root, "vllm", [
         entry
         for version, python in (("0.29.0", ">=3.10,<3.15"), ("0.30.0", ">=3.10,<3.15"), ("0.31.0", ">=3.10,<3.15"),
@@ -115,34 +106,24 @@ def _without_the_new_releases(path: Path) -> Path:
 
 
 @pytest.fixture
-def seeded(matrix: Matrix, tmp_path: Path) -> Matrix:
-    files = [str(DATA / f"{name}.toml") for name in CATALOG_FILES if name != "runtimes"]
+def before_new_releases(matrix: Matrix, tmp_path: Path) -> Matrix:
+    files = [str(DATA / f"{name}.toml") for name in TEMPLATE_CATALOG_FILES if name != "runtimes"]
     result = matrix("catalog", "sync", *files, str(_without_the_new_releases(tmp_path / "runtimes.toml")))
     assert result.exit_code == 0, result.output
     return matrix
 
 
-def _discovered(m: Matrix, backend: str) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
-    rows = m.sql(
-        "SELECT runtime.id, runtime.version, runtime.provider FROM runtime JOIN backend ON backend.id = "
-        "runtime.backend_id WHERE backend.name = ? AND runtime.source = 'discovered'",
-        backend,
-    )
-    found = {}
-    for runtime_id, version, provider in rows:
-        components = m.sql("SELECT name, version FROM runtime_component WHERE runtime_id = ?", runtime_id)
-        found[str(version)] = (json.loads(str(provider)), {str(n): str(v) for n, v in components})
-    return found
-
-
-def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(seeded: Matrix, tmp_path: Path) -> None:
+def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(
+    before_new_releases: Matrix, tmp_path: Path
+) -> None:
     pypi_like_index(tmp_path / "index")
-    before = seeded.dump()
+    before = before_new_releases.dump()
     with serve_index(tmp_path / "index") as url:
-        listed = {backend: seeded("discover", backend, "--index-url", url, "--dry-run", "--json")
+        listed = {backend: before_new_releases("discover", backend, "--index-url", url, "--dry-run", "--json")
                   for backend in ("vllm", "sglang")}  # fmt: skip
-        assert seeded.dump() == before
-        added = {backend: seeded("discover", backend, "--index-url", url, "--json") for backend in ("vllm", "sglang")}
+        assert before_new_releases.dump() == before
+        added = {backend: before_new_releases("discover", backend, "--index-url", url, "--json")
+                 for backend in ("vllm", "sglang")}  # fmt: skip
     for result in (*listed.values(), *added.values()):
         assert result.exit_code == 0, result.output
     # Newer than the catalog's newest only: sglang 0.5.20 sits between catalogued releases and stays out.
@@ -155,9 +136,9 @@ def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(see
     assert json.loads(added["vllm"].output)["target"]["python"] == "3.12"
 
     # What discover made is what the seed catalogues for the same releases (NIXL 1.5.0 from vLLM 0.33.0 on).
-    vllm = _discovered(seeded, "vllm")
+    vllm = discovered(before_new_releases, "vllm")
     assert sorted(vllm) == ["0.32.0", "0.33.0", "0.34.0"]
-    sglang = _discovered(seeded, "sglang")
+    sglang = discovered(before_new_releases, "sglang")
     assert sorted(sglang) == ["0.5.22", "0.5.23"]
     for backend, found in (("vllm", vllm), ("sglang", sglang)):
         for entry in _catalogued_venv_runtimes(backend):
@@ -167,9 +148,8 @@ def test_discover_turns_the_releases_after_the_catalogued_ones_into_runtimes(see
     assert vllm["0.32.0"][1]["nixl"] == "1.4.1"
 
     # The new runtimes are cells of the backends' cases, and the ones nobody has run yet.
-    plan = seeded("plan", "--runtime", "vllm=0.33.0", "--runtime", "sglang=0.5.23", "--json")
+    plan = before_new_releases("plan", "--runtime", "vllm=0.33.0", "--runtime", "sglang=0.5.23", "--json")
     assert plan.exit_code == 0, plan.output
     cells = {c["cell"] for c in json.loads(plan.output)["cells"]}
     assert {"vllm_disaggregated@vllm-0.33.0", "vllm_native_disaggregated@vllm-0.33.0",
             "sglang_disaggregated@sglang-0.5.23", "sglang_native_disaggregated@sglang-0.5.23"} <= cells  # fmt: skip
-

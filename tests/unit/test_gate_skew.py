@@ -1,7 +1,7 @@
 """`matrix gate` under `skew_both_ways`: the candidate against the previous release, prefill=candidate/decode=
 previous and the reverse, must be works or clean-reject; a missing direction is INCOMPLETE, never GO.
 
-Attempts are written straight into a real SQLite database (test_report_support), skew rows with each role's
+Attempts are written straight into a real SQLite database (tests/helpers/reports.py), skew rows with each role's
 version as `matrix run --skew` records them; the verdicts come from `matrix gate` itself.
 """
 
@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from matrix.cells import roles_key
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 NIXL = "NIXL compatibility hash mismatch: Prefill and decode instances have incompatible KV layouts"
 CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")

@@ -9,7 +9,7 @@ import pytest
 from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo
 from matrix.markers import parse_marker_use
 from matrix.plan import Selection, make_plan
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _cells(m: Matrix, *args: str) -> dict[str, dict[str, object]]:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from matrix.report.compare import verdict
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """`matrix gate`: GO/NO-GO with every reason; waivers, regressions, not-run and flaky passes.
 
-Outcomes are written straight into the database (see test_report_support); the seed-catalog test
+Outcomes are written straight into the database (see tests/helpers/reports.py); the seed-catalog test
 needs no run at all.
 """
 
@@ -10,8 +10,8 @@ import datetime as dt
 import json
 
 from matrix.report.gate import evaluate_gate
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, runtime, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, runtime, sync
 
 CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")
 
