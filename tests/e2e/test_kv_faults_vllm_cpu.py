@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from matrix.check.faults import CLASSES
-from tests.conftest import Matrix
-from tests.e2e.helpers.engine_store import engine_envs, home_with_store
+from tests.helpers.cli import Matrix
+from tests.helpers.engine_store import engine_envs, home_with_store
 
 __all__ = ["engine_envs"]  # a fixture, used by name
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(5400)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 CASE = """
 [[case]]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, Matrix
-from tests.pep691 import built_wheel, serve_index, write_project
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.pep691 import built_wheel, serve_index, write_project
 
 
 def nixl_like_index(root: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from matrix.catalog.template import check_template, render
 from matrix.errors import ConfigError
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _template(pins: Any) -> dict[str, Any]:
