@@ -446,6 +446,16 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
     return _run(factory, options, echo, inventory(restrict=options.gpus), None, None, None)
 
 
+def _skew_grid_lines(factory: sessionmaker[Session], campaign_id: int, jobs: Sequence[Job]) -> list[str]:
+    """A skew run ends with its grids (this campaign's attempts, `matrix skew`'s classes and reasons)."""
+    from matrix.report.skew import grid_text, load_skew_grid
+    from matrix.skew_outcome import judged_as_skew
+
+    cases = sorted({job.cell.case.name for job in jobs if judged_as_skew(job.cell)})
+    with factory() as session:
+        return [line for case in cases for line in grid_text(load_skew_grid(session, case, campaign_id))]
+
+
 def _run(
     factory: sessionmaker[Session],
     options: RunOptions,
@@ -525,6 +535,8 @@ def _run(
         stop.restore()
         state = leave_campaign(factory, campaign_id, interrupted=stop.requested)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
+    if tally.classes:  # a skew run's pairs by class: refusals are outcomes, only the findings fail the run
+        summary += "; skew pairs: " + ", ".join(f"{n} {cls}" for cls, n in sorted(tally.classes.items()))
     # Other runners still at work: this runner's part is done, the campaign is not.
     what = f"{state} in" if state != "running" else "still running on other runners; this runner done after"
     reporter.emit(
@@ -533,6 +545,9 @@ def _run(
     )  # fmt: skip
     if stop.requested:
         for line in _stopped_lines(campaign_id, tally.not_started):
+            reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
+    elif tally.classes:
+        for line in _skew_grid_lines(factory, campaign_id, jobs):
             reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     reporter.close()
     if stop.requested:

@@ -44,6 +44,8 @@ _QUOTE_CHARS = 400
 # The tag a quoted line carries, so a message (and the class read from it) keeps where the error came from.
 REFUSAL_TAG = "[raised in the KV connector's handshake:"
 TIMEOUT_TAG = "[the KV connector's handshake timed out in"
+# How a grid pair's message says its request was sent twice (`matrix.executors.handshake_retry`).
+RETRIED_NOTE = "retried once:"
 
 
 @dataclass(frozen=True)
@@ -110,13 +112,16 @@ def handshake_failure(lines: Iterable[str]) -> HandshakeFailure | None:
     return None
 
 
-def log_handshake_failure(log: Path, scan_bytes: int = 64 * 2**20) -> HandshakeFailure | None:
-    """`handshake_failure` of a log file's first `scan_bytes`; None when it cannot be read."""
+def log_handshake_failure(log: Path, scan_bytes: int = 64 * 2**20, offset: int = 0) -> HandshakeFailure | None:
+    """`handshake_failure` of a log file's `scan_bytes` from `offset` (a shared engine's log: from where a
+    pair's lines begin); None when it cannot be read."""
 
     def lines() -> Iterator[str]:
         with log.open("rb") as handle:
+            handle.seek(offset)
+            scan_end = offset + scan_bytes
             for raw in iter(lambda: handle.readline(65_536), b""):
-                if handle.tell() > scan_bytes:
+                if handle.tell() > scan_end:
                     return
                 yield raw.decode("utf-8", "replace")
 

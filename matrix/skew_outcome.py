@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from matrix.outcome import (
     CELL_FAULT_STATUSES,
@@ -42,9 +42,14 @@ from matrix.outcome import (
     STARTUP,
     TIMEOUT,
     VALIDATION,
+    CellOutcome,
     exposure_only,
 )
-from matrix.skew_evidence import REFUSAL_TAG, TIMEOUT_TAG, handshake_failure, log_handshake_failure
+
+if TYPE_CHECKING:
+    from matrix.cells import Cell
+
+from matrix.skew_evidence import REFUSAL_TAG, RETRIED_NOTE, TIMEOUT_TAG, handshake_failure, log_handshake_failure
 
 SkewClass = Literal[
     "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "exposed", "not-run"
@@ -162,7 +167,8 @@ def classify(
 ) -> SkewVerdict:  # fmt: skip
     """The class of one attempt of a skew cell, with the evidence that decided it."""
     if status == PASSED:
-        return SkewVerdict("works", "every check passed")
+        retried = next((line.strip() for line in message.splitlines() if line.startswith(RETRIED_NOTE)), "")
+        return SkewVerdict("works", f"every check passed ({retried})" if retried else "every check passed")
     if status not in CELL_FAULT_STATUSES:
         return SkewVerdict("not-run", f"no evidence: the attempt is {status}")
     if status == TIMEOUT and failure_kind == REQUEST:
@@ -204,3 +210,15 @@ def classify(
             detail = next((_first_line(str(c["message"])) for c in checks if c.get("message")), detail)
         return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {detail}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")
+
+
+def classify_outcome(outcome: CellOutcome) -> SkewVerdict:
+    """`classify` of an outcome the runner has in hand (before or after it is recorded)."""
+    checks = [{"name": check.name, "message": check.message} for check in outcome.checks]
+    return classify(outcome.status, outcome.failure_kind, outcome.message, checks, outcome.exit_codes)
+
+
+def judged_as_skew(cell: Cell) -> bool:
+    """Whether a cell's outcome is read as a skew class: its roles run other releases, or other launch
+    options (`launch.role_launch`, e.g. block sizes), so an honest refusal is an outcome, not a failure."""
+    return cell.skewed or bool(getattr(cell.case.launch, "role_launch", None))
