@@ -537,6 +537,7 @@ def _run(
     summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
     if tally.classes:  # a skew run's pairs by class: refusals are outcomes, only the findings fail the run
         summary += "; skew pairs: " + ", ".join(f"{n} {cls}" for cls, n in sorted(tally.classes.items()))
+        summary += " (a clean-reject is an honest refusal, not a finding)" if tally.refused else ""
     # Other runners still at work: this runner's part is done, the campaign is not.
     what = f"{state} in" if state != "running" else "still running on other runners; this runner done after"
     reporter.emit(
