@@ -1,7 +1,7 @@
 """`matrix bisect`: the first version between a good and a bad runtime at which a case changes outcome.
 
 Every probe is a normal attempt of one *bisect campaign*: the cell is appended to the campaign's stored
-selection with a `pending` row and run by `run_campaign(resume=...)`, the same path as `matrix run
+selection with a `pending` row and run by `run_campaign` with a `resume` start, the same path as `matrix run
 --resume`, so it is recorded, shown, reported and exported like any other attempt. The search itself
 (`next_probe`) is a pure function of the verdicts known so far, so a bisect stopped by Ctrl-C continues
 from its recorded attempts when the same command is run again.
@@ -238,11 +238,11 @@ def _find_or_create_campaign(session: Session, params: dict[str, Any], selection
         info = (campaign.selection or {}).get("bisect")
         if isinstance(info, dict) and {k: info.get(k) for k in params} == params and "result" not in info:
             return campaign.id, True
-    from matrix.campaign import _git_sha
+    from matrix.campaign import git_sha
 
     campaign = Campaign(
         status="finished", selection={**selection.as_dict(), "cells": [], "bisect": dict(params)},
-        host=socket.gethostname(), executor="local", git_sha=_git_sha(), matrix_version=__version__,
+        host=socket.gethostname(), executor="local", git_sha=git_sha(), matrix_version=__version__,
         owner_pid=os.getpid(),
     )  # fmt: skip
     session.add(campaign)
@@ -334,11 +334,12 @@ def _attempt(
 ) -> str:  # fmt: skip
     """Run one more attempt of `cell` in the bisect campaign, through `matrix run --resume`'s path; its status."""
     from matrix.campaign import EXIT_INTERRUPTED, RunOptions, run_campaign
+    from matrix.schedule.start import Start
 
     with transaction(factory) as session:
         before, _ = _evidence(session, campaign_id, cell)
         _queue(session, campaign_id, cell)
-    options = RunOptions(selection=selection, resume=campaign_id, quiet=True, **(run_options or {}))
+    options = RunOptions(selection=selection, start=Start("resume", campaign_id), quiet=True, **(run_options or {}))
     if run_campaign(factory, options, echo=lambda line: None) == EXIT_INTERRUPTED:
         raise BisectInterrupted(campaign_id)
     with transaction(factory) as session:

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.catalog.queries import plan_from_db
-from matrix.cells import CaseInfo, Cell, RuntimeInfo
+from matrix.cells import Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
@@ -41,11 +41,12 @@ from matrix.outcome import FAILED_STATUSES, INTERRUPTED, NOT_RUN, interruption
 from matrix.owners import owner_alive, owner_gone
 from matrix.paths import port_registry_path, runs_dir
 from matrix.plan import Selection
-from matrix.progress import Event, make_reporter
+from matrix.progress import Event, Reporter, make_reporter
 from matrix.schedule.claims import add_pending_rows, cell_ids, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
 from matrix.schedule.slots import SlotPool, demand_for
+from matrix.schedule.start import Start
 
 HEARTBEAT_S = 5.0
 # How `HostHooks.provision` starts the error of a runtime this host cannot build (no such Python).
@@ -67,9 +68,8 @@ class RunOptions:
     fail_fast: bool = False
     pack: bool = False
     gpus: tuple[str, ...] | None = None
-    resume: int | None = None
-    rerun_failed: int | None = None  # a campaign id; 0 means the latest campaign
-    join: int | None = None  # a running campaign to help with
+    # New campaign, or resume / rerun-failed / join a recorded one (`matrix.schedule.start`).
+    start: Start = field(default_factory=Start)
     workspace: Path | None = None
     executor: str = "local"  # local | ray
     ray_address: str | None = None  # None: start a local Ray cluster
@@ -95,7 +95,7 @@ class RunOptions:
     shared_engines: bool = True
 
 
-def _git_sha() -> str:
+def git_sha() -> str:
     try:
         result = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=2, check=False
@@ -110,12 +110,6 @@ class HostHooks(Protocol):
     implements it), so that the campaign never imports `matrix.launch`."""
 
     build_interrupted: type[BaseException]  # what `provision` raises when a stop request ended a build
-
-    def runs_on_cpu(self, case: CaseInfo) -> bool: ...
-
-    def absolute_memory(self, case: CaseInfo) -> bool:
-        """Whether the case's arm bounds its GPU memory absolutely (its start-ups need not queue)."""
-        ...
 
     def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
         """The cells with each runtime's provider entry parsed once into its typed recipe (`RuntimeInfo.spec`),
@@ -292,10 +286,12 @@ def _joined_cells(session: Session, campaign_id: int, echo: Echo) -> list[tuple[
 
 def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[int, list[tuple[Cell, int, bool]]]:
     """The campaign to write into and its (cell, attempt, failed before) list; creates a campaign if new."""
-    if options.join is not None:
-        return options.join, _joined_cells(session, options.join, echo)
-    if options.resume is not None or options.rerun_failed is not None:
-        wanted = options.resume if options.resume is not None else options.rerun_failed
+    start = options.start
+    if start.mode == "join":
+        assert start.campaign is not None  # `Start.from_flags` gives join its campaign
+        return start.campaign, _joined_cells(session, start.campaign, echo)
+    if start.mode in ("resume", "rerun-failed"):
+        wanted = start.campaign
         campaign = session.get(Campaign, wanted) if wanted else _latest_campaign(session)
         if campaign is None:
             raise ConfigError(f"no campaign {wanted}; see `matrix campaigns list`")
@@ -307,16 +303,16 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
             chosen.extend((cell, n, False) for n in waiting.get(_key(cell), []))
             if status == "pending":
                 continue
-            if options.resume is not None and status in ("", INTERRUPTED, NOT_RUN):
+            if start.mode == "resume" and status in ("", INTERRUPTED, NOT_RUN):
                 chosen.append((cell, attempt + 1, False))
-            elif options.rerun_failed is not None and status in FAILED_STATUSES:
+            elif start.mode == "rerun-failed" and status in FAILED_STATUSES:
                 # An interruption says nothing about the cell: passing after one is not flaky.
                 chosen.append((cell, attempt + 1, status != INTERRUPTED))
         campaign.status = "running"
         campaign.finished_at = None
         # The resuming runner owns the campaign now, so recovery elsewhere does not mark it interrupted.
         campaign.host, campaign.owner_pid = socket.gethostname(), os.getpid()
-        what = "resuming" if options.resume is not None else "rerunning failed cells of"
+        what = "resuming" if start.mode == "resume" else "rerunning failed cells of"
         echo(f"{what} campaign {campaign.id}: {len(chosen)} of {len(cells)} cells to run")
         return campaign.id, chosen
     plan = plan_from_db(session, options.selection)
@@ -332,7 +328,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
         selection=recorded,
         host=socket.gethostname(),
         executor=options.executor,
-        git_sha=_git_sha(),
+        git_sha=git_sha(),
         matrix_version=__version__,
         owner_pid=os.getpid(),
     )
@@ -391,9 +387,9 @@ def _check_repeat(options: RunOptions) -> None:
         # A retry turns a failure into a later pass; repeats are there to count failures.
         raise ConfigError("--repeat measures how often a cell fails, --max-attempts retries failures away: "
                           "use one of them")  # fmt: skip
-    if options.repeat > 1 and (options.resume is not None or options.rerun_failed is not None or options.join):
-        raise ConfigError("--repeat plans the repeats of a new campaign; --resume/--rerun-failed/--join run the "
-                          "attempts a campaign already has: drop --repeat")  # fmt: skip
+    # What the start mode contradicts (`--repeat`, `--cell`, `--new` with a continued campaign), for callers
+    # other than the command line, which checks it first.
+    options.start.check(cells=bool(options.cells), new_only=options.new_only, repeat=options.repeat)
 
 
 def _check_executor_options(options: RunOptions) -> None:
@@ -446,94 +442,135 @@ def run_campaign(factory: sessionmaker[Session], options: RunOptions, echo: Echo
     return _run(factory, options, echo, inventory(restrict=options.gpus), None, None, None)
 
 
-def _skew_grid_lines(factory: sessionmaker[Session], campaign_id: int, jobs: Sequence[Job]) -> list[str]:
-    """A skew run ends with its grids (this campaign's attempts, `matrix skew`'s classes and reasons)."""
-    from matrix.report.skew import grid_text, load_skew_grid
-    from matrix.skew_outcome import judged_as_skew
+@dataclass
+class _Run:
+    """One run of a campaign as its steps (`_STEPS`) fill it in: what each step needs of the steps before."""
 
-    cases = sorted({job.cell.case.name for job in jobs if judged_as_skew(job.cell)})
-    with factory() as session:
-        return [line for case in cases for line in grid_text(load_skew_grid(session, case, campaign_id))]
+    factory: sessionmaker[Session]
+    options: RunOptions
+    echo: Echo
+    gpus: tuple[Gpu, ...]
+    ray_executor: CellExecutor | None  # None: the local executor
+    cluster_cpus: int | None
+    gpus_per_node: int | None
+    hooks: HostHooks = field(init=False)
+    campaign_id: int = field(init=False)
+    selected: list[tuple[Cell, int, bool]] = field(init=False)  # (cell, attempt, failed before)
+    durations: dict[int, float] = field(init=False)
+    pool: SlotPool = field(init=False)
+    jobs_limit: int = field(init=False)
+    jobs: list[Job] = field(init=False)
+    stop: StopSignal = field(init=False)
+    executor: CellExecutor = field(init=False)
+    reporter: Reporter = field(init=False)
 
 
-def _run(
-    factory: sessionmaker[Session],
-    options: RunOptions,
-    echo: Echo,
-    gpus: tuple[Gpu, ...],
-    ray_executor: CellExecutor | None,
-    cluster_cpus: int | None,
-    gpus_per_node: int | None,
-) -> int:
-    hooks = options.hooks or local_hooks()
-    recover_stale(factory, echo, hooks)
-    with transaction(factory) as session:
-        campaign_id, selected = _selected_cells(session, options, echo)
-        parsed = hooks.with_specs([cell for cell, _attempt, _failed in selected])
-        selected = [(cell, attempt, failed) for cell, (_, attempt, failed) in zip(parsed, selected, strict=True)]
-        if not selected and options.resume is None and options.rerun_failed is None and options.join is None:
-            echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
+def _recover(run: _Run) -> int | None:
+    """Cells and campaigns of runners that died are marked first, their leftover processes killed."""
+    run.hooks = run.options.hooks or local_hooks()
+    recover_stale(run.factory, run.echo, run.hooks)
+    return None
+
+
+def _choose_cells(run: _Run) -> int | None:
+    """The campaign and its attempts to run, in one transaction (a new campaign is recorded here); each
+    runtime's recipe parsed once; the cases' expected durations."""
+    options = run.options
+    with transaction(run.factory) as session:
+        run.campaign_id, selected = _selected_cells(session, options, run.echo)
+        parsed = run.hooks.with_specs([cell for cell, _attempt, _failed in selected])
+        run.selected = [(cell, attempt, failed) for cell, (_, attempt, failed) in zip(parsed, selected, strict=True)]
+        if not run.selected and not options.start.continuing:
+            run.echo("nothing to run: the selection matches no cells (see `matrix plan --explain`)")
             session.rollback()
             return EXIT_OK
-        durations = expected_durations(session, {cell.case.id for cell, _attempt, _failed in selected if cell.case.id})
-    if options.on_campaign is not None:
-        options.on_campaign(campaign_id)
-    cpu_slots = options.jobs or max(1, cluster_cpus or os.cpu_count() or 1)
-    pool = SlotPool(gpus, pack=options.pack, cpu_slots=cpu_slots, max_gpus_per_cell=gpus_per_node)
-    jobs_limit = options.jobs or pool.slots
-    jobs = []
-    for cell, attempt, failed_before in selected:
-        demand = demand_for(
-            cell, cpu_ok=hooks.runs_on_cpu(cell.case), absolute_memory=hooks.absolute_memory(cell.case)
+        run.durations = expected_durations(
+            session, {cell.case.id for cell, _attempt, _failed in run.selected if cell.case.id}
         )
-        expected = durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
-        jobs.append(Job(cell, attempt, expected, demand, failed_before))
+    if options.on_campaign is not None:
+        options.on_campaign(run.campaign_id)
+    return None
+
+
+def _plan_jobs(run: _Run) -> int | None:
+    """The slots of this host (or cluster) and one job per attempt with its demand and expected duration."""
+    options = run.options
+    cpu_slots = options.jobs or max(1, run.cluster_cpus or os.cpu_count() or 1)
+    run.pool = SlotPool(run.gpus, pack=options.pack, cpu_slots=cpu_slots, max_gpus_per_cell=run.gpus_per_node)
+    run.jobs_limit = options.jobs or run.pool.slots
+    run.jobs = []
+    for cell, attempt, failed_before in run.selected:
+        # The memory facts came with the cell (`CaseInfo`, computed from its arm's row when it was made).
+        demand = demand_for(cell, cpu_ok=cell.case.runs_on_cpu, absolute_memory=cell.case.absolute_memory)
+        expected = run.durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
+        run.jobs.append(Job(cell, attempt, expected, demand, failed_before))
+    return None
+
+
+def _provision_first(run: _Run) -> int | None:
+    """Build the environments the jobs need before any cell starts (Ray workers build their own)."""
     # From here a signal only sets a flag: a build in progress is ended and removed, the campaign is left
     # `interrupted` with its cells pending (`--resume` finishes it).
-    stop = StopSignal()
+    stop = run.stop = StopSignal()
     stop.install()
-    if ray_executor is None:  # Ray workers build what their cells need on their own nodes
-        try:
-            _provision([job.cell for job in jobs if pool.can_ever_fit(job.demand) is None], options, echo, stop, hooks)
-        except hooks.build_interrupted:
-            stop.requested = True
-        except BaseException:
-            stop.restore()
-            raise
-        if stop.requested:
-            stop.restore()
-            state = leave_campaign(factory, campaign_id, interrupted=True)
-            echo(f"campaign {campaign_id} {state}: {stop.signal_name or 'stopped'} while provisioning, no cell ran; "
-                 f"`matrix run --resume {campaign_id}` finishes it")  # fmt: skip
-            return EXIT_INTERRUPTED
+    if run.ray_executor is not None:  # Ray workers build what their cells need on their own nodes
+        return None
+    try:
+        cells = [job.cell for job in run.jobs if run.pool.can_ever_fit(job.demand) is None]
+        _provision(cells, run.options, run.echo, stop, run.hooks)
+    except run.hooks.build_interrupted:
+        stop.requested = True
+    except BaseException:
+        stop.restore()
+        raise
+    if not stop.requested:
+        return None
+    stop.restore()
+    state = leave_campaign(run.factory, run.campaign_id, interrupted=True)
+    run.echo(f"campaign {run.campaign_id} {state}: {stop.signal_name or 'stopped'} while provisioning, no cell "
+             f"ran; `matrix run --resume {run.campaign_id}` finishes it")  # fmt: skip
+    return EXIT_INTERRUPTED
+
+
+def _make_executor(run: _Run) -> int | None:
+    """The executor (Ray's, or threads on this host with the skew grids' shared engines) and the live view."""
+    options = run.options
     # Ray tasks run one cell each on whichever node: their grids stay per cell.
-    grids = grid_plans([job.cell for job in jobs]) if options.shared_engines and ray_executor is None else {}
-    executor = ray_executor or LocalExecutor(
-        pool, PortAllocator(port_registry_path()), max_workers=jobs_limit, gpus=gpus, workspace=options.workspace,
-        grids=grids,
+    local = run.ray_executor is None
+    grids = grid_plans([job.cell for job in run.jobs]) if options.shared_engines and local else {}
+    run.executor = run.ray_executor or LocalExecutor(
+        run.pool, PortAllocator(port_registry_path()), max_workers=run.jobs_limit, gpus=run.gpus,
+        workspace=options.workspace, grids=grids,
     )  # fmt: skip
-    where = f"{len(gpus)} GPU(s) in the Ray cluster" if ray_executor else f"{len(gpus)} GPU(s)"
+    run.reporter = make_reporter(total=len(run.jobs), json_events=options.json_events, quiet=options.quiet)
+    return None
+
+
+def _schedule(run: _Run) -> int | None:
+    """Run every job on the scheduler, the heartbeat keeping this runner's rows alive; then leave the campaign
+    and say how it went (and, when stopped, what is left and the command that finishes it)."""
+    options, campaign_id, reporter, stop = run.options, run.campaign_id, run.reporter, run.stop
+    where = f"{len(run.gpus)} GPU(s) in the Ray cluster" if run.ray_executor else f"{len(run.gpus)} GPU(s)"
     logs_root = (options.logs_dir or runs_dir()) / f"campaign-{campaign_id}"
-    reporter = make_reporter(total=len(jobs), json_events=options.json_events, quiet=options.quiet)
     reporter.emit(
-        Event("campaign-start", detail=f"campaign {campaign_id}: {len(jobs)} cells, {jobs_limit} at once, "
-              f"{where}, logs in {logs_root}", data={"campaign": campaign_id, "cells": len(jobs)})
+        Event("campaign-start", detail=f"campaign {campaign_id}: {len(run.jobs)} cells, {run.jobs_limit} at once, "
+              f"{where}, logs in {logs_root}", data={"campaign": campaign_id, "cells": len(run.jobs)})
     )  # fmt: skip
-    heartbeat = _Heartbeat(factory)
+    heartbeat = _Heartbeat(run.factory)
     heartbeat.start()
     started = time.monotonic()
     scheduler = Scheduler(
-        factory, campaign_id, pool, executor, reporter, stop,
-        SchedulerOptions(jobs=jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
+        run.factory, campaign_id, run.pool, run.executor, reporter, stop,
+        SchedulerOptions(jobs=run.jobs_limit, max_attempts=options.max_attempts, fail_fast=options.fail_fast,
                          loopback_only=options.loopback_only),
         logs_root,
     )  # fmt: skip
     try:
-        tally = scheduler.run(jobs)
+        tally = scheduler.run(run.jobs)
     finally:
         heartbeat.stop()
         stop.restore()
-        state = leave_campaign(factory, campaign_id, interrupted=stop.requested)
+        state = leave_campaign(run.factory, campaign_id, interrupted=stop.requested)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
     if tally.classes:  # a skew run's pairs by class: refusals are outcomes, only the findings fail the run
         summary += "; skew pairs: " + ", ".join(f"{n} {cls}" for cls, n in sorted(tally.classes.items()))
@@ -548,9 +585,43 @@ def _run(
         for line in _stopped_lines(campaign_id, tally.not_started):
             reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     elif tally.classes:
-        for line in _skew_grid_lines(factory, campaign_id, jobs):
+        for line in _skew_grid_lines(run.factory, campaign_id, run.jobs):
             reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     reporter.close()
     if stop.requested:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if tally.any_failed else EXIT_OK
+
+
+def _skew_grid_lines(factory: sessionmaker[Session], campaign_id: int, jobs: Sequence[Job]) -> list[str]:
+    """A skew run ends with its grids (this campaign's attempts, `matrix skew`'s classes and reasons)."""
+    from matrix.report.skew import grid_text, load_skew_grid
+    from matrix.skew_outcome import judged_as_skew
+
+    cases = sorted({job.cell.case.name for job in jobs if judged_as_skew(job.cell)})
+    with factory() as session:
+        return [line for case in cases for line in grid_text(load_skew_grid(session, case, campaign_id))]
+
+
+# A campaign run, in order: a step that returns an exit code ends the run there (nothing to run, stopped while
+# provisioning); the last one always does.
+_STEPS: tuple[Callable[[_Run], int | None], ...] = (
+    _recover, _choose_cells, _plan_jobs, _provision_first, _make_executor, _schedule,
+)  # fmt: skip
+
+
+def _run(
+    factory: sessionmaker[Session],
+    options: RunOptions,
+    echo: Echo,
+    gpus: tuple[Gpu, ...],
+    ray_executor: CellExecutor | None,
+    cluster_cpus: int | None,
+    gpus_per_node: int | None,
+) -> int:
+    run = _Run(factory, options, echo, gpus, ray_executor, cluster_cpus, gpus_per_node)
+    for step in _STEPS:
+        code = step(run)
+        if code is not None:
+            return code
+    raise AssertionError("the last step of a campaign run returns its exit code")

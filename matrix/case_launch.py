@@ -1,13 +1,13 @@
 """A case's `launch` table, typed per arm: one frozen dataclass per arm, checked at `matrix catalog sync`.
 
 Each field is a launch key the arm reads, with the kind of value it takes (`kind` in the field's metadata);
-`parse_launch` turns a TOML table into the arm's dataclass or raises `ConfigError` naming the key and the
-fix (the caller adds file and entry), so a value of the wrong type is refused before the database is
-touched instead of failing, or being misread, when a cell starts. The key sets `options.LAUNCH_KEYS` are the
-fields of these classes. A field left None takes the arm's own default at launch (several defaults differ
-by engine: `max_model_len` is 512 for vLLM's pair, 2048 under Dynamo, 1024 for SGLang).
-
-Pure data: this module imports nothing of the launch machinery, so the catalog may import it.
+`parse_typed` (for an arm's name: `arm_table.parse_launch`) turns a TOML table into the arm's dataclass or
+raises `ConfigError` naming the key and the fix (the caller adds file and entry), so a value of the wrong type
+is refused before the database is touched instead of failing, or being misread, when a cell starts. The key
+sets `options.LAUNCH_KEYS` are the fields of these classes. A field left None takes the arm's own default at
+launch (several defaults differ by engine: `max_model_len` is 512 for vLLM's pair, 2048 under Dynamo, 1024 for
+SGLang). Which arm takes which dataclass is its row in the arm table (`matrix.arm_table.LAUNCH_TYPES`). Pure
+data: this module imports nothing of the launch machinery, so the catalog may import it.
 """
 
 from __future__ import annotations
@@ -154,14 +154,6 @@ class DynamoLaunch(_ServedLaunch):
     transfer_backend: str | None = _key("str")
 
 
-LAUNCH_TYPES: dict[str, type[CommonLaunch]] = {
-    "reference": ReferenceLaunch,
-    "vllm_native": VllmNativeLaunch,
-    "sglang_native": SglangNativeLaunch,
-    "dynamo": DynamoLaunch,
-}
-
-
 def _check_role_launch(arm: str, launch_type: type[CommonLaunch], table: Mapping[str, Any]) -> None:
     """Each role of a `role_launch` table is a side of the pair and each of its keys one the arm lets a role
     override, of the key's own kind."""
@@ -217,10 +209,10 @@ def keys_of(launch_type: type[CommonLaunch]) -> frozenset[str]:
     return frozenset(f.name for f in fields(launch_type))
 
 
-def parse_launch(arm: str, launch: Mapping[str, Any]) -> CommonLaunch:
-    """`launch` as `arm`'s typed table; ConfigError names the first key whose value has the wrong kind.
-    Unknown keys are refused before this (`options.check_case_options`, with a did-you-mean)."""
-    launch_type = LAUNCH_TYPES[arm]
+def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, Any]) -> CommonLaunch:
+    """`launch` as `arm`'s typed table `launch_type` (its row's, `arm_table.parse_launch`); ConfigError names
+    the first key whose value has the wrong kind. Unknown keys are refused before this
+    (`options.check_case_options`, with a did-you-mean)."""
     values: dict[str, Any] = {}
     for spec in fields(launch_type):
         if spec.name not in launch:

@@ -1,6 +1,7 @@
 """The cell and what it is made of: a case, a runtime, the fixes a case requires, the cell's stable id.
 
-A leaf: it imports nothing of matrix but other leaves (`case_launch`, `kv_bound`, `markers`, `versions`, `errors`),
+A leaf: it imports nothing of matrix but other leaves (`arm_table`, `case_launch`, `kv_bound`, `markers`, `versions`,
+`errors`),
 so every stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
 """
 
@@ -14,7 +15,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from matrix.case_launch import LAUNCH_TYPES, CommonLaunch, parse_launch
+from matrix.arm_table import LAUNCH_TYPES, memory_facts, parse_launch
+from matrix.case_launch import CommonLaunch
 from matrix.kv_bound import KvBound
 from matrix.markers import MarkerUse
 from matrix.versions import parse_version
@@ -77,6 +79,11 @@ class CaseInfo:
     weights_gib: float = 0.0
     enabled: bool = True
     id: int | None = None
+    # What the scheduler needs of the arm, computed here, once, from the arm's row (`arm_table.memory_facts`):
+    # whether the case runs on a host without GPUs, and whether every instance's GPU memory is bounded
+    # absolutely (then its start-up may overlap others on the GPU). Not arguments: always the row's word.
+    runs_on_cpu: bool = field(init=False, compare=False)
+    absolute_memory: bool = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         given: object = self.launch
@@ -86,6 +93,9 @@ class CaseInfo:
             # The default (or a table of common keys only): widened to the arm's type, its own keys left out.
             common = {spec.name: getattr(given, spec.name) for spec in fields(CommonLaunch)}
             object.__setattr__(self, "launch", LAUNCH_TYPES[self.arm](**common))
+        cpu, absolute = memory_facts(self.arm, self.kv_bound, self.launch)
+        object.__setattr__(self, "runs_on_cpu", cpu)
+        object.__setattr__(self, "absolute_memory", absolute)
 
     @property
     def gpus_needed(self) -> int:

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from matrix.arm_table import PROTOCOLS
 from matrix.reference.eventlog import EventLog
 from matrix.reference.frontend import Upstream, call_worker, parse_upstream
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
@@ -55,7 +56,8 @@ def instance_id(role: str, url: str, engine_id: object = None) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
-PROTOCOLS = ("vllm", "sglang")
+# The protocols of the arm table's rows (`arm_table.PROTOCOLS`, vLLM's first: the default). The proxy speaks
+# vLLM's (the request as is) and SGLang's (a bootstrap room shared by both); a unit test holds the table to these.
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-url", required=True)
     parser.add_argument("--decode-url", required=True)
     parser.add_argument("--timeout-s", type=float, default=120.0)
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="vllm")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0])
     parser.add_argument("--bootstrap-port", type=int, help="sglang: the prefill server's bootstrap port")
     args = parser.parse_args(argv)
     if args.protocol == "sglang" and args.bootstrap_port is None:

@@ -124,7 +124,7 @@ def _check_names(kind: str, wanted: Sequence[str], known: set[str]) -> None:
             )
 
 
-def _runtime_selector(text: str, backends: set[str]) -> tuple[str, Version]:
+def runtime_selector(text: str, backends: set[str]) -> tuple[str, Version]:
     """`vllm=0.30.0`, `vllm@v0.30.0` or `vllm-0.30.0` -> (backend, version)."""
     for sep in ("=", "@"):
         if sep in text:
@@ -161,7 +161,7 @@ def make_plan(
     for bound in (*window.since, *window.until):
         if bound.backend is not None:
             _check_names("backend", [bound.backend], known_backends)
-    wanted_runtimes = {_runtime_selector(r, known_backends) for r in selection.runtimes}
+    wanted_runtimes = {runtime_selector(r, known_backends) for r in selection.runtimes}
     pair = _named_pair(selection, known_backends)
     if pair:
         wanted_runtimes = set(pair)
@@ -211,7 +211,7 @@ def _named_pair(selection: Selection, backends: set[str]) -> tuple[tuple[str, Ve
         raise ConfigError("--prefill-runtime and --decode-runtime name one pair: give both")
     if selection.skew or selection.runtimes:
         raise ConfigError("--prefill-runtime/--decode-runtime name one pair: drop --skew and --runtime")
-    p, d = _runtime_selector(prefill, backends), _runtime_selector(decode, backends)
+    p, d = runtime_selector(prefill, backends), runtime_selector(decode, backends)
     if p[0] != d[0]:
         raise ConfigError(f"a pair runs one backend: prefill is {p[0]}, decode is {d[0]}")
     return p, d

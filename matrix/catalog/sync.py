@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from matrix.case_launch import parse_launch
+from matrix.arm_table import parse_launch
 from matrix.catalog.spec import CaseSpec, CatalogSpec, RuntimeSpec
 from matrix.db.models import (
     Backend,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from matrix.cli.app import App, pass_app
-from matrix.cli.runtime import _catalog, runtime
+from matrix.cli.runtime import catalog_view, runtime
 from matrix.errors import ConfigError
 
 
@@ -54,11 +54,11 @@ def image_cmd(app: App, runtime_text: str, base: str, tag: str, as_version: str 
     from matrix.db.engine import transaction
     from matrix.launch.providers import Mismatch, Unavailable, prepare
     from matrix.launch.providers.images import build_runtime_image
-    from matrix.plan import _runtime_selector
+    from matrix.plan import runtime_selector
     from matrix.versions import parse_version
 
-    _, runtimes, _, backends = _catalog(app)
-    backend, version = _runtime_selector(runtime_text, backends)
+    _, runtimes, _, backends = catalog_view(app)
+    backend, version = runtime_selector(runtime_text, backends)
     runtime = next((r for r in runtimes if r.backend == backend and r.parsed_version == version), None)
     if runtime is None:
         raise ConfigError(f"unknown runtime {backend}={version}; see `matrix runtimes list`")

@@ -12,6 +12,8 @@ from matrix.cli.app import App, json_option, make_selection, pass_app, selection
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from matrix.schedule.start import Start
+
 
 @click.command("plan")
 @selection_options
@@ -164,22 +166,14 @@ def run_cmd(
     from matrix.hardware.gpus import parse_gpu_list
     from matrix.paths import usable_dir
 
-    if resume is not None and rerun_failed is not None:
-        raise click.UsageError("use --resume or --rerun-failed, not both")
+    start = _start(resume, rerun_failed, join, cells=bool(cell_args), new_only=new_only,
+                   variants=bool(with_components), repeat=repeat, kw=kw)  # fmt: skip
     from matrix.executors.shared_engines import start_slots
 
     start_slots()  # MATRIX_GRID_START_SLOTS, read again by each grid: a bad value stops here, nothing run
-    if join is not None:
-        _check_join_options(resume, rerun_failed, kw)
     cells = split_cell_args(cell_args)
     if cell_args and not cells:
         raise click.UsageError("--cell needs at least one cell id")
-    if cells and (resume is not None or rerun_failed is not None or join is not None):
-        raise click.UsageError(
-            "--cell starts a new campaign; it cannot be combined with --resume, --rerun-failed or --join"
-        )
-    if new_only and (resume is not None or rerun_failed is not None or join is not None):
-        raise click.UsageError("--new starts a new campaign of never-run runtimes; drop --resume/--rerun-failed/--join")
     if campaign_key is not None or results_out is not None:
         campaign_key = check_campaign_key(campaign_key if campaign_key is not None else default_campaign_key())
     if results_out is not None:
@@ -194,12 +188,12 @@ def run_cmd(
     ran: list[int] = []
     selection = make_selection(**kw)
     if with_components:
-        selection = _with_variants(app, selection, with_components, resume is not None or join is not None)
+        selection = _with_variants(app, selection, with_components)
     options = RunOptions(
         selection=selection, logs_dir=logs_dir, quiet=quiet, json_events=json_events, jobs=jobs,
         max_attempts=max_attempts, fail_fast=fail_fast, pack=pack,
-        gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, resume=resume, rerun_failed=rerun_failed,
-        join=join, workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
+        gpus=tuple(parse_gpu_list(gpus)) if gpus is not None else None, start=start,
+        workspace=workspace.resolve() if workspace else None, executor=executor, ray_address=ray_address,
         cells=cells, campaign_key=campaign_key or "", on_campaign=ran.append, provision_source=source,
         new_only=new_only, repeat=repeat, loopback_only=loopback_only, shared_engines=not per_cell_engines,
     )  # fmt: skip
@@ -233,31 +227,38 @@ def _refresh_report(app: App, report_dir: Path | None, exit_code: int, *, err: b
     click.echo(f"report: {index}", err=err)
 
 
-def _with_variants(app: App, selection: Any, values: tuple[str, ...], continuing: bool) -> Any:
+def _with_variants(app: App, selection: Any, values: tuple[str, ...]) -> Any:
     """--with: derive (or find) the variants of the selected runtimes in one transaction, select those."""
     from matrix.component_sources import parse_changes
     from matrix.db.engine import transaction
     from matrix.variants import derive_selection
 
-    if continuing:
-        raise click.UsageError("--with starts a new campaign of variants; drop --resume/--join")
     changes = parse_changes(values)
     with transaction(app.sessions()) as session:
         return derive_selection(session, selection, changes)
 
 
-def _check_join_options(resume: int | None, rerun_failed: int | None, kw: dict[str, Any]) -> None:
-    """`--join` runs the joined campaign's own cells: other ways of choosing cells contradict it."""
-    if resume is not None or rerun_failed is not None:
-        raise click.UsageError(
-            "--join helps with a running campaign; --resume/--rerun-failed restart a stopped one: use one of them"
-        )
-    flags = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
-             "cases": "--case", "runtimes": "--runtime", "skew": "--skew", "skew_frontend": "--skew-frontend",
-             "prefill_runtime": "--prefill-runtime", "decode_runtime": "--decode-runtime"}  # fmt: skip
-    given = [flag for key, flag in flags.items() if kw.get(key)]
-    if given:
-        raise click.UsageError(f"--join runs the cells the joined campaign selected; drop {', '.join(given)}")
+# The selection options by parameter name: `--join` takes the joined campaign's selection instead.
+_SELECTION_FLAGS = {"marker_expression": "-m", "since": "--since", "until": "--until", "backends": "--backend",
+                    "cases": "--case", "runtimes": "--runtime", "skew": "--skew", "skew_frontend": "--skew-frontend",
+                    "prefill_runtime": "--prefill-runtime", "decode_runtime": "--decode-runtime"}  # fmt: skip
+
+
+def _start(
+    resume: int | None, rerun_failed: int | None, join: int | None, *, cells: bool, new_only: bool, variants: bool,
+    repeat: int, kw: dict[str, Any],
+) -> Start:  # fmt: skip
+    """The run's start mode (`matrix.schedule.start`), every option it contradicts refused here, before anything
+    is read or written: one usage error each (exit 2)."""
+    from matrix.schedule.start import Start, StartConflict
+
+    try:
+        start = Start.from_flags(resume, rerun_failed, join)
+        selecting = [flag for key, flag in _SELECTION_FLAGS.items() if kw.get(key)]
+        start.check(cells=cells, new_only=new_only, variants=variants, repeat=repeat, selecting=selecting)
+    except StartConflict as exc:
+        raise click.UsageError(str(exc)) from None
+    return start
 
 
 @click.command("gpus")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 CatalogView = tuple[list["CaseInfo"], list["RuntimeInfo"], set[str], set[str]]
 
 
-def _catalog(app: App) -> CatalogView:
+def catalog_view(app: App) -> CatalogView:
     """Cases, runtimes, marker and backend names, read in one short transaction (detached dataclasses,
     so no database transaction stays open during a long build)."""
     from matrix.catalog.queries import load_catalog_view
@@ -39,7 +39,7 @@ def _with_catalog(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     @click.pass_obj
     def wrapper(app: App, *args: Any, **kwargs: Any) -> Any:
-        return func(_catalog(app), *args, **kwargs)
+        return func(catalog_view(app), *args, **kwargs)
 
     return wrapper
 
@@ -61,14 +61,14 @@ def select_runtimes(
 
     Disabled runtimes are left out unless named with --runtime.
     """
-    from matrix.plan import _runtime_selector
+    from matrix.plan import runtime_selector
     from matrix.versions import VersionWindow, parse_bound
 
     for backend in backends:
         if backend not in known_backends:
             raise ConfigError(f"unknown backend {backend!r} (known: {', '.join(sorted(known_backends))})")
     window = VersionWindow(since=tuple(parse_bound(s) for s in since), until=tuple(parse_bound(u) for u in until))
-    named = {_runtime_selector(text, known_backends) for text in wanted}
+    named = {runtime_selector(text, known_backends) for text in wanted}
     present = {(r.backend, r.parsed_version) for r in runtimes}
     for backend, version in sorted(named - present):
         raise ConfigError(f"unknown runtime {backend}={version}; see `matrix runtimes list`")
@@ -396,9 +396,9 @@ runtime.command("enable", help="Enable a disabled runtime again.")(_set_enabled(
 
 def _check_named_are_venv(runtimes: Sequence[RuntimeInfo], known_backends: set[str], wanted: Sequence[str]) -> None:
     """A runtime named with --runtime that has no venv recipe cannot be locked: say so instead of skipping it."""
-    from matrix.plan import _runtime_selector
+    from matrix.plan import runtime_selector
 
-    named = {_runtime_selector(text, known_backends) for text in wanted}
+    named = {runtime_selector(text, known_backends) for text in wanted}
     for runtime in runtimes:
         kind = runtime.provider.get("kind", "host")
         if (runtime.backend, runtime.parsed_version) in named and kind != "venv":

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import Cell
-from matrix.check import oracle
 from matrix.check.specs import CheckFailure
 from matrix.errors import MatrixError
 from matrix.executors.handshake_retry import serve_retrying_handshake_timeout
@@ -31,7 +30,7 @@ from matrix.launch.arms.base import LaunchContext
 from matrix.launch.caches import cache_env
 from matrix.launch.listeners import listening_sockets
 from matrix.launch.providers import Environment, Unavailable, prepare, wrap_plan
-from matrix.launch.supervisor import ReadyResult, Supervisor, TeardownReport, find_cell_processes
+from matrix.launch.supervisor import ReadyResult, TeardownReport, find_cell_processes
 from matrix.model_files import resolve_model_dir
 from matrix.outcome import (
     FAILED,
@@ -50,13 +49,11 @@ from matrix.outcome import (
 from matrix.runner import (
     LiveCells,
     Resources,
-    _equivalence,
-    _request,
-    _supervise,
-    _teardown_checks,
-    _unready,
-    _with_refusal_evidence,
     run_cell,
+    serve_and_judge,
+    teardown_checks,
+    unready,
+    with_refusal_evidence,
 )
 
 
@@ -85,8 +82,8 @@ def _pair(
         environment = prepare(cell.runtime_of(role))
         if isinstance(environment, Unavailable):
             engines.release(keys)
-            unready = _unready(environment)
-            return replace(unready, message=f"{role} runtime {cell.runtime_of(role).label}: {unready.message}")
+            why = unready(environment)
+            return replace(why, message=f"{role} runtime {cell.runtime_of(role).label}: {why.message}")
         if environment.container is not None:  # engines in containers are not shared: the per-cell path
             engines.release(keys)
             return run_cell(cell, cell_id, log_dir, allocator, resources, live)
@@ -146,7 +143,7 @@ def _pair(
     _copy_logs(acquired, offsets, log_dir)
     # A refused request's evidence is in the engines' logs, which the proxy's supervisor does not own: the
     # pair's slices of them give the row the error lines a per-cell row gets from its own engines.
-    outcome = _with_refusal_evidence(outcome, {role: log_dir / f"{role}.log" for role in acquired})
+    outcome = with_refusal_evidence(outcome, {role: log_dir / f"{role}.log" for role in acquired})
     reports = engines.release(keys)
     return _with_engines(outcome, acquired, died, reports, notes, log_dir)
 
@@ -166,7 +163,8 @@ def _serve(
     cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells,
     acquired: dict[str, Acquired], environment: Environment,
 ) -> CellOutcome:  # fmt: skip
-    """The pair's proxy started, the request sent and checked, the proxy torn down (as `runner._run` does)."""
+    """The pair's proxy started, the request sent and checked, the proxy torn down (`serve_and_judge`, as a
+    per-cell attempt)."""
     case = cell.case
     arm = get_arm(case.arm)
     try:
@@ -196,22 +194,9 @@ def _serve(
         plan = replace(full, processes=proxy, ports=dict(ports), scratch_dirs=())
         if case.launch.lifecycle is False:
             plan = replace(plan, lifecycle=None)
-        supervisor = Supervisor(plan, log_dir)
-        live.add(cell_id, supervisor)
-        pd_answers: list[oracle.Completion | str] = []
-        try:
-            # A hang's evidence covers the pair's own process (the proxy); the shared engines' logs are in its
-            # log directory's slices.
-            outcome = _supervise(
-                supervisor, plan, resources, lambda p, ready_s: _request(p, ready_s, pd_answers, supervisor)
-            )
-        finally:
-            live.remove(cell_id)
-        if plan.oracle is not None and outcome.status == PASSED:
-            outcome = _equivalence(
-                outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live,
-                resources.baselines,
-            )
+        # A hang's evidence covers the pair's own process (the proxy); the shared engines' logs are in its
+        # log directory's slices.
+        outcome = serve_and_judge(plan, arm, context, environment, allocator, resources, live)
         return replace(outcome, ports={**engine_ports, **ports, **outcome.ports},
                        components=dict(environment.components))  # fmt: skip
     finally:
@@ -228,7 +213,7 @@ def _with_engines(
     checks: list[CheckFailure] = []
     for engine, report in reports:
         exit_codes.update({e.role: e.returncode for e in report.exits})
-        checks += [replace(c, message=f"{engine.name}: {c.message}") for c in _teardown_checks(report)]
+        checks += [replace(c, message=f"{engine.name}: {c.message}") for c in teardown_checks(report)]
         notes.append(f"{engine.name} stopped after its last pair")
     outcome = after_teardown(replace(outcome, exit_codes=exit_codes), checks)
     note = "shared engines: " + "; ".join(notes) if notes else ""

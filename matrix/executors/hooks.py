@@ -1,6 +1,7 @@
-"""The launch machinery a campaign needs on the driver's host, behind `matrix.campaign.HostHooks`: whether a
-case runs on CPU, the runtimes' provider entries parsed once for all their cells, provisioning environments,
-and cleaning up after runners that died.
+"""The launch machinery a campaign needs on the driver's host, behind `matrix.campaign.HostHooks`: the
+runtimes' provider entries parsed once for all their cells, provisioning environments, and cleaning up after
+runners that died. (Whether a case runs on CPU and bounds its memory absolutely came with the cell:
+`CaseInfo.runs_on_cpu`, `CaseInfo.absolute_memory`, from its arm's row.)
 
 The campaign calls these instead of importing `matrix.launch` (the executors are the layer that launches).
 """
@@ -11,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from matrix.cells import CaseInfo, Cell, RuntimeInfo
-from matrix.launch.arms import get_arm
+from matrix.cells import Cell, RuntimeInfo
 from matrix.launch.providers.buildprocs import BuildInterrupted, sweep_orphans
 from matrix.launch.supervisor import kill_cell_processes
 
@@ -22,12 +22,6 @@ class LocalHooks:
 
     # What `provision` raises when a stop request ended the build in progress.
     build_interrupted: type[BaseException] = BuildInterrupted
-
-    def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return get_arm(case.arm).runs_on_cpu(case)
-
-    def absolute_memory(self, case: CaseInfo) -> bool:
-        return get_arm(case.arm).absolute_memory(case)
 
     def with_specs(self, cells: Sequence[Cell]) -> list[Cell]:
         parsed: dict[str, RuntimeInfo] = {}

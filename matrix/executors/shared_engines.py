@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from matrix.arm_table import SHARED_ENGINE_ARMS
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
@@ -42,7 +43,7 @@ from matrix.runner import LiveCells
 # kv_transfer_params carry the prefill's engine id, host and side-channel port) and whose pair is two engine
 # processes plus matrix's proxy. Other arms run their grid one cell at a time (a Dynamo frontend discovers
 # every worker it sees, an SGLang pair shares a bootstrap room only with its own peer as matrix plans it).
-SHARED_ENGINE_ARMS = frozenset({"vllm_native"})
+# The arm table's `shared_engines` column.
 ENGINE_ROLES = ("prefill", "decode")
 EngineKey = tuple[str, str]  # (role, runtime label)
 

@@ -1,5 +1,5 @@
 """Typed case options: the KV bound (`KvBound`), which launch keys each arm reads, and the one table from a
-bound to the engine flag that carries it (the engine table, `matrix.launch.engines`).
+bound to the engine flag that carries it (the engine table, `matrix.engines`).
 
 `matrix catalog sync` checks every case against these (`check_case_options`) before the database is touched,
 so a misspelled launch key, a value of the wrong kind (`case_launch`, the launch table typed per arm), a
@@ -7,8 +7,8 @@ bound in a unit the case's engine does not read, or a marker that restates the b
 refused with the fix, instead of being ignored at run time. The arms read the same tables (`kv_arg`), so
 what is checked is what is launched.
 
-Pure data and checks: this module imports nothing of the launch machinery (of launch only the pure-data
-engine table and typed launch tables, of check only its pure-data `specs`), so the catalog may import it.
+Pure data and checks: this module imports nothing of the launch machinery (the arm and engine tables and
+the typed launch tables are leaves, of check only its pure-data `specs`), so the catalog may import it.
 """
 
 from __future__ import annotations
@@ -17,19 +17,18 @@ import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
-from matrix.case_launch import LAUNCH_TYPES, CommonLaunch, keys_of, parse_launch
+from matrix import arm_table as _arm_table
+from matrix.arm_table import ARM_ROWS, LAUNCH_TYPES, parse_launch
+from matrix.case_launch import CommonLaunch, keys_of
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
+from matrix.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound, KvUnit
-from matrix.launch.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.markers import parse_marker_use
 
-# The one table from a bound to engine flags (`matrix.launch.engines`). Every arm that passes a bound looks
-# its engine up there.
+# The one table from a bound to engine flags (`matrix.engines`). Every arm that passes a bound looks its
+# engine up there.
 KV_FLAGS: Mapping[str, Engine] = ENGINES
-DYNAMO_ENGINES = ("mocker", "vllm", "sglang", "trtllm")
-# The engine of an arm that has one engine; a dynamo case names its engine in `launch.engine`.
-ARM_ENGINES = {"reference": "reference", "vllm_native": "vllm", "sglang_native": "sglang"}
 
 
 @overload
@@ -61,14 +60,8 @@ LAUNCH_KEYS: dict[str, frozenset[str]] = {
 
 
 def engine_of(arm: str, launch: CommonLaunch) -> str:
-    """The engine whose KV flag a case of `arm` uses."""
-    if arm == "dynamo":
-        engine = launch.engine if launch.engine is not None else "mocker"
-        if engine not in DYNAMO_ENGINES:
-            known = ", ".join(DYNAMO_ENGINES)
-            raise ConfigError(f"launch.engine {engine!r} is not a dynamo engine; write one of {known}")
-        return engine
-    return ARM_ENGINES[arm]
+    """The engine whose KV flag a case of `arm` uses (its row's; a dynamo case names it in `launch.engine`)."""
+    return ARM_ROWS[arm].engine_of(launch)
 
 
 def check_case_options(
@@ -115,10 +108,10 @@ def check_case_options(
 
 
 # The arms the registry (`matrix.launch.arms`) holds, and those that can also launch their deployment
-# aggregated (`AggregatedArm`, the baseline of `launch.equivalence`). Named here so that catalog sync checks a
-# case's arm without importing the arms; a unit test keeps these equal to the registry.
-ARMS = frozenset(LAUNCH_KEYS)
-AGGREGATED_ARMS = frozenset({"reference", "vllm_native"})
+# aggregated (`AggregatedArm`, the baseline of `launch.equivalence`): the arm table's, re-exported so that
+# catalog sync checks a case's arm without importing the arms; a unit test keeps these equal to the registry.
+AGGREGATED_ARMS = _arm_table.AGGREGATED_ARMS
+ARMS = _arm_table.ARMS
 
 # `launch.equivalence` keys and their defaults: K prompts of T greedy tokens, the near-tie threshold (nats
 # between the aggregated run's top-1 and top-2 logprobs) and the engines' seed.

@@ -112,8 +112,9 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
     A multi-GPU case spreads its pair over its GPUs (prefill and decode apart, or tensor-parallel
     shards), so each GPU is asked for an even share, rounded up. A GPU case without a KV bound is
     `exclusive`: its memory use is whatever the engine decides, so nothing else can be packed next to it.
-    `absolute_memory` is the arm's word that every instance's memory is bounded absolutely; then the
-    start-up may run concurrently with others, unless the case asks otherwise (`launch.exclusive_startup`).
+    `absolute_memory` is the arm's word (`CaseInfo.absolute_memory`, from its row in `matrix.arm_table`) that
+    every instance's memory is bounded absolutely; then the start-up may run concurrently with others, unless
+    the case asks otherwise (`launch.exclusive_startup`).
     """
     case = cell.case
     gpus = case.gpus_needed

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import matrix.case_launch
+import matrix.arm_table
 import matrix.cells
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.executors.hooks import LocalHooks
@@ -35,11 +35,11 @@ def _counting(monkeypatch: pytest.MonkeyPatch, calls: Counter[str], module: Any,
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Every parse of a provider entry goes through `recipe.check_keys`; every launch table through
-    `parse_launch` (looked up in `matrix.cells` and in `matrix.case_launch`)."""
+    `parse_launch` (looked up in `matrix.cells` and in `matrix.arm_table`)."""
     counted: Counter[str] = Counter()
     _counting(monkeypatch, counted, recipe, "check_keys")
     _counting(monkeypatch, counted, matrix.cells, "parse_launch")
-    _counting(monkeypatch, counted, matrix.case_launch, "parse_launch")
+    _counting(monkeypatch, counted, matrix.arm_table, "parse_launch")
     return counted
 
 

@@ -16,9 +16,9 @@ import pytest
 
 from matrix.cells import RuntimeInfo
 from matrix.launch.providers.buildprocs import never
-from matrix.launch.providers.variant import build_from_base, find_base
 from matrix.launch.providers.venv import TMP_PREFIX, choose_installer, locked, provision_target, resolve_target
 from matrix.launch.providers.venv.target import venv_environment
+from matrix.launch.providers.venv.variant import build_from_base, find_base
 from tests.e2e.test_recipe_steps import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from matrix.arm_table import ARM_ROWS
 from matrix.cells import CaseInfo, RuntimeInfo
+from matrix.engines import ENGINES, tiny_fraction
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
-from matrix.launch.engines import ENGINES, dynamo_engine, tiny_fraction
 from matrix.launch.options import LAUNCH_KEYS
 from matrix.markers import parse_marker_use
 
@@ -68,8 +69,8 @@ def test_argv_and_absolute_memory_come_from_the_entry(
 def test_the_vllm_defaults_differ_by_deployment_only_in_the_table() -> None:
     # vLLM's own pair takes 0.02 of the GPU, vLLM under Dynamo 0.01 (two engines and Dynamo's processes
     # share it); both bound the KV cache with the same flag and default.
-    native, dynamo = ENGINES["vllm"], dynamo_engine("vllm")
-    assert dynamo is ENGINES["dynamo-vllm"] and dynamo_engine("mocker") is None
+    native, dynamo = ENGINES["vllm"], ARM_ROWS["dynamo"].entry("vllm")
+    assert dynamo is ENGINES["dynamo-vllm"] and ARM_ROWS["dynamo"].entry("mocker") is None
     assert native.fraction is not None and dynamo.fraction is not None
     assert (native.fraction.default, dynamo.fraction.default) == (0.02, 0.01)
     assert (native.kv_flag, native.default_kv) == (dynamo.kv_flag, dynamo.default_kv)

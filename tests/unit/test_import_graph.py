@@ -2,8 +2,10 @@
 the source with `ast`, nothing imported).
 
 A unit is a subpackage (`matrix.schedule`) or a top-level module (`matrix.results`); every import counts,
-also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. Inside the
-`matrix.cli` package the modules themselves must not form a cycle either. The stage rules hold for what a
+also those inside functions or under TYPE_CHECKING, since a lazy import is still a dependency. No two
+modules anywhere in `matrix` form a cycle either (`module_cycles`: a package's `__init__`, which Python runs
+before any of its submodules, is set aside as that implicit step and counts only where it is imported by
+name), and inside `matrix.cli` the `app` module imports no command module. The stage rules hold for what a
 stage reaches through other modules too (the transitive closure of the module graph, with the `__init__`
 of every package an import runs), and they are the table of `docs/architecture.md`, which a test reads.
 """
@@ -90,10 +92,7 @@ def find_cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
 
 def _describe(graph: dict[str, dict[str, set[str]]], cycle: list[str]) -> str:
     edges = [
-        f"  {a} -> {b} (from {', '.join(sorted(graph[a][b]))})"
-        for a in cycle
-        for b in cycle
-        if b in graph.get(a, {})
+        f"  {a} -> {b} (from {', '.join(sorted(graph[a][b]))})" for a in cycle for b in cycle if b in graph.get(a, {})
     ]
     return " <-> ".join(cycle) + "\n" + "\n".join(edges)
 
@@ -178,35 +177,78 @@ def doc_rules() -> tuple[dict[str, set[str]], dict[str, set[str]], frozenset[str
 FORBIDDEN, FORBIDDEN_DIRECT, LEAVES, SHARED, MODULES = doc_rules()
 
 
+def doc_top() -> frozenset[str]:
+    """The units above the stages (the "**Top**" list): the commands and what only they use."""
+    text = DOC.read_text(encoding="utf-8")
+    top = re.search(r"\*\*Top\*\*: (.+?)\. ", text[text.index("## Import rules (checked)") :], re.S)
+    assert top, "docs/architecture.md lost its list of top units"
+    return frozenset(_names(top.group(1)))
+
+
+TOP = doc_top()
+# What each unit of the table may not reach: its row, and every top unit (nothing below a command imports it).
+REACH_RULES = {unit: banned | TOP for unit, banned in FORBIDDEN.items()}
+
+
 @functools.cache  # parsed once per session: several tests walk the same package
-def module_graph(root: Path) -> dict[str, set[str]]:
-    """module -> the modules importing it runs: each named module (`from a.b import c` is `a.b.c` when `c`
-    is a module), and the `__init__` of every package above it."""
-    package = root.name
+def named_modules(root: Path) -> dict[str, dict[str, set[str]]]:
+    return read_named_modules(root)
+
+
+def read_named_modules(root: Path) -> dict[str, dict[str, set[str]]]:
+    """module -> {module it names in an import (`from a.b import c` is `a.b.c` when `c` is a module, else
+    `a.b`): the lines naming it}, every import of the file (inside functions and under TYPE_CHECKING too)."""
     modules = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-
-    def with_parents(name: str) -> set[str]:
-        parts = name.split(".")
-        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(modules)
-
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, dict[str, set[str]]] = {}
     for module, path in modules.items():
-        targets: set[str] = set()
+        graph[module] = {}
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                names = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
             else:
                 continue
             for name in names:
-                if name == package or name.startswith(package + "."):
-                    targets |= with_parents(name)
-        graph[module] = targets - {module}
+                while name not in modules and "." in name:  # `import a.b.C`-like spellings: the module holding it
+                    name = name.rsplit(".", 1)[0]
+                if name in modules and name != module:
+                    graph[module].setdefault(name, set()).add(f"{module}:{node.lineno}")
     return graph
+
+
+@functools.cache  # parsed once per session: several tests walk the same package
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules importing it runs: each named module (`from a.b import c` is `a.b.c` when `c`
+    is a module, and `a.b` too), and the `__init__` of every package above it."""
+    named = named_modules(root)
+
+    def with_parents(name: str) -> set[str]:
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & set(named)
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in named.items():
+        reached: set[str] = set()
+        for target in targets:
+            reached |= with_parents(target)
+        graph[module] = reached - {module}
+    return graph
+
+
+def module_cycles(root: Path) -> list[list[str]]:
+    """Import cycles between modules. An edge is an import a module writes; the `__init__` of a package
+    above the imported module, which Python runs first, is no edge of its own: that is the package's face
+    (`venv/__init__.py` re-exporting `venv.build`), and counting it would put every submodule of a package
+    that re-exports its submodules into a cycle with it. A face still counts where it is imported by name:
+    a module outside `venv` importing `matrix...venv` depends on everything that `__init__` imports."""
+    return find_cycles(read_named_modules(root))
 
 
 def unit_of(module: str) -> str:
@@ -247,8 +289,8 @@ def reach_violations(
 
 def test_no_stage_imports_what_the_architecture_forbids() -> None:
     graph = import_graph(ROOT)
-    assert set(FORBIDDEN) <= set(graph) | {"check"}  # every named stage exists (check imports nothing)
-    rules = {unit: FORBIDDEN.get(unit, set()) | FORBIDDEN_DIRECT.get(unit, set()) for unit in FORBIDDEN}
+    assert set(FORBIDDEN) <= {unit_of(m) for m in module_graph(ROOT)}  # every named stage exists
+    rules = {unit: REACH_RULES[unit] | FORBIDDEN_DIRECT.get(unit, set()) for unit in FORBIDDEN}
     broken = [
         f"{unit} -> {target} (from {', '.join(sorted(graph[unit][target]))})"
         for unit, targets in rules.items()
@@ -260,9 +302,39 @@ def test_no_stage_imports_what_the_architecture_forbids() -> None:
 def test_no_stage_reaches_what_it_may_not_import_through_another_module() -> None:
     graph = module_graph(ROOT)
     # The walk saw the parents an import runs: the arm registry runs with any arm's module.
-    assert "matrix.launch.arms" in graph["matrix.runner"] and "matrix.launch" in graph["matrix.catalog.load"]
-    broken = reach_violations(graph, FORBIDDEN, shared=SHARED)
+    assert "matrix.launch.arms" in graph["matrix.runner.attempt"] and "matrix.launch" in graph["matrix.catalog.load"]
+    broken = reach_violations(graph, REACH_RULES, shared=SHARED)
     assert not broken, "stages reaching what docs/architecture.md forbids:\n" + "\n".join(broken)
+
+
+def test_no_cycle_between_the_modules_of_matrix() -> None:
+    """Any stage, any depth: a module never imports (even lazily) a module that imports it back."""
+    named = named_modules(ROOT)
+    # The walk saw the venv package's face and the variant build inside it, which its provisioning calls.
+    assert "matrix.launch.providers.venv.provisioning" in named["matrix.launch.providers.venv"]
+    assert "matrix.launch.providers.venv.variant" in named["matrix.launch.providers.venv.provisioning"]
+    cycles = module_cycles(ROOT)
+    assert not cycles, "import cycles between modules:\n" + "\n".join(_describe(named, c) for c in cycles)
+
+
+def test_the_module_walk_finds_a_planted_cycle_through_a_package_face(tmp_path: Path) -> None:
+    """The shape of the circle `variant.py` once made: a module importing a package's face, whose
+    `__init__` re-exports a submodule that imports the module back inside a function."""
+    pkg = tmp_path / "pkg"
+    (pkg / "venv").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "venv" / "__init__.py").write_text("from pkg.venv.build import Builder\nfrom pkg.venv.prov import go\n")
+    (pkg / "venv" / "build.py").write_text("from pkg import errors\nclass Builder: ...\n")
+    (pkg / "errors.py").write_text("")
+    (pkg / "venv" / "prov.py").write_text("from pkg.venv.build import Builder\ndef go():\n    pass\n")
+    (pkg / "variant.py").write_text("from pkg.venv import Builder\n")
+    # A package re-exporting its submodules, which run its `__init__` first, is no cycle (the face aside).
+    assert module_cycles(pkg) == []
+    (pkg / "venv" / "prov.py").write_text("def go():\n    from pkg.variant import x\n")
+    assert module_cycles(pkg) == [["pkg.variant", "pkg.venv", "pkg.venv.prov"]]
+    # Under TYPE_CHECKING counts too, and so does a submodule importing its own package's face by name.
+    (pkg / "venv" / "prov.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.venv\n")
+    assert module_cycles(pkg) == [["pkg.venv", "pkg.venv.prov"]]
 
 
 def test_the_closure_finds_a_forbidden_unit_two_modules_away(tmp_path: Path) -> None:
@@ -280,14 +352,24 @@ def test_the_closure_finds_a_forbidden_unit_two_modules_away(tmp_path: Path) -> 
     assert reach_violations(graph, {"b": {"a"}}) == []
 
 
-
-
 def test_leaves_and_shared_modules_import_only_leaves() -> None:
     graph = module_graph(ROOT)
     allowed = {"matrix"} | {f"matrix.{leaf}" for leaf in LEAVES}
     reached = {m: graph[m] - allowed for m in sorted(allowed - {"matrix"})}
     reached |= {m: graph[m] - {"matrix", "matrix.check"} for m in SHARED}
     assert not {m: t for m, t in reached.items() if t}, f"a leaf or shared module imports more: {reached}"
+
+
+def test_every_unit_of_matrix_has_its_rules() -> None:
+    """0 upward imports needs a rule for every unit: each is a row of the table, a leaf or top, and one only
+    (a module added without a place in the table fails here until the doc gives it one)."""
+    units = {unit_of(m) for m in module_graph(ROOT)} - {"matrix"}  # the package's own `__init__`
+    placed = [set(FORBIDDEN), set(LEAVES), set(TOP)]
+    unplaced = sorted(units - set().union(*placed))
+    assert not unplaced, f"units with no row, not a leaf nor top in docs/architecture.md: {unplaced}"
+    twice = sorted(u for u in units if sum(u in group for group in placed) > 1)
+    assert not twice, f"units placed twice in docs/architecture.md: {twice}"
+    assert units >= TOP, f"top units that do not exist: {sorted(TOP - units)}"
 
 
 def test_the_doc_lists_every_rule_unit_with_its_modules_and_the_walk_sees_them() -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix.case_launch import VllmNativeLaunch, for_role, parse_launch
+from matrix.arm_table import parse_launch
+from matrix.case_launch import VllmNativeLaunch, for_role
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.launch.arms import get_arm

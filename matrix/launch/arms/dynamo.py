@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matrix.arm_table import ARM_ROWS
 from matrix.case_launch import DynamoLaunch, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.errors import ConfigError
@@ -32,7 +33,6 @@ from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.sidecar import AGGREGATED_ROLE
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
-from matrix.launch.engines import dynamo_engine
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
@@ -68,7 +68,7 @@ def _engine(case: CaseInfo) -> str:
 def kv_bound_args(engine: str, case: CaseInfo) -> tuple[str, ...]:
     """Engine flags that bound the KV cache absolutely (bytes or blocks, not a fraction), forwarded by the launch
     script to both workers: fractions are racy when two engines share a GPU, absolute caps are not."""
-    launch, entry = _launch(case), dynamo_engine(engine)
+    launch, entry = _launch(case), ARM_ROWS["dynamo"].entry(engine)
     arg = entry.kv_arg(case.kv_bound) if entry is not None else None
     if entry is None or arg is None or engine == "trtllm":
         return ()
@@ -85,7 +85,7 @@ def kv_bound_env(engine: str, case: CaseInfo) -> dict[str, str]:
     max_model_len = _launch(case).max_model_len
     if max_model_len is not None:
         env["MAX_MODEL_LEN"] = str(max_model_len)
-    entry = dynamo_engine(engine)
+    entry = ARM_ROWS["dynamo"].entry(engine)
     if engine == "trtllm" and entry is not None and (arg := entry.kv_arg(case.kv_bound)) is not None:
         # TensorRT-LLM takes its KV bound from the engine config (kv_cache_config.max_tokens); the launch
         # script writes that config, so the bound travels as a variable.
@@ -131,19 +131,13 @@ class DynamoArm:
         )
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        engine = _engine(case)
-        return engine == "mocker" or (engine == "vllm" and bool(_launch(case).cpu))
+        _engine(case)  # an engine the arm does not run fails here, loudly
+        return case.runs_on_cpu  # the arm table's word (`arm_table.ARM_ROWS["dynamo"]`)
 
     def absolute_memory(self, case: CaseInfo) -> bool:
-        # A launch script may start its engines any way it likes: only matrix's own plans are vouched for.
-        engine, launch = _engine(case), _launch(case)
-        if launch.script or launch.workspace_script:
-            return False
-        if engine == "mocker":
-            return True  # no GPU memory at all
-        entry = dynamo_engine(engine)
-        # trtllm runs through its script only (refused above otherwise); its entry has no fraction.
-        return entry is not None and engine != "trtllm" and entry.absolute_memory(case.kv_bound, launch)
+        # A launch script may start its engines any way it likes: only matrix's own plans are vouched for
+        # (the row's `vouched`; trtllm runs through its script only, its entry is never vouched for).
+        return case.absolute_memory
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         engine = _engine(ctx.case)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from matrix.case_launch import ReferenceLaunch, launch_as, or_default
+from matrix.case_launch import ReferenceLaunch, launch_as
 from matrix.cells import CaseInfo
 from matrix.check.specs import MetricsCheck
+from matrix.engines import ENGINES
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LaunchContext,
@@ -13,7 +14,6 @@ from matrix.launch.arms.base import (
     oracle_spec,
     served_plan,
 )  # fmt: skip
-from matrix.launch.engines import ENGINES
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, ProcessSpec
 
 ENGINE = ENGINES["reference"]
@@ -29,11 +29,11 @@ class ReferenceArm:
         return tuple(PortRequest(name) for name in PORTS)
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return or_default(launch_as(case.launch, ReferenceLaunch).device, "cpu") == "cpu"
+        return case.runs_on_cpu  # the arm table's word: `launch.device`, "cpu" by default (`arm_table.ARM_ROWS`)
 
     def absolute_memory(self, case: CaseInfo) -> bool:
         # The workers allocate exactly their KV bytes; without a bound a case sizes nothing absolutely.
-        return ENGINE.absolute_memory(case.kv_bound, case.launch)
+        return case.absolute_memory
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return tuple(PortRequest(name) for name in AGGREGATED_PORTS)

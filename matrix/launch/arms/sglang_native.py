@@ -23,10 +23,11 @@ class SglangNativeArm:
         return (PortRequest("proxy"), *sglang_server.port_requests(grpc=False))
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return False
+        return case.runs_on_cpu  # the arm table's word: never (`arm_table.ARM_ROWS`)
 
     def absolute_memory(self, case: CaseInfo) -> bool:
-        return sglang_server.absolute_memory(case)
+        # An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static` (the arm table's word).
+        return case.absolute_memory
 
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         launch = launch_as(ctx.case.launch, SglangNativeLaunch)

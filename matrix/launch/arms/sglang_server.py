@@ -20,9 +20,9 @@ from collections.abc import Mapping
 
 from matrix.case_launch import DynamoLaunch, SglangNativeLaunch, or_default
 from matrix.cells import CaseInfo
+from matrix.engines import ENGINES
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import LOOPBACK_ENV, LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
-from matrix.launch.engines import ENGINES
 from matrix.launch.launch_plan import HealthProbe, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")
@@ -38,11 +38,6 @@ def server_launch(case: CaseInfo) -> SglangNativeLaunch | DynamoLaunch:
     if not isinstance(launch, SglangNativeLaunch | DynamoLaunch):
         raise TypeError(f"an SGLang server cannot read a {type(launch).__name__}")
     return launch
-
-
-def absolute_memory(case: CaseInfo) -> bool:
-    """An explicit token pool (`kv_bound.tokens`) and a tiny `--mem-fraction-static`."""
-    return ENGINE.absolute_memory(case.kv_bound, case.launch)
 
 
 def port_name(role: str, kind: str) -> str:

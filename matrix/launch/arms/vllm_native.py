@@ -14,6 +14,7 @@ import json
 
 from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default
 from matrix.cells import CaseInfo
+from matrix.engines import ENGINES, Engine
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
     LOOPBACK_ENV,
@@ -27,7 +28,6 @@ from matrix.launch.arms.base import (
     pd_proxy,
     served_plan,
 )  # fmt: skip
-from matrix.launch.engines import ENGINES, Engine
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 ENGINE = ENGINES["vllm"]
@@ -94,10 +94,10 @@ class VllmNativeArm:
         )
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
-        return bool(launch_as(case.launch, VllmNativeLaunch).cpu)
+        return case.runs_on_cpu  # the arm table's word: `launch.cpu` (`arm_table.ARM_ROWS`)
 
     def absolute_memory(self, case: CaseInfo) -> bool:
-        return ENGINE.absolute_memory(case.kv_bound, case.launch)
+        return case.absolute_memory  # the arm table's word, from the engine table's `vllm` entry
 
     def aggregated_port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
         return (PortRequest("aggregated_http"),)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from matrix.case_launch import DynamoLaunch, launch_as, or_default
+from matrix.engines import ENGINES
 from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
 from matrix.launch.arms.sidecar import AGGREGATED_ROLE, sidecar_process
 from matrix.launch.arms.vllm_native import DEFAULT_KV_COUNTERS, omp_binding, vllm_engine_flags
-from matrix.launch.engines import ENGINES
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LifecycleSpec, MetricsCheck, ProcessSpec
 
 ROLES = ("prefill", "decode")

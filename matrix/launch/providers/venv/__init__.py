@@ -16,7 +16,8 @@ correct at its final path first).
 
 Modules, after tox 4's split: `target` (a recipe resolved for this host, its key and place, what a cell
 gets), `installer` (the commands of uv or pip, and the user's pip configuration), `build` (the steps),
-`relocate`, `provisioning` (build once under the lock, rename into place) and `locks`. What other modules
+`relocate`, `provisioning` (build once under the lock, rename into place), `variant` (a variant made from its
+base environment by hard links; `provisioning` calls it) and `locks`. What other modules
 use is re-exported here.
 """
 

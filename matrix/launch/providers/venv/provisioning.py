@@ -35,6 +35,7 @@ from matrix.launch.providers.venv.target import (
     resolve_target,
     targets_of,
 )
+from matrix.launch.providers.venv.variant import build_from_base
 from matrix.launch.providers.wheelhouse import (
     ProvisionSource,
 )
@@ -140,8 +141,6 @@ def _from_base(
         return None
     if os.environ.get("MATRIX_VARIANTS_FROM_BASE", "").lower() in ("0", "off", "no"):
         return None
-    from matrix.launch.providers.variant import build_from_base
-
     try:
         return build_from_base(runtime, target, echo, stop, installer)
     except ProvisionError as exc:

@@ -42,20 +42,19 @@ from matrix.errors import MatrixError
 from matrix.launch.providers.buildprocs import StopCheck, run_command
 from matrix.launch.providers.components import Detected, ProbeError, detect, mismatches
 from matrix.launch.providers.recipe import ExposeStep, ExtractStep
-from matrix.launch.providers.venv import (
+from matrix.launch.providers.venv.build import STEP_TIMEOUT_S, Echo
+from matrix.launch.providers.venv.installer import Installer
+from matrix.launch.providers.venv.locks import locked
+from matrix.launch.providers.venv.members import keep_member, link_member, member_key
+from matrix.launch.providers.venv.target import (
     INFO_NAME,
     LOG_NAME,
-    STEP_TIMEOUT_S,
     TMP_PREFIX,
-    Echo,
-    Installer,
     ProvisionError,
     Target,
     discard,
-    locked,
     read_info,
 )
-from matrix.launch.providers.venv.members import keep_member, link_member, member_key
 from matrix.launch.providers.venv.wheelfiles import WheelFiles, fetched_wheel
 
 # Steps that only put one file into bin/: a variant whose recipe differs from its base in these alone is

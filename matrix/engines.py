@@ -6,7 +6,8 @@ its default. The arms build their engine flags from an entry (`kv_arg`, `fractio
 `absolute_memory` is derived from it, and `matrix catalog sync` checks a case's bound against its unit, so
 what is checked is what is launched.
 
-Pure data: this module imports nothing of the launch machinery, so the catalog may import it.
+Which arm runs which engine, and under which entry, is the arm table's (`matrix.arm_table`). A leaf: it
+imports only other leaves, so the catalog, the cell and the arms read the same table.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Engine:
     kv_flag: str
     default_kv: int | None = None
     fraction: MemoryFraction | None = None
+    # False: matrix does not start this engine itself (a launch script does), so its memory never counts as
+    # bounded absolutely whatever the case's bound says.
+    memory_vouched: bool = True
 
     @property
     def flag(self) -> str:
@@ -80,7 +84,7 @@ class Engine:
     def absolute_memory(self, bound: KvBound, launch: CommonLaunch) -> bool:
         """The case bounds this engine's memory absolutely: a KV bound in its unit and, where the engine has a
         memory fraction, a tiny one (else the fraction, sized from free memory, decides)."""
-        if bound.get(self.unit) is None:
+        if not self.memory_vouched or bound.get(self.unit) is None:
             return False
         return self.fraction is None or tiny_fraction(self.fraction_value(launch))
 
@@ -116,15 +120,8 @@ ENGINES: dict[str, Engine] = {
         fraction=MemoryFraction("--mem-fraction-static", "mem_fraction_static", 0.05),
     ),
     # TensorRT-LLM reads it from its engine config (kv_cache_config.max_tokens), which the launch script
-    # writes from this variable.
-    "trtllm": Engine("trtllm", "tokens", "TRTLLM_KV_MAX_TOKENS"),
+    # writes from this variable; matrix starts it through that script only, so its memory is not vouched for.
+    "trtllm": Engine("trtllm", "tokens", "TRTLLM_KV_MAX_TOKENS", memory_vouched=False),
 }
 # Dynamo's mocker has no real cache: a bound in either unit only sizes the scheduler's memory estimate.
 UNBOUNDED_ENGINES = frozenset({"mocker"})
-# The table entry of the engine a dynamo case names in `launch.engine` (where it differs from the name).
-DYNAMO_ENTRIES = {"vllm": "dynamo-vllm"}
-
-
-def dynamo_engine(engine: str) -> Engine | None:
-    """The entry of a Dynamo case's engine (None for the mocker)."""
-    return ENGINES.get(DYNAMO_ENTRIES.get(engine, engine))
