@@ -222,3 +222,60 @@ def judged_as_skew(cell: Cell) -> bool:
     """Whether a cell's outcome is read as a skew class: its roles run other releases, or other launch
     options (`launch.role_launch`, e.g. block sizes), so an honest refusal is an outcome, not a failure."""
     return cell.skewed or bool(getattr(cell.case.launch, "role_launch", None))
+
+
+@dataclass(frozen=True)
+class PairClass:
+    """One cell of a skew grid as text shows it: its key, each role's release and its class."""
+
+    cell: str
+    roles: Mapping[str, str]  # role -> release, for every role of ROLES
+    verdict: SkewVerdict
+    disagreed: tuple[str, ...] = ()  # earlier attempts classed otherwise (`class in campaign N (uid): reason`)
+
+    @property
+    def label(self) -> str:
+        return f"{self.verdict.cls}*" if self.disagreed else self.verdict.cls
+
+
+def role_options_text(role_launch: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """`prefill block_size=64; decode block_size=32`: each role's own launch options (`launch.role_launch`)."""
+    order = {role: i for i, role in enumerate(("frontend", "prefill", "decode"))}
+    return "; ".join(
+        f"{role} " + ", ".join(f"{key}={value}" for key, value in sorted(options.items()))
+        for role, options in sorted((role_launch or {}).items(), key=lambda item: order.get(item[0], len(order)))
+        if options
+    )
+
+
+def _first_reason_line(text: str, limit: int = 300) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
+
+
+def grid_lines(title: str, versions: Sequence[str], pairs: Sequence[PairClass]) -> list[str]:
+    """A skew grid as plain lines: rows prefill, columns decode (one grid per frontend release when a
+    frontend differs from decode), then one line per pair that is not `works` or whose earlier attempts
+    disagreed. What `matrix run --skew` ends with, and `matrix.report.skew.grid_text`."""
+    frontends = sorted({p.roles.get("frontend", "") for p in pairs if p.roles.get("frontend") != p.roles["decode"]})
+    lines: list[str] = []
+    axis: list[str | None] = [f for f in versions if f in frontends]
+    for frontend in axis or [None]:
+        lines.append(f"{title}{f', frontend {frontend}' if frontend else ''}: rows prefill, columns decode")
+        table = [["prefill \\ decode", *versions]]
+        for prefill in versions:
+            row = [prefill]
+            for decode in versions:
+                found = [p for p in pairs if (p.roles["prefill"], p.roles["decode"]) == (prefill, decode)
+                         and (frontend is None or p.roles.get("frontend") == frontend)]  # fmt: skip
+                row.append(found[0].label if found else "-")
+            table.append(row)
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        lines += ["  " + "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
+                  for row in table]  # fmt: skip
+    for pair in pairs:
+        if pair.verdict.cls != "works" or pair.disagreed:
+            lines.append(f"  {pair.cell}: {pair.verdict.cls}: {_first_reason_line(pair.verdict.reason)}")
+            lines += [f"    * an earlier attempt disagreed: {other}" for other in pair.disagreed]
+    if any(pair.disagreed for pair in pairs):
+        lines.append("  (* an earlier attempt of that pair was classed otherwise)")
+    return lines

@@ -14,7 +14,16 @@ from matrix.cells import ROLES
 from matrix.db.models import Case, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.outcome import FINISHED_STATUSES, standing_attempt
-from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify, logged_refusal, refused_unexplained
+from matrix.skew_outcome import (
+    SKEW_CLASSES,
+    PairClass,
+    SkewVerdict,
+    classify,
+    grid_lines,
+    logged_refusal,
+    refused_unexplained,
+    role_options_text,
+)
 from matrix.versions import parse_version
 
 
@@ -86,11 +95,7 @@ class SkewGrid:
     @property
     def role_options(self) -> str:
         """`prefill block_size=64; decode block_size=32`: each role's own launch options, or ''."""
-        return "; ".join(
-            f"{role} " + ", ".join(f"{key}={value}" for key, value in sorted(options.items()))
-            for role, options in sorted(self.role_launch.items(), key=lambda item: ROLES.index(item[0])
-                                        if item[0] in ROLES else len(ROLES))
-        )  # fmt: skip
+        return role_options_text(self.role_launch)
 
 
 def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = None) -> SkewGrid:
@@ -148,32 +153,11 @@ def _first(text: str, limit: int = 300) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
 
 
-# The classes that are findings: a run that ends with one of them failed (`matrix run --skew` exits 1); `works`
-# and an honest `clean-reject` are what a skew grid may say, and `not-run` says nothing.
-FINDING_CLASSES = frozenset({"hang", "error-answer", "healthy-but-wrong", "crash", "exposed"})
-
-
 def grid_text(grid: SkewGrid) -> list[str]:
-    """The grid as plain lines (rows prefill, columns decode; one grid per frontend release when there is a
-    frontend axis), then one line per pair that is not `works` or whose earlier attempts disagreed."""
-    lines: list[str] = []
-    head = f"{grid.case} ({grid.backend})" + (f", {grid.role_options}" if grid.role_options else "")
-    for frontend in grid.frontends or (None,):
-        lines.append(f"{head}{f', frontend {frontend}' if frontend else ''}: rows prefill, columns decode")
-        table = [["prefill \\ decode", *grid.versions]]
-        for prefill in grid.versions:
-            cells = [grid.at(prefill, decode, frontend) for decode in grid.versions]
-            table.append([prefill, *(e.label if e else "-" for e in cells)])
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-        lines += ["  " + "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
-                  for row in table]  # fmt: skip
-    for entry in grid.entries:
-        if entry.verdict.cls != "works" or entry.disagreed:
-            lines.append(f"  {entry.cell}: {entry.verdict.cls}: {_first(entry.verdict.reason)}")
-            lines += [f"    * an earlier attempt disagreed: {other}" for other in entry.disagreed]
-    if any(entry.disagreed for entry in grid.entries):
-        lines.append("  (* an earlier attempt of that pair was classed otherwise)")
-    return lines
+    """The grid as plain lines (`skew_outcome.grid_lines`)."""
+    title = f"{grid.case} ({grid.backend})" + (f", {grid.role_options}" if grid.role_options else "")
+    pairs = [PairClass(e.cell, e.roles, e.verdict, e.disagreed) for e in grid.entries]
+    return grid_lines(title, grid.versions, pairs)
 
 
 def skew_page(case: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cells import Cell
+from matrix.cells import ROLES, Cell
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
@@ -37,7 +37,7 @@ from matrix.results import record_outcome
 from matrix.schedule.claims import claim_attempt
 from matrix.schedule.executor import CellExecutor, Submission
 from matrix.schedule.slots import Demand, Lease, SlotPool
-from matrix.skew_outcome import classify_outcome, judged_as_skew
+from matrix.skew_outcome import PairClass, classify_outcome, judged_as_skew, role_options_text
 
 _POLL_S = 0.1
 # While a stopping runner waits for its pairs, how often it says so (with the time left before SIGKILL).
@@ -73,6 +73,8 @@ class Tally:
     refused: int = 0
     # Skew cells' classes, counted (the campaign's summary line says `2 clean-reject`, not `2 failed`).
     classes: dict[str, int] = field(default_factory=dict)
+    # Each finished skew attempt as the run's closing grid shows it: (case, backend, role options, pair).
+    skew_pairs: list[tuple[str, str, str, PairClass]] = field(default_factory=list)
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -242,6 +244,11 @@ class Scheduler:
             if not retry:
                 self.tally.classes[verdict.cls] = self.tally.classes.get(verdict.cls, 0) + 1
                 self.tally.refused += verdict.cls == "clean-reject" and outcome.status in FAILED_STATUSES
+                case = job.cell.case
+                roles = {role: job.cell.runtime_of(role).version for role in ROLES}
+                options = role_options_text(getattr(case.launch, "role_launch", None))
+                pair = PairClass(job.cell.key, roles, verdict)
+                self.tally.skew_pairs.append((case.name, case.backend, options, pair))
         if retry:
             detail += f"; retrying (attempt {job.attempt + 1} of {self._options.max_attempts})"
         else:
