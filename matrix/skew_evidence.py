@@ -99,7 +99,9 @@ def _tracebacks(lines: Iterable[str]) -> Iterator[tuple[list[tuple[str, str, str
 
 
 def handshake_failure(lines: Iterable[str]) -> HandshakeFailure | None:
-    """The first traceback in `lines` raised through the KV connector's handshake, or None."""
+    """The first refusal raised through the KV connector's handshake in `lines`, else the first handshake
+    timeout, else None: a pair retried after a timeout and then refused is a refusal."""
+    timeout: HandshakeFailure | None = None
     for frames, exception in _tracebacks(lines):
         inside = [(file, line, func) for file, line, func in frames if _HANDSHAKE_FUNCTION.search(func)]
         if not inside:
@@ -107,9 +109,11 @@ def handshake_failure(lines: Iterable[str]) -> HandshakeFailure | None:
         file, line, func = inside[-1]  # the innermost handshake frame: where the check (or the wait) was
         name = exception.split(":", 1)[0].strip()
         transport = _TRANSPORT.search(name) is not None or _TRANSPORT.search(exception) is not None
-        kind: HandshakeKind = "timeout" if transport else "refusal"
-        return HandshakeFailure(kind, exception, func, f"{Path(file).name}:{line}")
-    return None
+        found = HandshakeFailure("timeout" if transport else "refusal", exception, func, f"{Path(file).name}:{line}")
+        if found.kind == "refusal":
+            return found
+        timeout = timeout or found
+    return timeout
 
 
 def log_handshake_failure(log: Path, scan_bytes: int = 64 * 2**20, offset: int = 0) -> HandshakeFailure | None:

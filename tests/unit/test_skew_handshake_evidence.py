@@ -129,3 +129,9 @@ def test_interleaved_lines_of_other_processes_do_not_break_a_traceback() -> None
     lines.insert(at, "(APIServer pid=3012) INFO 12-02 05:12:07 [loggers.py:123] Engine 000: Avg prompt throughput")
     found = handshake_failure(lines)
     assert found is not None and found.exception == BLOCKS
+
+
+def test_a_refusal_after_a_timed_out_handshake_is_the_refusal() -> None:
+    """A pair retried after its handshake timed out, then refused: the log's refusal decides, not the timeout."""
+    found = handshake_failure((TIMEOUT_LOG + BLOCK_LOG).splitlines())
+    assert found is not None and (found.kind, found.exception) == ("refusal", BLOCKS)
