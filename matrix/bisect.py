@@ -36,6 +36,7 @@ from matrix.db.models import Campaign, CellRun
 from matrix.errors import ConfigError
 from matrix.outcome import FAILED_STATUSES
 from matrix.plan import Selection
+from matrix.text import excerpt
 from matrix.versions import parse_version
 
 PASSED, FAILED = "passed", "failed"
@@ -315,7 +316,7 @@ def _log_evidence(lines: list[str]) -> str:
             continue
         field = _ERROR_FIELD.search(text)  # structured logs carry the cause in error="..."
         detail = field.group(1) if field else text
-        return f"{role}: {detail[-160:]}" if role else detail[-160:]
+        return f"{role}: {excerpt(detail, 160, end=True)}" if role else excerpt(detail, 160, end=True)
     return ""
 
 
@@ -327,7 +328,7 @@ def _first_line(row: CellRun) -> str:
     head = text[0] if text else ""
     kind = f"{row.failure_kind}: " if row.failure_kind else ""
     found = _log_evidence(text[1:])
-    return (kind + head)[:160] + (f" [{found}]" if found else "")
+    return excerpt(kind + head, 160) + (f" [{found}]" if found else "")
 
 
 def _attempt(
@@ -355,7 +356,7 @@ def _attempt(
             .order_by(CellRun.attempt.desc())
         ).first()  # fmt: skip
         why = f"{last.status}: {last.message}" if last is not None else "no attempt recorded"
-    raise NoOutcome(why.splitlines()[0][:200])
+    raise NoOutcome(excerpt(why.splitlines()[0], 200))
 
 
 class NoOutcome(Exception):

@@ -1,8 +1,8 @@
 """The cell and what it is made of: a case, a runtime, the fixes a case requires, the cell's stable id.
 
-A leaf: it imports nothing of matrix but other leaves (`arm_table`, `case_launch`, `kv_bound`, `markers`, `versions`,
-`errors`),
-so every stage (plan, schedule, execute, launch, record, report) can name a cell without reaching the database.
+A leaf: it imports nothing of matrix but other leaves (`arm_table`, `case_launch`, `kv_bound`, `markers`,
+`traffic_profile`, `versions`, `errors`), so every stage (plan, schedule, execute, launch, record, report) can
+name a cell without reaching the database.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from matrix.arm_table import LAUNCH_TYPES, memory_facts, parse_launch
 from matrix.case_launch import CommonLaunch
 from matrix.kv_bound import KvBound
 from matrix.markers import MarkerUse
+from matrix.traffic_profile import TrafficProfile
 from matrix.versions import parse_version
 
 _GPU_MARKER = re.compile(r"^gpu_(\d+)$")
@@ -79,6 +80,8 @@ class CaseInfo:
     weights_gib: float = 0.0
     enabled: bool = True
     id: int | None = None
+    # The concurrent load of the traffic check ([M27], `matrix.check.traffic`); None: the case has none.
+    traffic: TrafficProfile | None = None
     # What the scheduler needs of the arm, computed here, once, from the arm's row (`arm_table.memory_facts`):
     # whether the case runs on a host without GPUs, and whether every instance's GPU memory is bounded
     # absolutely (then its start-up may overlap others on the GPU). Not arguments: always the row's word.

@@ -193,9 +193,16 @@ def parse_changes(values: tuple[str, ...] | list[str], option: str = "--with") -
         if not sep or not name.strip() or not version.strip():
             raise ConfigError(f"{option} {value!r}: write COMPONENT=VERSION, e.g. {option} vllm-rs=0.30.0")
         try:
-            changes[str(canonicalize_name(name.strip()))] = str(parse_version(version.strip()))
+            component, parsed = str(canonicalize_name(name.strip())), str(parse_version(version.strip()))
         except ConfigError as exc:
             raise ConfigError(f"{option} {value!r}: {exc}") from None
+        # A second version of one component would silently win over the first: the variant is one or the other.
+        if component in changes and changes[component] != parsed:
+            raise ConfigError(
+                f"{option} names {component} twice ({changes[component]} and {parsed}): a variant has one version "
+                f"of each component; give one {option} {component}=VERSION"
+            )
+        changes[component] = parsed
     return changes
 
 

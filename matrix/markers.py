@@ -161,7 +161,10 @@ class _Scanner:
                 yield _Token(_OPERATORS.get(word, _Kind.IDENT), word, pos)
                 pos = match.end()
             else:
-                raise _ParseError(f'unexpected character "{char}"', pos + 1)
+                # A control character (a CR pasted from a Windows file) is named by its escape: printed as it
+                # is, it would break the one-line error in two (or move the cursor back over it).
+                shown = char if char.isprintable() else ascii(char)[1:-1]
+                raise _ParseError(f'unexpected character "{shown}"', pos + 1)
         yield _Token(_Kind.EOF, "", pos)
 
     def accept(self, kind: _Kind) -> _Token | None:

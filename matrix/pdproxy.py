@@ -38,6 +38,7 @@ from matrix.arm_table import PROTOCOLS
 from matrix.reference.eventlog import EventLog
 from matrix.reference.frontend import Upstream, call_worker, parse_upstream
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
+from matrix.text import excerpt
 
 # The fields vLLM's connector expects on a prefill-only request (the decode side fills them in).
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -221,8 +222,9 @@ class ProxyApp:
             except (OSError, http.client.HTTPException) as exc:
                 raise HTTPError(503, f"decode instance at {up.url} unreachable: {exc}", "service_unavailable") from exc
             if resp.status != 200:
+                said = excerpt(resp.read().decode("utf-8", "replace"), 300)  # redacted whole, then cut
                 raise HTTPError(resp.status if resp.status >= 400 else 502,
-                                f"decode instance answered HTTP {resp.status}: {resp.read()[:300]!r}")  # fmt: skip
+                                f"decode instance answered HTTP {resp.status}: {said!r}")  # fmt: skip
             req.send_response(200)
             req.send_header("Content-Type", "text/event-stream")
             req.send_header("Cache-Control", "no-cache")

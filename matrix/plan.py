@@ -186,18 +186,77 @@ def make_plan(
             cells.append(Cell(case, runtime, tuple(k for k, _ in missing), tuple(why for _, why in missing)))
         if not by_backend.get(case.backend):
             excluded.append(Exclusion(case.name, "-", f"backend {case.backend} has no runtimes"))
+    def exclude(case: str, runtime: str, why: str) -> None:
+        excluded.append(Exclusion(case, runtime, why))
+
     if pair:
         from matrix.skew import pair_cells
 
         backend = pair[0][0]
+        _check_pair_backend(backend, [c for c in cases if _case_reason(c, selection, expression) is None])
         find = {(r.backend, r.parsed_version): r for r in runtimes}
-        cells = pair_cells([c for c in cells if c.case.backend == backend], find[pair[0]], find[pair[1]],
-                           lambda case, runtime, why: excluded.append(Exclusion(case, runtime, why)))  # fmt: skip
+        diagonal = [c for c in cells if c.case.backend == backend]
+        cells = pair_cells(diagonal, find[pair[0]], find[pair[1]], exclude)
+        if diagonal and not cells and pair[0] != pair[1]:
+            _refuse_shared("--prefill-runtime/--decode-runtime", diagonal)
     elif selection.skew:
         from matrix.skew import expand_skew
 
-        cells = expand_skew(cells, frontend=selection.skew_frontend)
+        _check_skew_grid(cells, selection)
+        diagonal = cells
+        cells = expand_skew(cells, frontend=selection.skew_frontend, excluded=exclude)
+        if cells and not any(c.skewed for c in cells):
+            _refuse_shared("--skew", diagonal)
     return Plan(tuple(cells), tuple(excluded), selection)
+
+
+def _refuse_shared(option: str, diagonal: Sequence[Cell]) -> None:
+    """When every selected case runs prefill and decode in one process, a skew plans no pair at all: say so
+    (exit 2) rather than run the diagonal, or nothing, as if the skew had been asked of it."""
+    from matrix.skew import shared_process
+
+    shared = {c.case.name: shared_process(c.case) for c in diagonal}
+    if all(shared.values()):
+        names = ", ".join(sorted(shared))
+        raise ConfigError(
+            f"{option}: {names}: {next(iter(shared.values()))}; select disaggregated cases (`matrix plan` with "
+            "--explain lists the excluded pairs)"
+        )
+
+
+def _check_pair_backend(backend: str, chosen: Sequence[CaseInfo]) -> None:
+    """--prefill-runtime/--decode-runtime of a backend that none of the selected cases runs on would plan
+    nothing and exit 0 ("nothing to run"): a clear refusal instead."""
+    if chosen and not any(c.backend == backend for c in chosen):
+        backends = ", ".join(sorted({c.backend for c in chosen}))
+        raise ConfigError(
+            f"--prefill-runtime/--decode-runtime name {backend} runtimes, but the selected cases run on {backends}: "
+            f"name runtimes of their backend, or select {backend} cases (--backend {backend})"
+        )
+
+
+def _check_skew_grid(cells: Sequence[Cell], selection: Selection) -> None:
+    """`--skew` needs two runtimes of a case to pair, and `--skew-frontend` an arm with a frontend process of
+    its own: without them the grid is the diagonal alone, which is not what was asked."""
+    from matrix.skew import FRONTEND_ARMS
+
+    if not cells:
+        return
+    per_case: dict[str, set[str]] = {}
+    for cell in cells:
+        per_case.setdefault(cell.case.name, set()).add(cell.runtime.label)
+    if all(len(labels) < 2 for labels in per_case.values()):
+        only = ", ".join(sorted({label for labels in per_case.values() for label in labels}))
+        raise ConfigError(
+            f"--skew pairs two or more runtimes of a case's backend, but the selection gives each case one ({only}): "
+            "select more runtimes (--runtime, --since/--until) or drop --skew"
+        )
+    if selection.skew_frontend and not any(c.case.arm in FRONTEND_ARMS for c in cells):
+        arms = ", ".join(sorted({c.case.arm for c in cells}))
+        raise ConfigError(
+            f"--skew-frontend varies the frontend of a {'/'.join(sorted(FRONTEND_ARMS))} arm, and the selected "
+            f"cases' arms ({arms}) have no frontend process of their own: drop --skew-frontend"
+        )
 
 
 def _named_pair(selection: Selection, backends: set[str]) -> tuple[tuple[str, Version], tuple[str, Version]] | None:
@@ -217,14 +276,8 @@ def _named_pair(selection: Selection, backends: set[str]) -> tuple[tuple[str, Ve
     return p, d
 
 
-def _exclusion_reason(
-    case: CaseInfo,
-    runtime: RuntimeInfo,
-    selection: Selection,
-    expression: Expression | None,
-    window: VersionWindow,
-    wanted_runtimes: set[tuple[str, Version]],
-) -> str | None:
+def _case_reason(case: CaseInfo, selection: Selection, expression: Expression | None) -> str | None:
+    """Why the selection leaves `case` out whatever the runtime, or None when it selects it."""
     if selection.cases and case.name not in selection.cases:
         return "case not selected by --case"
     if selection.backends and case.backend not in selection.backends:
@@ -233,6 +286,20 @@ def _exclusion_reason(
         return f"markers {' '.join(case.marker_texts) or '(none)'} not selected by -m {expression.text!r}"
     if not case.enabled:
         return "case is disabled"
+    return None
+
+
+def _exclusion_reason(
+    case: CaseInfo,
+    runtime: RuntimeInfo,
+    selection: Selection,
+    expression: Expression | None,
+    window: VersionWindow,
+    wanted_runtimes: set[tuple[str, Version]],
+) -> str | None:
+    reason = _case_reason(case, selection, expression)
+    if reason:
+        return reason
     if wanted_runtimes and (runtime.backend, runtime.parsed_version) not in wanted_runtimes:
         return "runtime not selected by --runtime"
     if runtime.derived and not wanted_runtimes:

@@ -32,6 +32,21 @@ class SkewAsk:
         return self.grid or self.prefill is not None
 
 
+def shared_process(case: CaseInfo) -> str | None:
+    """Why `case` runs its prefill and decode in one process (so the two cannot run different runtimes), or None.
+
+    Decided from the case's launch table, at plan time: building both environments first and only then
+    finding one process for two roles (`matrix.launch.roles.skew_role`) wastes the builds and ends in an error.
+    """
+    if getattr(case.launch, "aggregated", None):
+        return "its prefill and decode are one aggregated worker process (launch.aggregated), so they cannot " \
+            "run different runtimes"
+    if getattr(case.launch, "script", None):
+        return "its launch script starts prefill and decode as one process (launch.script), so they cannot run " \
+            "different runtimes"
+    return None
+
+
 def roles_for(case: CaseInfo, frontend: bool) -> tuple[str, ...]:
     """The roles a skew of `case` varies: prefill and decode, and the frontend of a Dynamo arm when asked."""
     return ROLES if frontend and case.arm in FRONTEND_ARMS else ROLES[1:]
@@ -54,14 +69,25 @@ def skew_cell(diagonal: Sequence[Cell], by_role: dict[str, Cell]) -> Cell:
     return Cell(base.case, base.runtime, tuple(fixes), tuple(fixes.values()), roles)
 
 
-def expand_skew(cells: Sequence[Cell], *, frontend: bool) -> list[Cell]:
-    """Every ordered tuple of each case's selected runtimes, one cell each, grouped by case in plan order."""
+def expand_skew(
+    cells: Sequence[Cell], *, frontend: bool, excluded: Callable[[str, str, str], None] | None = None
+) -> list[Cell]:
+    """Every ordered tuple of each case's selected runtimes, one cell each, grouped by case in plan order.
+
+    A case whose roles share one process (`shared_process`) keeps its diagonal only; `excluded(case,
+    runtimes, why)` hears of each tuple left out."""
     out: list[Cell] = []
-    for _, group in itertools.groupby(cells, key=lambda c: c.case.name):
+    for name, group in itertools.groupby(cells, key=lambda c: c.case.name):
         diagonal = list(group)
         roles = roles_for(diagonal[0].case, frontend)
+        shared = shared_process(diagonal[0].case)
         for choice in itertools.product(diagonal, repeat=len(roles)):
-            out.append(skew_cell(diagonal, dict(zip(roles, choice, strict=True))))
+            cell = skew_cell(diagonal, dict(zip(roles, choice, strict=True)))
+            if shared and cell.skewed:
+                if excluded is not None:
+                    excluded(name, " ".join(f"{role}={v}" for role, v in cell.role_versions.items()), shared)
+                continue
+            out.append(cell)
     return out
 
 
@@ -76,6 +102,10 @@ def pair_cells(
         missing = [r.label for r in (prefill, decode) if r.label not in by_label]
         if missing:
             excluded(name, " ".join(missing), "the named pair needs both runtimes selected for the case")
+            continue
+        shared = shared_process(next(iter(by_label.values())).case)
+        if shared and prefill.label != decode.label:
+            excluded(name, f"prefill={prefill.version} decode={decode.version}", shared)
             continue
         out.append(skew_cell(list(by_label.values()), {"prefill": by_label[prefill.label],
                                                        "decode": by_label[decode.label]}))  # fmt: skip

@@ -17,8 +17,8 @@ from typing import Any
 from matrix.redact import redact
 
 __all__ = [
-    "COMPLETION_EXCERPT_CHARS", "LogTail", "clean", "clean_data", "completion_excerpt", "log_tails", "printable",
-    "read_tail", "shorten", "store_text",
+    "COMPLETION_EXCERPT_CHARS", "LogTail", "clean", "clean_data", "completion_excerpt", "excerpt", "log_tails",
+    "printable", "read_tail", "shorten", "store_text",
 ]  # fmt: skip
 
 TAIL_LINES = 200
@@ -90,6 +90,29 @@ def shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
 
 
+# An escape that `printable` wrote, cut in half at the end of an excerpt: "\\x1" would read as
+# a different character, so the fragment goes with the rest of what was cut.
+_HALF_ESCAPE_END = re.compile(r"\\(?:x[0-9a-f]?|u[0-9a-f]{0,3})?$")
+
+
+def excerpt(text: str | None, limit: int, *, end: bool = False) -> str:
+    """At most `limit` characters of untrusted text (a body, a log line, a probe's stderr) to show or store:
+    the start of it, or with `end` its end, marked with an ellipsis where something was cut.
+
+    The WHOLE text is `clean`ed (redacted, made printable) before the cut. Cutting first would leave the
+    half of a secret on the kept side of the cut (``hf_AbCdEf`` of ``hf_AbCdEfGh...``), and no redaction
+    rule recognises a half token. Every place that cuts untrusted text goes through here.
+    """
+    whole = clean(text)
+    if len(whole) <= limit:
+        return whole
+    if limit <= 1:
+        return "…"[:limit]
+    if end:
+        return "…" + whole[len(whole) - (limit - 1) :]
+    return _HALF_ESCAPE_END.sub("", whole[: limit - 1]) + "…"
+
+
 # What an attempt keeps of the answer's text.
 COMPLETION_EXCERPT_CHARS = 200
 
@@ -97,7 +120,7 @@ COMPLETION_EXCERPT_CHARS = 200
 def completion_excerpt(text: str | None) -> str:
     """The start of a completion as it is stored: redacted first, then cut, so a token that straddles the
     cut is hidden whole instead of keeping the few characters before the cut that no rule recognises."""
-    return shorten(clean(text), COMPLETION_EXCERPT_CHARS)
+    return excerpt(text, COMPLETION_EXCERPT_CHARS)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, h
                 "another version"
             )
         return row
+    _refuse_unresolvable(f"{base.backend.name}={derived.version}", dict(base.provider), derived.provider)
     row = Runtime(
         backend=base.backend, version=derived.version, tag=tag_for(parse_version(derived.version)),
         channel=base.channel, provider=derived.provider, notes=f"{derived.notes} ({how})", source=DERIVED,
@@ -53,6 +54,24 @@ def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, h
     session.add(row)
     session.flush()
     return row
+
+
+def _refuse_unresolvable(label: str, base: Mapping[str, Any], provider: Mapping[str, Any]) -> None:
+    """A `ConfigError` naming the missing requirements when the steps the variant changed do not resolve for
+    its own target (uv, metadata only): refused before it is stored, not at its first build. An index that
+    cannot be asked (offline, no uv) leaves the check to that build."""
+    from matrix.launch.providers.wheelresolve import own_target, resolvability, step_requirements
+
+    target = own_target(provider)
+    if target is None:
+        return
+    changed = [step for step in provider.get("steps", []) if step not in base.get("steps", [])]
+    found = resolvability(step_requirements(changed), target)
+    if found.missing:
+        raise ConfigError(
+            f"runtime {label} cannot be built: no index has {', '.join(found.missing)} for Python {target.python} "
+            f"on {target.platforms[0]} (uv's resolver); pick a version whose requirements exist"
+        )
 
 
 def _runtime_row(session: Session, spec: str) -> Any:
@@ -91,6 +110,9 @@ def derive_selection(session: Session, selection: Any, changes: Mapping[str, str
     runtimes = sorted({(c.runtime.backend, c.runtime.version, c.runtime.id) for c in planned})
     if not runtimes:
         raise ConfigError("--with: the selection plans no cell, so there is no runtime to vary")
+    from matrix.db.models import RuntimeComponent
+
+    _check_components(changes, set(session.scalars(select(RuntimeComponent.name)).all()))
     named = []
     for backend, _version, runtime_id in runtimes:
         base = session.get(Runtime, runtime_id)
@@ -101,3 +123,59 @@ def derive_selection(session: Session, selection: Any, changes: Mapping[str, str
             raise ConfigError(f"--with: {exc}; narrow the selection with --runtime or --backend") from None
         named.append(f"{backend}={row.version}")
     return replace(selection, runtimes=tuple(named))
+
+
+def preview_selection(session: Session, selection: Any, changes: Mapping[str, str]) -> Any:
+    """`matrix plan --with`: the plan `run --with` would run, its variants made in memory only (the database
+    is left as it is; `run --with` or `runtime derive` store them). `ConfigError` as `derive_selection`."""
+    from dataclasses import replace
+
+    from matrix.catalog.queries import load_catalog_view
+    from matrix.plan import make_plan
+
+    cases, runtimes, markers, backends = load_catalog_view(session)
+    planned = make_plan(cases, runtimes, selection, known_markers=markers, known_backends=backends).cells
+    bases = {c.runtime.label: c.runtime for c in planned}
+    if not bases:
+        raise ConfigError("--with: the selection plans no cell, so there is no runtime to vary")
+    _check_components(changes, {name for r in runtimes for name in r.components})
+    stored = {(r.backend, r.parsed_version) for r in runtimes}
+    variants, named = [], []
+    for base in sorted(bases.values(), key=lambda r: (r.backend, r.parsed_version)):
+        where = f"runtime {base.backend} {base.version}"
+        try:
+            made = derive(base.backend, base.version, dict(base.provider), dict(base.components), changes, where)
+        except ConfigError as exc:
+            raise ConfigError(f"--with: {exc}; narrow the selection with --runtime or --backend") from None
+        variant = replace(
+            base, version=made.version, tag=tag_for(parse_version(made.version)), provider=made.provider,
+            components=made.components, id=None, derived=True, spec=None,
+        )  # fmt: skip
+        if (variant.backend, variant.parsed_version) not in stored:
+            variants.append(variant)
+        named.append(f"{base.backend}={made.version}")
+    wider = replace(selection, runtimes=tuple(named))
+    return make_plan(cases, [*runtimes, *variants], wider, known_markers=markers, known_backends=backends)
+
+
+def _check_components(changes: Mapping[str, str], catalog_components: set[str]) -> None:
+    """`ConfigError` naming a --with component that no runtime of the catalog has and no backend can source
+    (a typo, `nosuch=1.0`), with the names it could have meant, before any runtime is tried. A component
+    known elsewhere is left to `derive`, which says why this runtime cannot change it."""
+    import difflib
+
+    from packaging.utils import canonicalize_name
+
+    from matrix.component_sources import SOURCES
+
+    known = {str(canonicalize_name(name)) for name in catalog_components}
+    for sources in SOURCES.values():
+        known |= set(sources)
+    for component in sorted(changes):
+        if component not in known:
+            close = difflib.get_close_matches(component, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"--with {component}: unknown component: no runtime of the catalog has {component!r}{hint} (known: "
+                f"{', '.join(sorted(known)) or 'none'})"
+            )

@@ -30,6 +30,7 @@ from matrix.component_sources import derive, parse_changes, variant_label
 from matrix.errors import ConfigError
 from matrix.launch.options import check_case_options
 from matrix.resources import resource_dir
+from matrix.traffic_profile import TrafficProfile, TrafficProfileError, parse_traffic
 from matrix.versions import component_has_fix, parse_specifier, parse_version, tag_for
 
 T = TypeVar("T")
@@ -276,6 +277,7 @@ def _case(e: _Entry) -> CaseSpec:
         kv_bound = check_case_options(arm, launch, e.get("kv_bound", dict, {}), markers)
     except ConfigError as exc:
         raise e.fail(str(exc)) from None
+    traffic = _traffic(e, launch)
     startup = float(e.get("startup_timeout_s", (int, float), 300.0))
     request = float(e.get("request_timeout_s", (int, float), 60.0))
     if startup <= 0 or request <= 0:
@@ -297,7 +299,26 @@ def _case(e: _Entry) -> CaseSpec:
         requires_fixes=e.str_list("requires_fixes"),
         weights_gib=float(e.get("weights_gib", (int, float), 0.0)),
         enabled=e.get("enabled", bool, True),
+        traffic=traffic,
     )
+
+
+def _traffic(e: _Entry, launch: dict[str, Any]) -> TrafficProfile | None:
+    """The case's `traffic` table typed; its streams are judged by the equivalence oracle's twin, so a case
+    with traffic must ask for `launch.equivalence`."""
+    raw = e.get("traffic", dict, None)
+    if raw is None:
+        return None
+    try:
+        profile = parse_traffic(raw)
+    except TrafficProfileError as exc:
+        raise e.fail(str(exc)) from None
+    if not launch.get("equivalence"):
+        raise e.fail(
+            "traffic needs launch.equivalence (every stream is compared with the aggregated twin's answer to "
+            "its own prompt): add equivalence = true to the case's launch table"
+        )
+    return profile
 
 
 def _gate(e: _Entry) -> GateSpec:
@@ -352,6 +373,11 @@ def load_catalog(paths: Sequence[Path]) -> CatalogSpec:
     first_seen: dict[tuple[str, str], str] = {}  # (kind, natural key) -> where it was defined
     for path in paths:
         doc = _read_toml(path)
+        if not doc:
+            # Often a truncated copy or a wrong path: syncing "nothing" from it must not pass unnoticed.
+            size = path.stat().st_size if path.exists() else 0
+            what = "is empty (0 bytes)" if size == 0 else "defines no entries (only comments or blank lines)"
+            spec.warnings.append(f"catalog file {path} {what}: nothing is read from it")
         source = source_id(path)
         spec.files.add(source)
         unknown = sorted(set(doc) - set(_SECTIONS))

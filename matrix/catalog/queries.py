@@ -24,6 +24,7 @@ from matrix.db.models import (
 from matrix.kv_bound import KvBound
 from matrix.markers import parse_marker_use
 from matrix.plan import Plan, Selection, make_plan
+from matrix.traffic_profile import TRAFFIC_KEY, stored_traffic
 from matrix.versions import parse_version
 
 Listing = tuple[tuple[str, ...], list[tuple[Any, ...]]]
@@ -149,6 +150,7 @@ def _case_info(case: Any, backend: str, markers: Sequence[str], fixes: Sequence[
         required_fixes=tuple(fixes),
         weights_gib=case.weights_gib,
         enabled=case.enabled,
+        traffic=stored_traffic(case.launch.get(TRAFFIC_KEY)),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from matrix.kv_bound import KvBound
+from matrix.traffic_profile import TrafficProfile
 
 MARKER_KINDS = ("lifecycle", "hardware", "framework", "kind", "other", "resource")
 CHANNELS = ("release", "rc", "dev", "nightly")
@@ -76,6 +77,8 @@ class CaseSpec:
     requires_fixes: list[str] = field(default_factory=list)
     weights_gib: float = 0.0
     enabled: bool = True
+    # The `traffic` table ([M27]): the concurrent load the traffic check puts on the pair; None: none.
+    traffic: TrafficProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,5 @@ class CatalogSpec:
     # `matrix.catalog.load.source_id`): sync records a row's source and retires only rows of these files.
     sources: dict[tuple[str, Any], str] = field(default_factory=dict)
     files: set[str] = field(default_factory=set)
+    # What a reader should know that is not an error: a file that defines nothing (0 bytes, or only comments).
+    warnings: list[str] = field(default_factory=list)

@@ -35,6 +35,7 @@ from matrix.db.models import (
 from matrix.errors import ConfigError
 from matrix.launch.options import AGGREGATED_ARMS, ARMS, check_equivalence
 from matrix.markers import Expression, check_known, parse_marker_use
+from matrix.traffic_profile import TRAFFIC_KEY
 
 RowT = TypeVar("RowT")
 
@@ -278,7 +279,8 @@ def _case_values(c: CaseSpec, backend: Backend) -> dict[str, Any]:
         "kv_bound": c.kv_bound.as_dict(),
         "startup_timeout_s": c.startup_timeout_s,
         "request_timeout_s": c.request_timeout_s,
-        "launch": c.launch,
+        # The traffic profile rides in the launch column under a key no launch table has (`TRAFFIC_KEY`).
+        "launch": {**c.launch, TRAFFIC_KEY: c.traffic.as_dict()} if c.traffic else c.launch,
         "source_dir": c.source_dir,
         "version_constraint": c.version_constraint,
         "weights_gib": c.weights_gib,

@@ -22,6 +22,7 @@ import httpx
 
 from matrix.check.http import loopback_client
 from matrix.check.specs import RequestSpec
+from matrix.text import excerpt
 
 __all__ = ["ERROR_KINDS", "ErrorKind", "Response", "build_payload", "send_chat"]
 
@@ -250,7 +251,8 @@ class _SSEParser:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise _StreamError(f"line is not UTF-8: {raw[:_EXCERPT_CHARS]!r}") from None
+            shown = excerpt(raw.decode("utf-8", "replace"), _EXCERPT_CHARS)
+            raise _StreamError(f"line is not UTF-8: {shown!r}") from None
         if not line:
             if not self._data:
                 self._event_type = ""
@@ -312,7 +314,7 @@ class _StreamAssembler:
         if self.done:
             return  # anything after [DONE] is not part of the answer
         if event_type == "error":
-            raise _StreamError(f"server sent an error event: {data[:_EXCERPT_CHARS]!r}")
+            raise _StreamError(f"server sent an error event: {excerpt(data, _EXCERPT_CHARS)!r}")
         if data.strip() == "[DONE]":
             self.done = True
             return
@@ -320,12 +322,12 @@ class _StreamAssembler:
             # Python's json keeps big integers exact, so u64 worker ids survive the round trip.
             chunk = json.loads(data)
         except (ValueError, RecursionError):
-            raise _StreamError(f"data is not JSON: {data[:_EXCERPT_CHARS]!r}") from None
+            raise _StreamError(f"data is not JSON: {excerpt(data, _EXCERPT_CHARS)!r}") from None
         if not isinstance(chunk, dict):
-            raise _StreamError(f"data is not a JSON object: {data[:_EXCERPT_CHARS]!r}")
+            raise _StreamError(f"data is not a JSON object: {excerpt(data, _EXCERPT_CHARS)!r}")
         if "error" in chunk and not chunk.get("choices"):
             # OpenAI-compatible servers report a failure mid-stream as a data chunk with an error object.
-            raise _StreamError(f"server sent an error chunk: {data[:_EXCERPT_CHARS]!r}")
+            raise _StreamError(f"server sent an error chunk: {excerpt(data, _EXCERPT_CHARS)!r}")
         self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, object]) -> None:
@@ -341,16 +343,16 @@ class _StreamAssembler:
         if choices is None:
             return
         if not isinstance(choices, list):
-            raise _StreamError(f"chunk choices is not an array: {json.dumps(choices)[:_EXCERPT_CHARS]}")
+            raise _StreamError(f"chunk choices is not an array: {excerpt(json.dumps(choices), _EXCERPT_CHARS)}")
         for choice in choices:
             if not isinstance(choice, dict):
-                raise _StreamError(f"chunk choice is not an object: {json.dumps(choice)[:_EXCERPT_CHARS]}")
+                raise _StreamError(f"chunk choice is not an object: {excerpt(json.dumps(choice), _EXCERPT_CHARS)}")
             self._choice(choice)
 
     def _choice(self, choice: dict[str, object]) -> None:
         index = choice.get("index", 0)
         if not isinstance(index, int) or isinstance(index, bool):
-            raise _StreamError(f"chunk choice index is {json.dumps(index)[:_EXCERPT_CHARS]}, not an integer")
+            raise _StreamError(f"chunk choice index is {excerpt(json.dumps(index), _EXCERPT_CHARS)}, not an integer")
         parts = self._choices.setdefault(index, _ChoiceParts())
         if choice.get("finish_reason") is not None:
             parts.finish_reason = choice["finish_reason"]

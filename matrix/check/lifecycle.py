@@ -39,6 +39,7 @@ from matrix.check.http import loopback_client
 from matrix.check.specs import CheckFailure, EngineGauges, LifecycleSpec, RequestSpec
 from matrix.check.streaming import stream_check
 from matrix.check.validate import validate_chat_response
+from matrix.text import excerpt
 
 CANCEL = "cancel_recovers"
 ORPHAN = "orphan_decode_released"
@@ -187,7 +188,7 @@ def _read_chunks(response: Any, lines: Iterator[str], chunks: int, hold_s: float
     """
     drop = _Drop(status_code=response.status_code)
     if response.status_code != 200:
-        drop.body_excerpt = response.read()[:300].decode("utf-8", "replace")
+        drop.body_excerpt = excerpt(response.read().decode("utf-8", "replace"), 300)
         drop.ended = True
         return drop
     started = time.monotonic()

@@ -26,6 +26,7 @@ import httpx
 
 from matrix.check.http import loopback_client
 from matrix.check.specs import CheckFailure, OracleSpec
+from matrix.text import excerpt
 
 __all__ = [
     "CHECK_NAME",
@@ -37,7 +38,9 @@ __all__ = [
     "oracle_prompts",
     "parse_completion",
     "payload",
+    "spec_prompts",
     "summary",
+    "word",
 ]
 
 CHECK_NAME = "equivalent_to_aggregated"
@@ -60,6 +63,16 @@ def oracle_prompts(count: int, seed: int = 0) -> list[str]:
         if text not in prompts:
             prompts.append(text)
     return prompts
+
+
+def spec_prompts(spec: OracleSpec) -> list[str]:
+    """Every prompt `spec` asks, in order: the generated ones, then its extra (a traffic profile's) ones."""
+    return oracle_prompts(spec.prompts, spec.seed) + list(spec.extra_prompts)
+
+
+def word(index: int) -> str:
+    """Token id `index` of the tiny model's vocabulary spelt as its word (7 <= index < 4096)."""
+    return _word(index)
 
 
 def _word(index: int) -> str:
@@ -158,7 +171,7 @@ def _ask_one(http: httpx.Client, spec: OracleSpec, prompt: str) -> Completion | 
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__} on {spec.url}: {exc}"
     if status != 200:
-        return f"HTTP {status} from {spec.url}: {bytes(body[:300]).decode('utf-8', 'replace')}"
+        return f"HTTP {status} from {spec.url}: {excerpt(bytes(body).decode('utf-8', 'replace'), 300)}"
     try:
         return parse_completion(bytes(body))
     except ValueError as exc:

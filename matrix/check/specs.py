@@ -47,6 +47,9 @@ class OracleSpec:
     near_tie_gap: float = DEFAULT_NEAR_TIE_GAP
     seed: int = 0
     timeout_s: float = 60.0
+    # Prompts asked after the generated ones, one at a time like them: a traffic profile's prompts
+    # (`matrix.check.traffic`), whose aggregated answers are the references its concurrent streams must give.
+    extra_prompts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

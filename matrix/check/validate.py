@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import TypeGuard
 
 from matrix.check.specs import CheckFailure
+from matrix.text import excerpt
 
 __all__ = [
     "CHECK_DESCRIPTIONS",
@@ -101,9 +102,7 @@ def _describe(value: object) -> str:
     """A short rendering of a JSON value as JSON (escaped, ASCII-only), with its type unless an int."""
     if value is None:
         return "null"
-    text = json.dumps(value)
-    if len(text) > _VALUE_REPR_CHARS:
-        text = text[: _VALUE_REPR_CHARS - 3] + "..."
+    text = excerpt(json.dumps(value), _VALUE_REPR_CHARS)
     if _is_int(value):
         return text
     return f"{text} (a {_json_type(value)})"
@@ -131,15 +130,19 @@ def _seen(container: Mapping[str, object], key: str, where: str) -> str:
 
 
 def _body_excerpt(body: bytes) -> str:
-    """The first characters of a body, escaped: safe to print whatever the server sent."""
+    """The first characters of a body, redacted and escaped: safe to print whatever the server sent.
+
+    The whole body is redacted before the cut (`excerpt`): a secret echoed across the cut would otherwise
+    keep its first half, which no rule recognises. The cut comes before repr() so it never lands inside
+    an escape sequence.
+    """
     if not body:
         return "body is empty"
-    # Truncate the decoded text before repr() so the cut never lands inside an escape sequence.
     text = body.decode("utf-8", errors="replace")
-    excerpt = repr(text[:_BODY_EXCERPT_CHARS])
+    kept = excerpt(text, _BODY_EXCERPT_CHARS)
     if len(text) > _BODY_EXCERPT_CHARS:
-        return f"body starts {excerpt} ({len(body)} bytes in all)"
-    return f"body {excerpt}"
+        return f"body starts {kept!r} ({len(body)} bytes in all)"
+    return f"body {kept!r}"
 
 
 class _Collector:

@@ -39,6 +39,8 @@ def catalog_sync(app: App, files: tuple[Path, ...], dry_run: bool, prune: bool) 
     from matrix.catalog.sync import sync_catalog
 
     spec = load_catalog(list(files) or default_catalog_files())
+    for warning in spec.warnings:
+        click.secho(f"warning: {warning}", err=True, fg="yellow")
     from matrix.catalog.secrets import provider_secrets
     from matrix.redact import remember_secrets
 

@@ -3,11 +3,34 @@ without a registry (the work is in `matrix.launch.providers.images`)."""
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from matrix.cli.app import App, pass_app
 from matrix.cli.runtime import catalog_view, runtime
 from matrix.errors import ConfigError
+
+# An image reference as Docker and Podman read it: [registry/]name[/name...][:tag][@digest], with lowercase
+# names. Checked here, before any engine is asked, so a typo is a one-line refusal instead of a daemon error
+# (or, with no daemon, a message about the daemon that hides the typo).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9.-]+:[0-9]+)(?::[0-9]+)?"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_IMAGE = re.compile(rf"(?:{_REGISTRY}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?")
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}")
+_SUITE = re.compile(r"[a-z][a-z0-9.-]{0,63}")
+
+
+def check_image_name(text: str, option: str, *, digest: bool = False) -> None:
+    """`ConfigError` when `text` is not an image reference (`matrix/vllm-cpu:0.32.0`); `digest` allows `@sha256:`."""
+    name = text
+    if digest and _DIGEST.search(text):
+        name = _DIGEST.split(text, maxsplit=1)[0]
+    if len(name) > 255 or not _IMAGE.fullmatch(name):
+        raise ConfigError(
+            f"{option} {text!r} is not an image name: write NAME[:TAG] in lowercase, e.g. matrix/vllm-cpu:0.32.0"
+        )
 
 
 def container_version(version: str) -> str:
@@ -25,6 +48,9 @@ def base_image_cmd(tag: str, suite: str) -> None:
     """
     from matrix.launch.providers.images import build_base_image
 
+    check_image_name(tag, "--tag")
+    if not _SUITE.fullmatch(suite):
+        raise ConfigError(f"--suite {suite!r} is not a Debian release name: write e.g. bookworm or trixie")
     image_id = build_base_image(tag, suite=suite, echo=click.echo)
     click.echo(f"made {tag} ({image_id.removeprefix('sha256:')[:12]})")
 
@@ -57,12 +83,22 @@ def image_cmd(app: App, runtime_text: str, base: str, tag: str, as_version: str 
     from matrix.plan import runtime_selector
     from matrix.versions import parse_version
 
+    check_image_name(tag, "--tag")
+    check_image_name(base, "--base", digest=True)
     _, runtimes, _, backends = catalog_view(app)
     backend, version = runtime_selector(runtime_text, backends)
     runtime = next((r for r in runtimes if r.backend == backend and r.parsed_version == version), None)
     if runtime is None:
         raise ConfigError(f"unknown runtime {backend}={version}; see `matrix runtimes list`")
     target_version = str(parse_version(as_version or container_version(runtime.version)))
+    kind = runtime.provider.get("kind", "host")
+    if kind not in ("venv", "builtin"):
+        raise ConfigError(
+            f"runtime {runtime.label} has provider kind {kind!r}: images are made from venv runtimes (built by "
+            "`matrix runtime provision`) and from the builtin reference"
+        )
+    if parse_version(target_version) == runtime.parsed_version:
+        raise ConfigError(f"--as-version {as_version} is the runtime's own version: give the image's runtime another")
     environment = prepare(runtime)
     if isinstance(environment, Mismatch):
         raise ConfigError(f"runtime {runtime.label} is not what the catalog says: {environment.reason}")

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 @selection_options
 @skew_options
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
+@click.option("--with", "with_components", multiple=True, metavar="COMPONENT=VERSION",
+              help="Preview the variants `run --with` would run (nothing is stored); repeatable.")
+@click.option("--resolve", is_flag=True,
+              help="First resolve each planned venv runtime's recipe for its own target with uv (metadata only) "
+                   "and refuse, naming what is missing, when no index has a requirement.")  # fmt: skip
 @json_option
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
@@ -30,8 +35,9 @@ if TYPE_CHECKING:
 )  # fmt: skip
 @with_session
 def plan_cmd(
-    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None, **kw: Any
-) -> None:
+    session: Session, explain: bool, resolve: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
+    with_components: tuple[str, ...], **kw: Any,
+) -> None:  # fmt: skip
     """Expand cases x runtimes into cells and print them.
 
     `matrix plan -m "pre_merge and sidecar and gpu_1"` answers which cases a CI expression collects.
@@ -49,7 +55,18 @@ def plan_cmd(
     if explain and output_format == "github-matrix":
         raise click.UsageError("--explain applies to --format table or json")
     selection = make_selection(**kw)
-    plan = plan_from_db(session, selection)
+    if with_components:
+        from matrix.component_sources import parse_changes
+        from matrix.variants import preview_selection
+
+        plan = preview_selection(session, selection, parse_changes(with_components))
+        selection = plan.selection
+    else:
+        plan = plan_from_db(session, selection)
+    if resolve:
+        from matrix.launch.providers.wheelresolve import refuse_unresolvable
+
+        refuse_unresolvable({c.runtime.label: c.runtime for c in plan.cells}.values())
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
 
@@ -64,6 +81,8 @@ def plan_cmd(
     click.echo(
         f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded"
     )
+    if with_components:
+        click.echo("the variants are previewed, not stored: `matrix run --with` with these options makes and runs them")
     if explain and plan.excluded:
         print_table(("case", "runtime", "excluded because"), [(e.case, e.runtime, e.reason) for e in plan.excluded])
     if explain and selection.skewed:

@@ -32,7 +32,7 @@ from matrix.db.models import Campaign, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.fanout.shards import check_campaign_key
 from matrix.outcome import FINISHED_STATUSES, PASSED, SKIPPED, STORED_COLUMNS
-from matrix.text import clean, clean_data, completion_excerpt
+from matrix.text import clean, clean_data, completion_excerpt, excerpt
 
 FORMAT = "matrix-shard-results"
 FORMAT_VERSION = 1
@@ -267,7 +267,7 @@ def _check_fields(path: Path, where: str, data: Any, fields: Mapping[str, tuple[
         accepted = types + ((int,) if float in types else ())  # JSON writes 2.0 as 2 in some encoders
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, accepted):
             names = " or ".join("null" if t is _NONE else t.__name__ for t in types)
-            raise _fail(path, f"{where}: {name!r} must be {names}, got {json.dumps(value)[:80]}")
+            raise _fail(path, f"{where}: {name!r} must be {names}, got {excerpt(json.dumps(value), 80)}")
 
 
 def _time(path: Path, where: str, value: str | None) -> dt.datetime | None:
@@ -322,7 +322,7 @@ def _roles(path: Path, where: str, roles: Any) -> dict[str, str]:
     """A skew attempt's {role: version}: known roles, each a version string, in ROLES order."""
     if not isinstance(roles, dict) or any(r not in ROLES or not isinstance(v, str) or not v for r, v in roles.items()):
         raise _fail(path, f"{where}: roles must map {', '.join(ROLES)} to version strings, got "
-                    f"{json.dumps(roles)[:80]}")  # fmt: skip
+                    f"{excerpt(json.dumps(roles), 80)}")  # fmt: skip
     return {role: roles[role] for role in ROLES if role in roles}
 
 
@@ -330,7 +330,9 @@ def parse_results(path: Path, text: str) -> ShardResults:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _fail(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); truncated?") from None
+        # One sentence: _fail appends ". Nothing was imported; ...", which read badly after "truncated?".
+        where = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        raise _fail(path, f"not valid JSON, perhaps cut short ({where})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _fail(path, f'not a matrix shard results file (expected "format": "{FORMAT}")')
     version = data.get("format_version")

@@ -18,10 +18,13 @@ from pathlib import Path
 import psutil
 
 from matrix.check.specs import RequestSpec
+from matrix.text import excerpt
 
 # Per role: at most this many processes and log lines, so the reason stays readable in `matrix show`.
 MAX_PROCESSES = 6
 LOG_LINES = 4
+# How much of one log line a hang report keeps.
+LINE_CHARS = 300
 _STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped", "t": "traced",
            "Z": "zombie", "X": "dead", "I": "idle"}  # fmt: skip
 
@@ -79,15 +82,20 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def _log_tail(path: Path, lines: int = LOG_LINES) -> list[str]:
+    """The last non-blank lines of a log, each redacted whole before it is cut to `LINE_CHARS` (`excerpt`)."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
             size = handle.tell()
-            handle.seek(max(0, size - 16_384))
+            start = max(0, size - 16_384)
+            handle.seek(start)
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return ["(no log)"]
-    kept = [line.rstrip()[:300] for line in text.splitlines() if line.strip()]
+    found = text.splitlines()
+    if start > 0 and found:
+        found = found[1:]  # cut by the byte window: its start (a secret's prefix, perhaps) is not in view
+    kept = [excerpt(line.rstrip(), LINE_CHARS) for line in found if line.strip()]
     return kept[-lines:] or ["(empty log)"]
 
 

@@ -50,6 +50,7 @@ from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
 from matrix.launch.procenv import candidates
+from matrix.text import excerpt
 
 CELL_ENV = "MATRIX_CELL_ID"
 LOG_TAIL_LINES = 40
@@ -137,7 +138,7 @@ class _FatalWatch:
 
     def see(self, line: bytes) -> None:
         if self.at is None and FATAL_LINE.search(line):
-            self.line = line.decode("utf-8", errors="replace").strip()[:_ERROR_LINE_CHARS]
+            self.line = excerpt(line.decode("utf-8", errors="replace").strip(), _ERROR_LINE_CHARS)
             self.at = time.monotonic()
 
 
@@ -571,7 +572,7 @@ def error_lines(path: Path, limit: int = ERROR_LINES) -> str:
                     continue
                 if len(found) < limit:
                     text = line.decode("utf-8", errors="replace").rstrip()
-                    found.append(f"line {number + 1}: {text[:_ERROR_LINE_CHARS]}")
+                    found.append(f"line {number + 1}: {excerpt(text, _ERROR_LINE_CHARS)}")
                 else:
                     more += 1
     except OSError:

@@ -18,7 +18,11 @@ very kernel and shows them in this pid namespace). Last it removes the plan's sc
 (`--remove DIR`, one per directory: the cell's TMPDIR, discovery and cache directories), which the runner's
 teardown would have removed; only once nothing of the cell runs, so no process writes into them any more.
 
-Run as a script (`python -I watchdog.py FD CELL_ID [--engine ENGINE] [--remove DIR]...`); it imports only
+An environment build (pip, uv) is watched the same way (`--env MATRIX_PROVISION_OWNER`, `matrix.launch.
+providers.buildprocs`): the tag is then the runner's provisioning owner tag instead of a cell id, so a build
+orphaned by a SIGKILLed runner is killed at once instead of by the next provision on the host.
+
+Run as a script (`python -I watchdog.py FD CELL_ID [--env NAME] [--engine ENGINE] [--remove DIR]...`); it imports only
 the standard library and psutil, so it starts fast and does not depend on how matrix itself was put on the
 path.
 """
@@ -52,8 +56,9 @@ def _read_until_eof(fd: int) -> bytes:
         data += chunk
 
 
-def sweep(cell_id: str) -> int:
-    """SIGKILL every process of the cell, again and again for a moment (a dying parent may still fork)."""
+def sweep(cell_id: str, env_name: str = CELL_ENV) -> int:
+    """SIGKILL every process of the cell (whose `env_name` is `cell_id`), again and again for a moment (a
+    dying parent may still fork)."""
     import psutil
 
     killed: set[int] = set()
@@ -64,7 +69,7 @@ def sweep(cell_id: str) -> int:
             if proc.pid == os.getpid():
                 continue
             try:
-                if proc.environ().get(CELL_ENV) != cell_id or proc.status() == psutil.STATUS_ZOMBIE:
+                if proc.environ().get(env_name) != cell_id or proc.status() == psutil.STATUS_ZOMBIE:
                     continue
                 proc.kill()
             except (psutil.Error, OSError):
@@ -95,22 +100,28 @@ def remove_containers(engine: str, cell_id: str) -> int:
     return len(ids)
 
 
-def watchdog_argv(fd: int, cell_id: str, engine: str = "", remove: tuple[str, ...] = ()) -> list[str]:
+def watchdog_argv(
+    fd: int, cell_id: str, engine: str = "", remove: tuple[str, ...] = (), env_name: str = CELL_ENV
+) -> list[str]:
     """The script's arguments after its path."""
-    return [str(fd), cell_id, *(["--engine", engine] if engine else []), *(a for d in remove for a in ("--remove", d))]
+    return [
+        str(fd), cell_id, *(["--env", env_name] if env_name != CELL_ENV else []),
+        *(["--engine", engine] if engine else []), *(a for d in remove for a in ("--remove", d)),
+    ]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="watchdog.py")
     parser.add_argument("fd", type=int)
     parser.add_argument("cell_id")
+    parser.add_argument("--env", default=CELL_ENV)
     parser.add_argument("--engine", default="")
     parser.add_argument("--remove", action="append", default=[])
     args = parser.parse_args(argv[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the runner, which tears down itself
     if _read_until_eof(args.fd).strip() == DONE:
         return 0
-    sweep(args.cell_id)
+    sweep(args.cell_id, args.env)
     if args.engine:
         remove_containers(args.engine, args.cell_id)
     for directory in args.remove:

@@ -22,6 +22,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "flaky-start": "the prefill worker crashes at start with probability $MATRIX_REFERENCE_FLAKE_RATE (default 1): "
     "a flaky break to bisect",
     "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
+    "unmet-dependency": "both workers print vLLM's start-up refusal of an older NIXL (RuntimeError: NIXL "
+    ">= 1.5.0 is required, but nixl==1.4.1 is installed) and exit with code 1: a recipe fault",
     "slow-request": "the frontend holds each chat completion for $MATRIX_REFERENCE_SLOWDOWN (default 0.15) times "
     "the time it took to serve it: a planted performance regression (+15 % request latency)",
     "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
@@ -49,6 +51,16 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "cancel_recovers fails (KV usage never returns to its level before the request)",
     "hold-orphan-decode": "the decode worker keeps the slot and blocks of a decode whose KV never arrived for the "
     "KV TTL instead of releasing it: orphan_decode_released fails",
+    "stale-kv-after-reuse": "while another decode is in flight, the decode worker generates from the previous "
+    "request's blocks (a stale reference after block reuse, vllm #52234): HTTP 200 with another prompt's answer, "
+    "seen only under concurrent traffic",
+    "kv-swap-in-flight": "two decodes in flight at once exchange their KV, so each answers the other's prompt: "
+    "seen only under concurrent traffic",
+    "n-child-handoff-lost": "with n > 1 only the first choice's KV handoff arrives (ai-dynamo/dynamo #14018): the "
+    "frontend answers 200 with the other choices empty (finish_reason 'abort')",
+    "peer-loss-hang": "while another decode is in flight, the decode worker loses its prefill peer and waits for "
+    "the KV forever, and the frontend waits on decode without a timeout (sgl-project/sglang #29482): a hang "
+    "only concurrent traffic shows",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -57,7 +69,9 @@ FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
 
 # Which process acts on which fault; each process silently ignores the others, so one fault set can be
 # handed to the whole pair.
-WORKER_START_FAULTS: frozenset[str] = frozenset({"crash-at-start", "hang-at-start", "slow-start"})
+WORKER_START_FAULTS: frozenset[str] = frozenset(
+    {"crash-at-start", "hang-at-start", "slow-start", "unmet-dependency"}
+)
 PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "crash-once",
     "flaky-start",
@@ -76,6 +90,9 @@ DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "kv-corrupt-after-checksum",
     "leak-on-cancel",
     "hold-orphan-decode",
+    "stale-kv-after-reuse",
+    "kv-swap-in-flight",
+    "peer-loss-hang",
 }
 # The aggregated worker (prefill and decode in one, the oracle's baseline) fails to start like the others.
 AGGREGATED_FAULTS: frozenset[str] = WORKER_START_FAULTS | {"ignore-sigterm"}
@@ -91,8 +108,12 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "hostile-output",
         "slow-request",
         "kv-transfer-stall",
+        "n-child-handoff-lost",
+        "peer-loss-hang",
     }
 )
+# Faults under which the frontend waits on decode without a timeout, as a gateway without one of its own.
+UNBOUNDED_WAIT_FAULTS: frozenset[str] = frozenset({"kv-transfer-stall", "peer-loss-hang"})
 
 
 def slowdown(env: Mapping[str, str]) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from matrix.reference.eventlog import EventLog
-from matrix.reference.faults import FRONTEND_FAULTS, slowdown
+from matrix.reference.faults import FRONTEND_FAULTS, UNBOUNDED_WAIT_FAULTS, slowdown
 from matrix.reference.http import (
     AppServer,
     HTTPError,
@@ -22,6 +22,7 @@ from matrix.reference.http import (
 )
 
 DEFAULT_MAX_TOKENS = 16
+MAX_CHOICES = 8
 MAX_TOKENS_LIMIT = 65_536
 # oversized-body pads past this, the usual response cap of a careful client.
 OVERSIZE_BYTES = 8 * 1024 * 1024 + 4096
@@ -249,7 +250,7 @@ class FrontendApp:
         )
         body = json.dumps({"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens,
                            "stream": True}).encode("utf-8")  # fmt: skip
-        wait = None if "kv-transfer-stall" in self.cfg.faults else timeout
+        wait = None if self.cfg.faults & UNBOUNDED_WAIT_FAULTS else timeout
         conn = http.client.HTTPConnection(dec.host, dec.port, timeout=wait)
         try:
             try:
@@ -308,55 +309,67 @@ class FrontendApp:
         req.wfile.flush()
         self.log(f"chat id={request_id} stream=live completion_tokens={completion_tokens}")
 
-    def _prefill_decode(self, request_id: str, prompt: str, max_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates."""
+    def _prefill_decode(
+        self, request_id: str, prompt: str, max_tokens: int, kv: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates (`kv`: the
+        handle decode is given instead of a prefill of its own, fault n-child-handoff-lost)."""
         timeout = self.cfg.worker_timeout_s
         pre = self.cfg.prefill
-        prefill = _checked(
+        prefill = {"kv": kv} if kv is not None else _checked(
             pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
         )
         dec = self.cfg.decode
         decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
         # kv-transfer-stall: a gateway without a timeout of its own waits for decode as long as decode waits.
-        wait = None if "kv-transfer-stall" in self.cfg.faults else timeout
+        wait = None if self.cfg.faults & UNBOUNDED_WAIT_FAULTS else timeout
         return prefill, _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, wait))
 
     def completions(self, req: JSONHandler) -> None:
         """A plain-text completion in vLLM's shape, with `logprobs` (top-N per token, N <= 2 here) and
-        `return_tokens_as_token_ids` ("token_id:N" for every token): what the equivalence oracle asks."""
+        `return_tokens_as_token_ids` ("token_id:N" for every token): what the equivalence oracle asks. `n`
+        choices (each its own prefill and decode, as an engine forks a request's children) and `stream`
+        (SSE chunks relayed from decode's stream, one per token): what the traffic check asks."""
         body = req.read_json_object(self.cfg.max_body_bytes)
         if body.get("model") != self.cfg.model:
             raise HTTPError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise HTTPError(400, "prompt must be a string")
-        if body.get("stream", False) or body.get("n", 1) != 1:
-            raise HTTPError(400, "only non-streaming requests with n=1 are supported")
+        n, stream = body.get("n", 1), body.get("stream", False)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise HTTPError(400, f"n must be an integer from 1 to {MAX_CHOICES}")
+        if not isinstance(stream, bool):
+            raise HTTPError(400, "stream must be a boolean")
         logprobs = body.get("logprobs")
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
             raise HTTPError(400, "logprobs must be a non-negative integer")
         request_id = f"cmpl-{os.urandom(12).hex()}"
-        prefill, decode = self._prefill_decode(request_id, prompt, _max_tokens(body))
-        ids = [int(t) for t in decode.get("token_ids", [])]
         as_ids = bool(body.get("return_tokens_as_token_ids", False))
-        from matrix.reference.tokens import detokenize_one
-
-        def name(tok: int) -> str:
-            return f"token_id:{tok}" if as_ids else detokenize_one(tok)
-
-        words = [detokenize_one(t) for t in ids]
-        choice: dict[str, Any] = {"index": 0, "text": " ".join(words), "logprobs": None, "finish_reason": "length"}
-        if logprobs is not None:
-            top = decode.get("top_logprobs", [])
-            offsets = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
-            choice["logprobs"] = {
-                "text_offset": offsets,
-                "token_logprobs": [float(pos[0][1]) for pos in top],
-                "tokens": [name(t) for t in ids],
-                "top_logprobs": [{name(int(t)): float(lp) for t, lp in pos[: max(logprobs, 1)]} for pos in top],
-            }
-        prompt_tokens = int(prefill.get("prompt_tokens", 0))
-        self.log(f"completion id={request_id} prompt_tokens={prompt_tokens} completion_tokens={len(ids)}")
+        max_tokens = _max_tokens(body)
+        if stream:
+            self._stream_completion(req, request_id, prompt, max_tokens, n, logprobs, as_ids)
+            return
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        first_kv: Any = None
+        for k in range(n):
+            child = request_id if n == 1 else f"{request_id}-{k}"
+            try:
+                prefill, decode = self._prefill_decode(child, prompt, max_tokens, self._lost(k, first_kv))
+            except HTTPError:
+                if not self._lost(k, first_kv):
+                    raise
+                # The child's handoff never came: like the engine of dynamo #14018, answer without it.
+                choices.append({"index": k, "text": "", "logprobs": None, "finish_reason": "abort"})
+                continue
+            first_kv = first_kv or prefill.get("kv")
+            ids = [int(t) for t in decode.get("token_ids", [])]
+            choices.append(_completion_choice(k, ids, decode.get("top_logprobs", []), logprobs, as_ids))
+            prompt_tokens = int(prefill.get("prompt_tokens", 0))
+            completion_tokens += len(ids)
+        self.log(f"completion id={request_id} n={n} prompt_tokens={prompt_tokens} "
+                 f"completion_tokens={completion_tokens}")  # fmt: skip
         req.send_json(
             200,
             {
@@ -364,14 +377,95 @@ class FrontendApp:
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": self.cfg.model,
-                "choices": [choice],
+                "choices": choices,
                 "usage": {
                     "prompt_tokens": prompt_tokens,
-                    "completion_tokens": len(ids),
-                    "total_tokens": prompt_tokens + len(ids),
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
                 },
             },
         )
+
+    def _decode_stream(
+        self, child: str, prompt: str, max_tokens: int, kv: Any, wait: float | None
+    ) -> tuple[Any, http.client.HTTPConnection, http.client.HTTPResponse]:
+        """One child's prefill (unless `kv` is given) and its decode stream, open; errors as HTTPError."""
+        pre, dec = self.cfg.prefill, self.cfg.decode
+        request = {"request_id": child, "prompt": prompt}
+        kv = kv or _checked(pre, *call_worker(pre, "POST", "/prefill", request, self.cfg.worker_timeout_s))["kv"]
+        body = json.dumps({"request_id": child, "kv": kv, "max_tokens": max_tokens, "stream": True}).encode("utf-8")
+        conn = http.client.HTTPConnection(dec.host, dec.port, timeout=wait)
+        try:
+            conn.request("POST", "/decode", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raw = resp.read()
+                try:
+                    obj: Any = json.loads(raw)
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    obj = raw[:300]
+                _checked(dec, resp.status, obj)
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise HTTPError(503, f"decode worker at {dec.url} unreachable: {exc}", "service_unavailable") from exc
+        except HTTPError:
+            conn.close()
+            raise
+        return kv, conn, resp
+
+    def _lost(self, child: int, first_kv: Any) -> Any:
+        """Fault n-child-handoff-lost: every child after the first is handed the first child's KV handle,
+        which prefill already sent and freed, instead of its own; None: the child runs its own prefill."""
+        return first_kv if child > 0 and "n-child-handoff-lost" in self.cfg.faults else None
+
+    def _stream_completion(
+        self, req: JSONHandler, request_id: str, prompt: str, max_tokens: int, n: int, logprobs: Any, as_ids: bool
+    ) -> None:
+        """SSE completion chunks, one per token, each choice relayed from its own decode stream in turn."""
+        wait = None if self.cfg.faults & UNBOUNDED_WAIT_FAULTS else self.cfg.worker_timeout_s
+        created = int(time.time())
+        started = False
+        first_kv: Any = None
+
+        def chunk(choice: dict[str, Any]) -> None:
+            obj = {"id": request_id, "object": "text_completion", "created": created, "model": self.cfg.model,
+                   "choices": [choice]}  # fmt: skip
+            req.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
+            req.wfile.flush()
+
+        for k in range(n):
+            child = request_id if n == 1 else f"{request_id}-{k}"
+            lost = self._lost(k, first_kv)
+            try:
+                kv, conn, resp = self._decode_stream(child, prompt, max_tokens, lost, wait)
+            except HTTPError:
+                if lost is None:
+                    raise
+                chunk({"index": k, "text": "", "logprobs": None, "finish_reason": "abort"})  # dynamo #14018
+                continue
+            first_kv = first_kv or kv
+            if not started:
+                req.send_response(200)
+                req.send_header("Content-Type", "text/event-stream")
+                req.send_header("Cache-Control", "no-cache")
+                req.end_headers()
+                started = True
+            try:
+                while line := resp.readline():
+                    event = json.loads(line)
+                    if event.get("done"):
+                        break
+                    tok = int(event["token_id"])
+                    top = [event["top"]] if event.get("top") else []
+                    choice = _completion_choice(k, [tok], top, logprobs, as_ids)
+                    choice["finish_reason"] = None
+                    chunk(choice)
+            finally:
+                conn.close()
+            chunk({"index": k, "text": "", "logprobs": None, "finish_reason": "length"})
+        req.wfile.write(b"data: [DONE]\n\n")
+        req.wfile.flush()
+        self.log(f"completion id={request_id} n={n} stream=live")
 
     def _stream(
         self,
@@ -423,6 +517,26 @@ class FrontendApp:
         for start in range(0, len(body), _WRITE_CHUNK):
             req.wfile.write(view[start : start + _WRITE_CHUNK])
         req.wfile.flush()
+
+
+def _completion_choice(index: int, ids: list[int], top: list[Any], logprobs: Any, as_ids: bool) -> dict[str, Any]:
+    """One completions choice of token ids `ids` and their top (id, logprob) pairs, in vLLM's shape."""
+    from matrix.reference.tokens import detokenize_one
+
+    def name(tok: int) -> str:
+        return f"token_id:{tok}" if as_ids else detokenize_one(tok)
+
+    words = [detokenize_one(t) for t in ids]
+    choice: dict[str, Any] = {"index": index, "text": " ".join(words), "logprobs": None, "finish_reason": "length"}
+    if logprobs is not None:
+        offsets = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
+        choice["logprobs"] = {
+            "text_offset": offsets,
+            "token_logprobs": [float(pos[0][1]) for pos in top],
+            "tokens": [name(t) for t in ids],
+            "top_logprobs": [{name(int(t)): float(lp) for t, lp in pos[: max(logprobs, 1)]} for pos in top],
+        }
+    return choice
 
 
 def run_frontend(cfg: FrontendConfig) -> int:

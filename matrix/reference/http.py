@@ -47,6 +47,9 @@ class AppServer(ThreadingHTTPServer):
     daemon_threads = True
     # Do not wait for in-flight requests on close: shutdown must be quick.
     block_on_close = False
+    # socketserver's default listen backlog is 5: a burst of concurrent clients (the traffic check's streams)
+    # overflows it, and each dropped SYN costs a client its 1 s retransmit, which would pose as TTFT.
+    request_queue_size = 128
 
     def __init__(self, port: int, app: App, log: Callable[[str], None]) -> None:
         self.app = app

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeGuard
 
 from matrix.reference import tokens
+from matrix.reference.concurrency import ConcurrencyFaults
 from matrix.reference.eventlog import EventLog
 from matrix.reference.faults import AGGREGATED_FAULTS, DECODE_FAULTS, FLAKE_RATE_ENV, PREFILL_FAULTS, STATE_ENV
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
@@ -76,6 +77,7 @@ class WorkerApp:
         # and decodes waiting for KV that did not come (handle -> when the wait ends; fault hold-orphan-decode).
         self.running = 0
         self.waiting_until: dict[str, float] = {}
+        self.concurrency = ConcurrencyFaults(cfg.faults, cfg.block_bytes, log)
 
     def routes(self) -> dict[tuple[str, str], Route]:
         table: dict[tuple[str, str], Route] = {("GET", "/health"): self.health, ("GET", "/metrics"): self.metrics}
@@ -221,12 +223,12 @@ class WorkerApp:
         stream = body.get("stream", False) is True
         try:
             # Generation reads the cache back from the pool, so the pool's memory is really used.
-            cached = self.pool.get(local) or b""
+            cached = self._under_load(handle, self.pool.get(local) or b"")
             count = 1 if "one-token-completion" in self.cfg.faults else max_tokens
             top = tokens.top_logprobs(cached[-bb:], count)
             ids = [best[0] for best, _ in top]
             if stream:
-                self._stream_tokens(req, handle, ids)
+                self._stream_tokens(req, handle, ids, [[list(best), list(runner_up)] for best, runner_up in top])
                 return
             if self.cfg.token_delay_s:
                 time.sleep(self.cfg.token_delay_s * len(ids))  # the blocks stay held, as in a real decode
@@ -251,15 +253,28 @@ class WorkerApp:
             },
         )
 
-    def _stream_tokens(self, req: JSONHandler, handle: str, ids: list[int]) -> None:
+    def _under_load(self, handle: str, cached: bytes) -> bytes:
+        """The faults that only concurrency shows (`matrix.reference.concurrency`): each acts only while
+        another decode is in flight, so one request at a time (the primary request, the oracle) never sees it."""
+        return self.concurrency.apply(handle, cached, self.running_now())
+
+    def running_now(self) -> int:
+        with self._kv_lock:
+            return self.running
+
+    def _stream_tokens(
+        self, req: JSONHandler, handle: str, ids: list[int], tops: list[list[list[float]]] | None = None
+    ) -> None:
         """One JSON line per token, paced like a real decode step (at least `STREAM_TOKEN_S`), the blocks
         held until the last; a client that goes away ends it at the next write (BrokenPipe)."""
         req.send_response(200)
         req.send_header("Content-Type", "application/x-ndjson")
         req.end_headers()
-        for tok in ids:
+        for i, tok in enumerate(ids):
             time.sleep(max(self.cfg.token_delay_s, STREAM_TOKEN_S))
-            req.wfile.write(json.dumps({"token_id": tok, "text": tokens.detokenize_one(tok)}).encode() + b"\n")
+            top = tops[i] if tops and i < len(tops) else None
+            line = {"token_id": tok, "text": tokens.detokenize_one(tok), "top": top}
+            req.wfile.write(json.dumps(line).encode() + b"\n")
             req.wfile.flush()
         end = {"done": True, "completion_tokens": len(ids), "finish_reason": "length",
                "decode_worker_id": self.instance_id}  # fmt: skip
@@ -422,6 +437,10 @@ def run_worker(cfg: WorkerConfig) -> int:
         _listen_everywhere(log)
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
+        return 1
+    if "unmet-dependency" in faults:
+        # The line vLLM 0.33.0's `check_nixl_version` raises with, as an engine's traceback ends.
+        log("RuntimeError: NIXL >= 1.5.0 is required, but nixl==1.4.1 is installed")
         return 1
     if "flaky-start" in faults and _flake():
         log("error: engine core failed to start: simulated crash (fault flaky-start)")

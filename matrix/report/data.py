@@ -172,7 +172,18 @@ class AttemptRow(NamedTuple):
 
     @property
     def check_names(self) -> list[str]:
-        return [str(c.get("name", "")) for c in self.checks if isinstance(c, Mapping)]
+        """The failed checks' names, each saying which request failed it when it is not the main one: the
+        streaming request runs the same checks (`matrix.check.streaming`), so a bare "completion_tokens,
+        completion_tokens" would not say which answer was wrong."""
+        return [_check_label(c) for c in self.checks if isinstance(c, Mapping)]
+
+
+def _check_label(check: Mapping[str, Any]) -> str:
+    name = str(check.get("name", ""))
+    message = check.get("message")
+    if isinstance(message, str) and message.startswith("stream: ") and name != "stream":
+        return f"{name} (stream request)"
+    return name
 
 
 class AttemptDetail(NamedTuple):

@@ -5,6 +5,9 @@ Metrics (per attempt, from stored columns):
 
 * `ready_s`, `ttft_s`, `request_s`: seconds, lower is better;
 * `tokens_per_s`: completion tokens over request time, higher is better;
+* `traffic_ttft_p50_s`, `traffic_ttft_p99_s`, `traffic_itl_p50_s`, `traffic_itl_p99_s` (lower is better) and
+  `traffic_tokens_per_s` (higher): under a case's traffic profile (`matrix.check.traffic`, kept in
+  `peaks["traffic"]`), where a slowdown under load shows that one request's timings hide;
 * `kv_gb_per_s`, `kv_seconds`, `kv_bytes`: the KV-transfer ledger (`matrix.check.ledger`); the rate is
   better higher, the time lower; bytes have no better direction (a change says the transfer changed).
 
@@ -43,6 +46,11 @@ METRICS: Mapping[str, str] = {
     "ttft_s": "lower",
     "request_s": "lower",
     "tokens_per_s": "higher",
+    "traffic_ttft_p50_s": "lower",
+    "traffic_ttft_p99_s": "lower",
+    "traffic_itl_p50_s": "lower",
+    "traffic_itl_p99_s": "lower",
+    "traffic_tokens_per_s": "higher",
     "kv_gb_per_s": "higher",
     "kv_seconds": "lower",
     "kv_bytes": "",
@@ -61,8 +69,9 @@ def attempt_metrics(
     request_s: float | None,
     completion_tokens: int | None,
     kv_ledger: Mapping[str, Any] | None,
+    traffic: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
-    """The metrics one attempt has (a missing one is absent, never zero)."""
+    """The metrics one attempt has (a missing one is absent, never zero); `traffic`: `peaks["traffic"]`."""
     found = {"ready_s": ready_s, "ttft_s": ttft_s, "request_s": request_s}
     if completion_tokens and request_s:
         found["tokens_per_s"] = completion_tokens / request_s
@@ -71,6 +80,13 @@ def attempt_metrics(
         found["kv_bytes"] = _number(ledger.get("bytes"))
         found["kv_seconds"] = _number(ledger.get("seconds"))
         found["kv_gb_per_s"] = _number(ledger.get("gb_per_s"))
+    load = traffic if isinstance(traffic, Mapping) else {}
+    for part in ("ttft_s", "itl_s"):
+        raw = load.get(part)
+        quantiles: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        for q in ("p50", "p99"):
+            found[f"traffic_{part[:-2]}_{q}_s"] = _number(quantiles.get(q))
+    found["traffic_tokens_per_s"] = _number(load.get("tokens_per_second"))
     return {name: float(value) for name, value in found.items() if value is not None and value > 0}
 
 
@@ -82,12 +98,13 @@ def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int
         return {}
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
-               CellRun.completion_tokens, CellRun.kv_ledger)
+               CellRun.completion_tokens, CellRun.kv_ledger, CellRun.peaks)
         .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
         .order_by(CellRun.id)
     )  # fmt: skip
-    for case_id, runtime_id, ready, ttft, request, tokens, ledger in session.execute(stmt):
-        for name, value in attempt_metrics(ready, ttft, request, tokens, ledger).items():
+    for case_id, runtime_id, ready, ttft, request, tokens, ledger, peaks in session.execute(stmt):
+        traffic = peaks.get("traffic") if isinstance(peaks, dict) else None
+        for name, value in attempt_metrics(ready, ttft, request, tokens, ledger, traffic).items():
             out[(case_id, runtime_id)][name].append(value)
     return {key: dict(metrics) for key, metrics in out.items()}
 

@@ -379,8 +379,9 @@ class MissingFix:
 
 
 class AttemptGroup(NamedTuple):
-    """Consecutive attempts (newest first) that failed the same way: the newest shown whole, the others
-    named ("6 attempts, same failure"), so a page does not repeat one failure block six times."""
+    """Consecutive attempts (newest first) that ended the same way: the newest shown whole, the others
+    named ("6 attempts, same failure"; "20 attempts, all passed alike" for the repeats of a passing cell),
+    so a page does not repeat one block six, or twenty, times."""
 
     view: AttemptView
     repeats: tuple[AttemptView, ...]
@@ -388,6 +389,10 @@ class AttemptGroup(NamedTuple):
     @property
     def attempts(self) -> int:
         return 1 + len(self.repeats)
+
+    @property
+    def passed(self) -> bool:
+        return self.view.detail.status == PASSED
 
 
 class CellView(NamedTuple):
@@ -405,24 +410,22 @@ class CellView(NamedTuple):
 _DIGITS = re.compile(r"\d+")
 
 
-def _failure_key(view: AttemptView) -> tuple[str, ...] | None:
-    """What makes two failures "the same": status, kind, checks and message with numbers masked (ports,
-    pids, timings and timestamps differ between attempts of one failure). None for a pass."""
+def _outcome_key(view: AttemptView) -> tuple[str, ...]:
+    """What makes two attempts "the same": status, kind, checks and message with numbers masked (ports,
+    pids, timings and timestamps differ between attempts of one failure, or of one pass)."""
     d = view.detail
-    if d.status == PASSED:
-        return None
     checks = tuple(f"{name}: {_DIGITS.sub('#', message)}" for name, message in view.checks)
     message = _DIGITS.sub("#", "\n".join(line.split(" ", 1)[-1] for line in view.message.splitlines()))
     return (d.status, d.failure_kind or "", message, *checks)
 
 
 def group_attempts(views: Iterable[AttemptView]) -> tuple[AttemptGroup, ...]:
-    """Runs of consecutive identical failures as one group each; every other attempt its own group."""
+    """Runs of consecutive identical attempts (failures, or passes alike) as one group each."""
     groups: list[AttemptGroup] = []
     last_key: tuple[str, ...] | None = None
     for view in views:
-        key = _failure_key(view)
-        if groups and key is not None and key == last_key:
+        key = _outcome_key(view)
+        if groups and key == last_key:
             head = groups[-1]
             groups[-1] = AttemptGroup(head.view, (*head.repeats, view))
         else:

@@ -12,6 +12,7 @@ from pathlib import Path
 from matrix.check import oracle
 from matrix.check.baselines import PLACEHOLDER_CELL, PLACEHOLDER_DIR, Baseline, OracleBaselines, baseline_key
 from matrix.check.specs import OracleSpec
+from matrix.check.traffic import TrafficSession
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms.base import AggregatedArm, LaunchContext
@@ -34,6 +35,7 @@ def judge_equivalence(
     resources: Resources,
     live: LiveCells,
     baselines: OracleBaselines | None = None,
+    traffic: TrafficSession | None = None,
 ) -> CellOutcome:
     """The `equivalent_to_aggregated` check of a pair that passed: the arm's aggregated instance (same engine
     flags and seed, its own ports, supervised and torn down like the pair, after the pair is gone) answers
@@ -87,13 +89,17 @@ def judge_equivalence(
     timing = f"aggregated instance {baseline.aggregated_s:.1f} s (ready {baseline.ready_s or 0:.1f} s)"
     if reused:
         timing = f"aggregated answers of {baseline.source_cell} reused (the same instance plan; {timing})"
-    prompts = oracle.oracle_prompts(spec.prompts, spec.seed)
+    prompts = oracle.spec_prompts(spec)
     results = [
         oracle.compare(i, prompt, pd, ag, spec.near_tie_gap)
         for i, (prompt, pd, ag) in enumerate(zip(prompts, pd_answers, baseline.answers, strict=False))
     ]
     _write_equivalence(context.work_dir, spec, results, baseline, reused)
     failures = oracle.judge(results)
+    if traffic is not None:  # every stream of the load against the twin's answer to its own prompt
+        failures += traffic.judge(spec, baseline.answers)
+        merged = replace(merged, peaks={**merged.peaks, "traffic": traffic.metrics})
+        timing = f"{timing}; {traffic.summary()}"
     return checked_again(merged, failures, timing if failures else f"{oracle.summary(results)}; {timing}")
 
 
@@ -132,7 +138,7 @@ def _aggregated_answers(
         target = replace(spec, url=plan.oracle.url) if plan.oracle is not None else None
         if target is None:
             return error("config", f"arm {context.case.arm}'s aggregated plan has no oracle endpoint")
-        answers.extend(oracle.ask(target, oracle.oracle_prompts(spec.prompts, spec.seed)))
+        answers.extend(oracle.ask(target, oracle.spec_prompts(spec)))
         return passed(ready_s=ready_s)
 
     try:

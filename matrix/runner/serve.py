@@ -15,7 +15,7 @@ last, since only a pair that passed everything before is asked them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from matrix.check import ledger, metrics, oracle
 from matrix.check.client import send_chat
 from matrix.check.lifecycle import run_lifecycle
 from matrix.check.specs import CheckFailure
+from matrix.check.traffic import TrafficSession
 from matrix.check.validate import validate_chat_response
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms.base import LaunchContext
@@ -50,19 +51,24 @@ def serve_and_judge(
 ) -> CellOutcome:
     """Run `plan` (the pair of `context.cell_id`, logs in `context.work_dir`) to its judged outcome: the
     request and its check steps, the teardown's checks, then the equivalence oracle of a pair that passed."""
+    traffic = TrafficSession(context.case.traffic, context.work_dir) if context.case.traffic is not None else None
+    if traffic is not None:  # the profile's prompts ride on the oracle: the aggregated twin answers them too
+        plan = replace(plan, oracle=traffic.with_prompts(plan.oracle))
     for scratch in plan.scratch_dirs:
         Path(scratch).mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(plan, context.work_dir)
     live.add(context.cell_id, supervisor)
     pd_answers: list[oracle.Completion | str] = []
     try:
-        outcome = supervise(supervisor, plan, resources, lambda p, ready_s: request(p, ready_s, pd_answers, supervisor))
+        outcome = supervise(
+            supervisor, plan, resources, lambda p, ready_s: request(p, ready_s, pd_answers, supervisor, traffic)
+        )
     finally:
         live.remove(context.cell_id)
     if plan.oracle is not None and outcome.status == PASSED:
         outcome = judge_equivalence(
             outcome, plan.oracle, pd_answers, arm, context, environment, allocator, resources, live,
-            resources.baselines,
+            resources.baselines, traffic,
         )  # fmt: skip
     return outcome
 
@@ -84,6 +90,8 @@ class Exchange:
     supervisor: Supervisor
     # The pair's answers to the oracle's prompts, which the equivalence judge compares after teardown.
     oracle_answers: list[oracle.Completion | str]
+    # The case's concurrent load, when it has a traffic table (judged against the twin after teardown).
+    traffic: TrafficSession | None = None
     # What each step's `look` saw before the request, by step name.
     looks: dict[str, Any] = field(default_factory=dict)
     status_code: int | None = None  # the primary request's HTTP status
@@ -130,27 +138,45 @@ def _lifecycle(exchange: Exchange) -> None:
     exchange.fields["ttft_s"] = ttft_s
 
 
+def _traffic(exchange: Exchange) -> None:
+    """The case's concurrent load on a pair that served the single request right; a hang is cut and fails
+    here with who waited on what, the streams' answers are judged against the twin after teardown."""
+    traffic, plan, supervisor = exchange.traffic, exchange.plan, exchange.supervisor
+    if traffic is None or exchange.failures:
+        return
+    scraped = tuple(check.url for check in plan.metrics_checks)
+    pids, logs = supervisor.pids, supervisor.log_paths
+    exchange.failures += traffic.run(
+        plan.oracle, lambda asked, waited: waiting_on(pids(), logs(), asked, waited), scraped
+    )
+
+
 def _oracle_prompts(exchange: Exchange) -> None:
     """The pair served correctly: now the prompts the oracle compares (judged after teardown)."""
     spec = exchange.plan.oracle
     if not exchange.failures and spec is not None:
-        exchange.oracle_answers.extend(oracle.ask(spec, oracle.oracle_prompts(spec.prompts, spec.seed)))
+        exchange.oracle_answers.extend(oracle.ask(spec, oracle.spec_prompts(spec)))
 
 
 # In order; a new family of checks is one more step here (before `oracle_prompts`, which stays last).
 CHECK_STEPS: tuple[CheckStep, ...] = (
     CheckStep("kv_metrics", _metrics_judge, look=_metrics_look),
     CheckStep("lifecycle", _lifecycle),
+    CheckStep("traffic", _traffic),
     CheckStep("oracle_prompts", _oracle_prompts),
 )
 
 
 def request(
-    plan: LaunchPlan, ready_s: float, oracle_answers: list[oracle.Completion | str], supervisor: Supervisor
+    plan: LaunchPlan,
+    ready_s: float,
+    oracle_answers: list[oracle.Completion | str],
+    supervisor: Supervisor,
+    traffic: TrafficSession | None = None,
 ) -> CellOutcome:
     """Send the primary request to the ready pair and run `CHECK_STEPS` on its answer: the outcome before
     teardown. A hang, a failed request or an oversized answer ends it before any check step judges."""
-    exchange = Exchange(plan, supervisor, oracle_answers)
+    exchange = Exchange(plan, supervisor, oracle_answers, traffic)
     for step in CHECK_STEPS:
         if step.look is not None:
             exchange.looks[step.name] = step.look(exchange)

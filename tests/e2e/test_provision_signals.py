@@ -3,8 +3,9 @@ installs a local project whose in-tree build backend sleeps (no build requiremen
 
 * SIGTERM or SIGINT to `matrix run` during the build: exit 3, the campaign `interrupted` (its cells pending
   for `--resume`), the build's processes ended and the half-built environment removed.
-* SIGKILL: pip and its build backend survive the runner, tagged with its (dead) pid; the next `matrix run`
-  kills them, as it kills a dead runner's cell processes.
+* SIGKILL: the runner's build watchdog kills the build's processes at once, as a cell's watchdog kills the
+  cell's processes; should the watchdog be gone too, the next `matrix run` kills them (tagged with the dead
+  runner's pid).
 """
 
 from __future__ import annotations
@@ -166,10 +167,51 @@ def test_runtime_provision_is_interrupted_the_same_way(slow: tuple[Matrix, Path]
     assert _tagged(m) == [] and _temps_gone(m)
 
 
+def _live(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def test_a_killed_runners_build_processes_are_killed_at_once_by_its_watchdog(slow: tuple[Matrix, Path]) -> None:
+    """[M29] item 16: not left for the next provision on the host, however long that takes to come."""
+    m, marker = slow
+    runner = _start(m, "run", "--runtime", "reference=9.0", "--no-report")
+    _wait_for_build(runner, marker)
+    build = _tagged(m)  # the build command (uv or pip) and its build backend
+    assert build and all(p.environ()[OWNER_ENV].endswith(f":{runner.pid}") for p in build)
+    runner.kill()  # kill -9: no chance to clean up
+    runner.communicate(timeout=30)
+    # Within moments: the watchdog needs only the pipe's end-of-file and one scan of the processes. (Another
+    # `matrix run` on this host sweeps a dead runner's builds too, but only when it starts one.)
+    deadline = time.monotonic() + 3
+    while _live(build) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _live(build), f"{[p.cmdline()[:3] for p in _live(build)]} outlived their runner by 3 s"
+
+
+def _build_watchdog(runner_pid: int) -> psutil.Process:
+    """The runner's build watchdog: the script with the runner's owner tag in its argv."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(a.endswith("watchdog.py") for a in cmdline) and OWNER_ENV in cmdline and any(
+            a.endswith(f":{runner_pid}") for a in cmdline
+        ):
+            return proc
+    raise AssertionError(f"no build watchdog of runner {runner_pid}")
+
+
 def test_a_killed_runners_build_processes_are_swept_by_the_next_run(slow: tuple[Matrix, Path]) -> None:
+    """The fallback: with the watchdog killed first (kill -9 of both), the next run on the host sweeps."""
     m, marker = slow
     runner = _start(m, "run", "--runtime", "reference=9.0", "--no-report")
     backend = _wait_for_build(runner, marker)
+    _build_watchdog(runner.pid).kill()
     runner.kill()  # kill -9: no chance to clean up
     runner.communicate(timeout=30)
     orphan = psutil.Process(backend)

@@ -25,6 +25,8 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "crash-once": ("failed", "startup", None),  # one attempt only here; retried in test_scheduler
     "flaky-start": ("failed", "startup", None),  # rate 1 unless MATRIX_REFERENCE_FLAKE_RATE says otherwise
     "hang-at-start": ("timeout", "health", None),
+    # An engine that refuses a dependency of matrix's recipe at start-up: the recipe's fault (test_recipe_fault).
+    "unmet-dependency": ("failed", "recipe", None),
     "slow-start": ("timeout", "health", None),
     "same-worker-id": ("failed", "validation", "worker_ids_distinct"),
     "empty-completion": ("failed", "validation", "content_nonblank"),
@@ -51,6 +53,12 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     # never came. Each fails exactly its lifecycle check (test_lifecycle_faults_fail_exactly_their_check).
     "leak-on-cancel": ("failed", "validation", "cancel_recovers"),
     "hold-orphan-decode": ("failed", "validation", "orphan_decode_released"),
+    # Faults only concurrent traffic shows: one request at a time passes (test_traffic_reference runs them
+    # under a traffic profile, where each fails its cell with its class named).
+    "stale-kv-after-reuse": ("passed", None, None),
+    "kv-swap-in-flight": ("passed", None, None),
+    "n-child-handoff-lost": ("passed", None, None),
+    "peer-loss-hang": ("passed", None, None),
 }
 
 

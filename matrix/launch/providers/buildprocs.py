@@ -5,9 +5,11 @@ environment, which its children (pip's build backends) inherit. So:
 
 * a stop request (SIGINT/SIGTERM caught by the runner) or Ctrl-C ends the whole group, and the caller
   removes the half-built directory;
-* a runner killed with SIGKILL leaves tagged processes whose owner pid is gone; the next `matrix run` or
-  `matrix runtime provision` on this host finds them by the tag and kills them, as it does a dead
-  runner's cell processes (by `MATRIX_CELL_ID`).
+* a runner killed with SIGKILL: its build watchdog (`matrix.launch.watchdog`, one per runner process,
+  started with its first build command) sees the runner's end of a pipe close and kills every process
+  with the runner's tag at once, as a cell's watchdog does the cell's processes. Should the watchdog be
+  gone too, the next `matrix run` or `matrix runtime provision` on this host finds them by the tag and
+  kills them (`sweep_orphans`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
@@ -46,6 +50,38 @@ def never() -> bool:
     return False
 
 
+# The build watchdog of this process: (pid it was started for, the write end of its pipe, the watchdog).
+# Keyed by pid so that a forked child starts its own instead of trusting its parent's.
+_watchdog: tuple[int, int, subprocess.Popen[bytes]] | None = None
+_watchdog_lock = threading.Lock()
+
+
+def _ensure_watchdog(env: Mapping[str, str]) -> None:
+    """Start this runner's build watchdog once: it holds the read end of a pipe whose only write end this
+    process keeps open for its whole life, so however the process ends (a SIGKILL included) the kernel
+    closes it, and the watchdog kills every build process carrying this runner's tag."""
+    global _watchdog
+    from matrix.launch import watchdog
+
+    with _watchdog_lock:
+        if _watchdog is not None and _watchdog[0] == os.getpid():
+            return
+        read_fd, write_fd = os.pipe()  # not inheritable: the build commands do not hold the write end
+        clean = {k: v for k, v in env.items() if k not in (OWNER_ENV, watchdog.CELL_ENV)}  # not swept itself
+        argv = watchdog.watchdog_argv(read_fd, owner_tag(), env_name=OWNER_ENV)
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-I", watchdog.__file__, *argv], pass_fds=(read_fd,), env=clean,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            os.close(write_fd)
+            return  # no watchdog: the next run's `sweep_orphans` finds a killed runner's builds, as before
+        finally:
+            os.close(read_fd)
+        _watchdog = (os.getpid(), write_fd, popen)
+
+
 def _end_group(proc: subprocess.Popen[str]) -> None:
     """SIGTERM the command's process group, a grace period, then SIGKILL whatever of the group is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -66,6 +102,7 @@ def run_command(
 ) -> subprocess.CompletedProcess[str]:
     """Run one build command to its end, or end its whole process group on a stop request, Ctrl-C or
     timeout (raising `BuildInterrupted`, `KeyboardInterrupt` or `subprocess.TimeoutExpired`)."""
+    _ensure_watchdog(env)
     tagged = {**env, OWNER_ENV: owner_tag()}
     deadline = time.monotonic() + timeout_s
     proc = subprocess.Popen(

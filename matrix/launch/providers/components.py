@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from packaging.version import VERSION_PATTERN, InvalidVersion, Version
 
+from matrix.text import clean, excerpt
+
 EXECUTABLE_TIMEOUT_S = 10.0
 # An interpreter start plus importlib.metadata over a large site-packages stays far below this.
 DISTRIBUTION_TIMEOUT_S = 60.0
@@ -86,12 +88,12 @@ def distribution_versions(python: str, names: Sequence[str], env: Mapping[str, s
     except subprocess.TimeoutExpired:
         raise ProbeError(f"interpreter {python} did not answer within {DISTRIBUTION_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
-        tail = " ".join(done.stderr.strip().splitlines()[-3:])
+        tail = " ".join(clean(done.stderr).strip().splitlines()[-3:])
         raise ProbeError(f"interpreter {python} failed to list its distributions (exit {done.returncode}): {tail}")
     try:
         answer = json.loads(done.stdout)
     except json.JSONDecodeError:
-        raise ProbeError(f"interpreter {python} printed no distribution list: {done.stdout[:200]!r}") from None
+        raise ProbeError(f"interpreter {python} printed no distribution list: {excerpt(done.stdout, 200)!r}") from None
     return {name: (str(answer[name]) if answer.get(name) is not None else None) for name in names}
 
 
@@ -130,7 +132,7 @@ def executable_version(name: str, env: Mapping[str, str]) -> tuple[str | None, s
     version = version_in_text(output)
     if version is None:
         first = output.splitlines()[0] if output else "nothing"
-        return None, f"`{name} --version` printed no version ({first[:120]!r})"
+        return None, f"`{name} --version` printed no version ({excerpt(first, 120)!r})"
     return version, ""
 
 

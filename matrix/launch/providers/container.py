@@ -33,6 +33,7 @@ from matrix.errors import ConfigError
 from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
 from matrix.launch.providers.base import ContainerSpec, Environment, Mismatch, Unavailable
 from matrix.launch.providers.components import DISTRIBUTIONS_SCRIPT, Detected, mismatches, version_in_text
+from matrix.text import excerpt
 
 INFO_TIMEOUT_S = 5.0
 # `docker info` costs a round trip to the daemon; every cell of a campaign asks, so answers are kept a while.
@@ -69,7 +70,7 @@ def default_engine() -> str | None:
 def _first_error_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower() or "cannot" in line.lower()]
-    return (errors or lines or ["no output"])[-1][:300]
+    return excerpt((errors or lines or ["no output"])[-1], 300)
 
 
 def engine_problem(engine: str, *, use_cache: bool = True) -> str | None:
@@ -221,7 +222,7 @@ def _probe(
         answer = json.loads(out)
         distributions, executables = answer["distributions"], answer["executables"]
     except (ValueError, KeyError, TypeError):
-        return Unavailable(f"the component probe in image {short} printed no answer: {out[:200]!r}")
+        return Unavailable(f"the component probe in image {short} printed no answer: {excerpt(out, 200)!r}")
     versions: dict[str, str] = {}
     problems: dict[str, str] = {}
     for name in names:
@@ -233,7 +234,7 @@ def _probe(
                 versions[name] = version
             else:
                 first = str(executables[name]).strip().splitlines()[:1] or ["nothing"]
-                problems[name] = f"`{name} --version` in the image printed no version ({first[0][:120]!r})"
+                problems[name] = f"`{name} --version` in the image printed no version ({excerpt(first[0], 120)!r})"
     return Detected(versions, problems)
 
 

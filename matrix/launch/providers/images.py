@@ -40,6 +40,7 @@ from matrix.launch.providers.container import (
     engine_problem,
     engine_run,
 )
+from matrix.text import excerpt
 
 Echo = Callable[[str], None]
 
@@ -294,9 +295,10 @@ def _import_with(engine: str, base: str, payload: Payload) -> str:
     finally:
         subprocess.run([engine, "rm", "--force", container], capture_output=True, timeout=120, check=False)
     if exporter.returncode != 0:
-        raise ImageError(f"{engine} export of {base} failed: {export_err.decode(errors='replace').strip()[-300:]}")
+        said = excerpt(export_err.decode(errors="replace").strip(), 300, end=True)
+        raise ImageError(f"{engine} export of {base} failed: {said}")
     if importer.returncode != 0:
-        raise ImageError(f"{engine} import failed: {err.decode(errors='replace').strip()[-300:]}")
+        raise ImageError(f"{engine} import failed: {excerpt(err.decode(errors='replace').strip(), 300, end=True)}")
     return out.decode().strip()
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from matrix.text import clean, excerpt
+
 __all__ = ["Found", "Probe", "find_python", "interpreter_version", "probe"]
 
 PROBE_TIMEOUT_S = 30.0
@@ -52,9 +54,9 @@ def _probe(python: str, mtime_ns: int, env: tuple[tuple[str, str], ...] | None) 
         return Probe(answer)
     if done.returncode != 0:
         # The last line it printed says why (a shim: "pyenv: python3.12: command not found").
-        last = (done.stderr.strip().splitlines() or [""])[-1][:200]
+        last = excerpt((clean(done.stderr).strip().splitlines() or [""])[-1], 200)
         return Probe(None, f"exit {done.returncode}" + (f": {last}" if last else ""))
-    return Probe(None, f"printed {answer[:40]!r}, not a version")
+    return Probe(None, f"printed {excerpt(answer, 40)!r}, not a version")
 
 
 def probe(python: str, env: Mapping[str, str] | None = None) -> Probe:
