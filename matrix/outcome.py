@@ -279,6 +279,25 @@ def judge_control(outcome: CellOutcome, expected_failed_checks: Sequence[str]) -
     return outcome
 
 
+def judge_fault(outcome: CellOutcome, fired: int, fault: str, evidence: str) -> CellOutcome:
+    """A cell with a KV fault injected on purpose ([M28], `matrix.check.faults`): a fault that fired zero times
+    proves nothing either way (skipped, "not exercised"); one that fired passes the cell when a check caught
+    it (the failed checks stay recorded), and fails it (`fault_undetected`) when every check passed."""
+    if outcome.status == "skipped" or outcome.failure_kind in NO_EVIDENCE_KINDS:
+        return outcome
+    if fired == 0:
+        was = f"{outcome.status}" + (f" ({outcome.message.splitlines()[0]})" if outcome.message else "")
+        note = f"not exercised: kv fault {fault} fired 0 times ({evidence}); the cell was {was}"
+        return replace(outcome, status="skipped", failure_kind=None, message=note)
+    if outcome.status == "passed":
+        message = f"kv fault {fault} fired {fired} times ({evidence}) and every check passed"
+        check = CheckFailure("fault_undetected", message)
+        return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
+    caught = ", ".join(dict.fromkeys(c.name for c in outcome.checks)) or f"{outcome.status} ({outcome.failure_kind})"
+    note = f"kv fault {fault} fired {fired} times ({evidence}); caught by: {caught}"
+    return replace(outcome, status="passed", failure_kind=None, message=note + "\n" + outcome.message)
+
+
 def judge_expectation(outcome: CellOutcome, expected_failure: str) -> CellOutcome:
     """A runtime that lacks a required fix (`expected_failure` says which) is expected to fail; a pass there
     means the catalog is wrong. An empty `expected_failure`: nothing is expected."""
