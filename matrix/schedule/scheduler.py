@@ -254,7 +254,8 @@ class Scheduler:
         else:
             self.tally.add(outcome.status)
         self._reporter.emit(Event("cell-end", job.cell.key, entry.uid, job.attempt, outcome.status, detail, data))
-        fault = outcome.status in CELL_FAULT_STATUSES
+        # An honest refusal of a skew pair is an outcome, not a fault: fail-fast does not stop on it.
+        fault = outcome.status in CELL_FAULT_STATUSES and data.get("skew_class") != "clean-reject"
         if fault and not retry and self._options.fail_fast and not self.tally.failed_fast:
             self.tally.failed_fast = True
             self._reporter.emit(Event("message", detail="fail-fast: no new cells will start; running cells finish"))
