@@ -83,13 +83,15 @@ class BisectResult:
     note: str = ""
     cells_run: int = 0  # attempts this invocation ran (a resumed bisect reuses earlier ones)
     confidence: float | None = None  # the posterior of `first` (probabilistic bisection only)
+    # The good end's version when it was taken as given (never run in this bisect): the result rests on it.
+    assumed_good: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "campaign": self.campaign_id, "case": self.case, "backend": self.backend, "good": self.good,
             "bad": self.bad, "versions": len(self.versions), "direction": self.direction, "first": self.first,
             "last_other": self.last_other, "unsure": self.unsure, "note": self.note, "cells_run": self.cells_run,
-            "confidence": self.confidence,
+            "confidence": self.confidence, "assumed_good": self.assumed_good,
             "attempts": sum(len(p.statuses) for p in self.probes),
             "probes": [{"version": p.version, "verdict": p.verdict, "statuses": p.statuses,
                         "messages": p.messages, "attempts": p.uids, "skipped": p.skipped} for p in self.probes],
@@ -511,6 +513,14 @@ def bisect(
     elif mixed:
         result.unsure = [p.version for p in mixed]
         result.note = "a probe both passed and failed: rerun with --repeat K to bisect a flaky failure"
+    good_index = n - 1 - bad_index
+    if n > 1 and good_index not in probes:
+        # Only the bad end and the versions between are run: say so, with the command that checks the good end.
+        result.assumed_good = versions[good_index]
+        said = (f"the good end {versions[good_index]} was assumed to pass without running it here "
+                f"(`matrix run --case {case} --runtime {cells[good_index].runtime.backend}="
+                f"{cells[good_index].runtime.version}` checks it)")  # fmt: skip
+        result.note = f"{result.note}; {said}" if result.note else said
     _record_result(factory, campaign_id, result)
     return result
 

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.catalog.queries import plan_from_db
-from matrix.cells import Cell, RuntimeInfo
+from matrix.cells import ROLES, Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
 from matrix.errors import ConfigError
@@ -44,9 +44,11 @@ from matrix.plan import Selection
 from matrix.progress import Event, Reporter, make_reporter
 from matrix.schedule.claims import add_pending_rows, cell_ids, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
-from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions
+from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions, Tally
 from matrix.schedule.slots import SlotPool, demand_for
 from matrix.schedule.start import Start
+from matrix.skew_outcome import PairClass, grid_lines
+from matrix.versions import parse_version
 
 HEARTBEAT_S = 5.0
 # How `HostHooks.provision` starts the error of a runtime this host cannot build (no such Python).
@@ -572,6 +574,9 @@ def _schedule(run: _Run) -> int | None:
         stop.restore()
         state = leave_campaign(run.factory, campaign_id, interrupted=stop.requested)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(tally.counts.items())) or "no cells finished"
+    if tally.classes:  # a skew run's pairs by class: refusals are outcomes, only the findings fail the run
+        summary += "; skew pairs: " + ", ".join(f"{n} {cls}" for cls, n in sorted(tally.classes.items()))
+        summary += " (a clean-reject is an honest refusal, not a finding)" if tally.refused else ""
     # Other runners still at work: this runner's part is done, the campaign is not.
     what = f"{state} in" if state != "running" else "still running on other runners; this runner done after"
     reporter.emit(
@@ -581,10 +586,34 @@ def _schedule(run: _Run) -> int | None:
     if stop.requested:
         for line in _stopped_lines(campaign_id, tally.not_started):
             reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
+    elif tally.classes:
+        for line in _skew_grid_lines(tally):
+            reporter.emit(Event("message", detail=line, data={"campaign": campaign_id}))
     reporter.close()
     if stop.requested:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if tally.any_failed else EXIT_OK
+
+
+def _skew_grid_lines(tally: Tally) -> list[str]:
+    """A skew run ends with its grids: each pair's class from this run's attempts (the latest decides; one
+    of an earlier attempt in this run that was classed otherwise is marked), `matrix skew`'s text."""
+    by_case: dict[tuple[str, str, str], dict[str, list[PairClass]]] = {}
+    for case, backend, options, pair in tally.skew_pairs:
+        by_case.setdefault((case, backend, options), {}).setdefault(pair.cell, []).append(pair)
+    lines = []
+    for (case, backend, options), cells in sorted(by_case.items()):
+        pairs = []
+        for attempts in cells.values():
+            latest = attempts[-1]
+            others = tuple(f"{a.verdict.cls} in this run: {(a.verdict.reason.splitlines() or [''])[0]}"
+                           for a in attempts[:-1] if a.verdict.cls != latest.verdict.cls)  # fmt: skip
+            pairs.append(replace(latest, disagreed=others))
+        versions = sorted({v for pair in pairs for v in pair.roles.values()}, key=parse_version)
+        pairs.sort(key=lambda p: tuple(parse_version(p.roles[r]) for r in ROLES))
+        title = f"{case} ({backend})" + (f", {options}" if options else "")
+        lines += grid_lines(title, versions, pairs)
+    return lines
 
 
 # A campaign run, in order: a step that returns an exit code ends the run there (nothing to run, stopped while

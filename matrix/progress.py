@@ -44,7 +44,9 @@ def _raw_line(event: Event) -> str:
     if event.kind == "cell-start":
         return f"{'START':<11} {event.cell} [{event.cell_id}] attempt {event.attempt}"
     if event.kind == "cell-end":
-        return f"{event.status.upper():<11} {event.cell} [{event.cell_id}]" + (
+        # A skew pair shows its class (`CLEAN-REJECT`, `HANG`...): an honest refusal never reads FAILED.
+        label = str(event.data.get("skew_class") or event.status)
+        return f"{label.upper():<11} {event.cell} [{event.cell_id}]" + (
             f" - {event.detail}" if event.detail else ""
         )
     return event.detail

@@ -6,13 +6,16 @@ content is the finding users need. The classes, from what the attempt row holds 
 message, checks, exit codes):
 
 - `works`: the attempt passed (every check, the KV-transfer proof and, where on, the equivalence oracle);
-- `clean-reject`: it failed at start-up or on the request with an error that names an incompatibility
-  (the error line is quoted);
+- `clean-reject`: it failed at start-up or on the request (no 200 answer) with an error raised in the KV
+  connector's handshake / transfer set-up (`matrix.skew_evidence`: where it happened, e.g. vLLM's
+  `AssertionError: Local block size 32 is not divisible by remote block size 64 or vice versa.` from
+  `add_remote_agent`), or, failing that, an error line whose words name an incompatibility; the line is quoted;
 - `hang`: it timed out (matrix cut it at the bound); a request's timeout carries which process waited on what
   (state, wchan, last log lines: `matrix.launch.hang`), and that evidence is the reason;
 - `error-answer`: every process stayed up but the request got no 200 answer (an HTTP error status, a
   broken request) and nothing names an incompatibility: an explicit error, not a silent wrong answer, and
-  no honest refusal either (an engine's own timeout reads so: vLLM's 5 s NIXL handshake under load);
+  no honest refusal either (an engine's own timeout reads so: vLLM's 5 s NIXL handshake under load, whose
+  cause line the reason quotes);
 - `healthy-but-wrong`: the pair answered 200 but a check (content, token counts, KV proof, oracle) failed;
 - `crash`: a process died (start-up or mid-request) without naming an incompatibility;
 - `exposed`: it served correctly, but `matrix run --loopback-only` found a listener another host could reach
@@ -27,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from matrix.outcome import (
     CELL_FAULT_STATUSES,
@@ -39,8 +42,14 @@ from matrix.outcome import (
     STARTUP,
     TIMEOUT,
     VALIDATION,
+    CellOutcome,
     exposure_only,
 )
+
+if TYPE_CHECKING:
+    from matrix.cells import Cell
+
+from matrix.skew_evidence import REFUSAL_TAG, RETRIED_NOTE, TIMEOUT_TAG, handshake_failure, log_handshake_failure
 
 SkewClass = Literal[
     "works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "exposed", "not-run"
@@ -56,6 +65,7 @@ _NAMES_INCOMPATIBILITY = re.compile(
     r"unknown (?:field|variant|message)|failed to (?:deserial|decode)|\bprotocol\b",
     re.IGNORECASE,
 )
+_QUOTE_CHARS = 400
 # How much of a hang's evidence (the request in flight, each process's state, wchan and last log lines) the
 # reason keeps: enough for every role of a pair, short enough for a table cell.
 HANG_REASON_CHARS = 3000
@@ -82,19 +92,42 @@ def names_incompatibility(line: str) -> bool:
 
 
 def _incompatibility_line(message: str) -> str | None:
-    """The line that names the incompatibility: one that says so outright first (a traceback's file names
-    may hold a weaker word such as "protocol"), then any line with one of the words."""
+    """The line that says the pair refused itself: an error raised in the KV connector's handshake first (the
+    runner's tagged quote, or a traceback in the message), then one that says so outright in words (a
+    traceback's file names may hold a weaker word such as "protocol"), then any line with one of the words."""
     lines = message.splitlines()
+    tagged = next((line.strip() for line in lines if REFUSAL_TAG in line), None)
+    if tagged:
+        return tagged[: _QUOTE_CHARS + 200]  # the quote and its tag
+    found = handshake_failure(lines)
+    if found is not None and found.kind == "refusal":
+        return found.quote
     for pattern in (_SAYS_INCOMPATIBLE, _NAMES_INCOMPATIBILITY):
         for line in lines:
             if pattern.search(line):
-                return line.strip()[:400]
+                return line.strip()[:_QUOTE_CHARS]
     return None
 
 
+def _handshake_timeout_line(message: str) -> str | None:
+    """The cause line of an engine's own handshake timeout, when the message holds it (tagged or raw)."""
+    tagged = next((line.strip() for line in message.splitlines() if TIMEOUT_TAG in line), None)
+    if tagged:
+        return tagged[: _QUOTE_CHARS + 200]
+    found = handshake_failure(message.splitlines())
+    return found.quote if found is not None and found.kind == "timeout" else None
+
+
 def first_incompatibility(log: Path, scan_bytes: int = 64 * 2**20) -> str | None:
-    """The first error line of a log that says outright that the peers are incompatible (cut to 400
-    characters), or None; only the first `scan_bytes` are read."""
+    """The line of a log that explains a refused request, or None; only the first `scan_bytes` are read.
+
+    Where first: the exception of a traceback raised through the KV connector's handshake, quoted with
+    where it was raised (`skew_evidence.HandshakeFailure.quote`: a refusal, or a handshake that timed out,
+    which `classify` keeps apart); then words: the first error line that says outright that the peers are
+    incompatible (cut to 400 characters)."""
+    failure = log_handshake_failure(log, scan_bytes)
+    if failure is not None:
+        return failure.quote
     try:
         with log.open("rb") as handle:
             for raw in iter(lambda: handle.readline(65_536), b""):
@@ -134,7 +167,8 @@ def classify(
 ) -> SkewVerdict:  # fmt: skip
     """The class of one attempt of a skew cell, with the evidence that decided it."""
     if status == PASSED:
-        return SkewVerdict("works", "every check passed")
+        retried = next((line.strip() for line in message.splitlines() if line.startswith(RETRIED_NOTE)), "")
+        return SkewVerdict("works", f"every check passed ({retried})" if retried else "every check passed")
     if status not in CELL_FAULT_STATUSES:
         return SkewVerdict("not-run", f"no evidence: the attempt is {status}")
     if status == TIMEOUT and failure_kind == REQUEST:
@@ -161,6 +195,11 @@ def classify(
     if errored or failure_kind == REQUEST:
         # The status line and the engine's body ("HTTP status is 500; expected 200; body ..."), not the list.
         detail = next((_first_line(str(c["message"])) for c in errored if c.get("message")), _first_line(message))
+        timed_out = _handshake_timeout_line(message)
+        if timed_out:  # the cause, not only the status the client saw
+            return SkewVerdict(
+                "error-answer", f"no 200 answer: the KV connector's handshake timed out: {timed_out} ({detail})"
+            )
         return SkewVerdict("error-answer", f"no 200 answer, and nothing names an incompatibility: {detail}")
     if failure_kind == VALIDATION or checks:
         names = ", ".join(dict.fromkeys(str(c.get("name", "?")) for c in checks)) or failure_kind or "a check"
@@ -171,3 +210,72 @@ def classify(
             detail = next((_first_line(str(c["message"])) for c in checks if c.get("message")), detail)
         return SkewVerdict("healthy-but-wrong", f"answered, but {names} failed: {detail}")
     return SkewVerdict("crash", _first_line(message) or f"{status} ({failure_kind})")
+
+
+def classify_outcome(outcome: CellOutcome) -> SkewVerdict:
+    """`classify` of an outcome the runner has in hand (before or after it is recorded)."""
+    checks = [{"name": check.name, "message": check.message} for check in outcome.checks]
+    return classify(outcome.status, outcome.failure_kind, outcome.message, checks, outcome.exit_codes)
+
+
+def judged_as_skew(cell: Cell) -> bool:
+    """Whether a cell's outcome is read as a skew class: its roles run other releases, or other launch
+    options (`launch.role_launch`, e.g. block sizes), so an honest refusal is an outcome, not a failure."""
+    return cell.skewed or bool(getattr(cell.case.launch, "role_launch", None))
+
+
+@dataclass(frozen=True)
+class PairClass:
+    """One cell of a skew grid as text shows it: its key, each role's release and its class."""
+
+    cell: str
+    roles: Mapping[str, str]  # role -> release, for every role of ROLES
+    verdict: SkewVerdict
+    disagreed: tuple[str, ...] = ()  # earlier attempts classed otherwise (`class in campaign N (uid): reason`)
+
+    @property
+    def label(self) -> str:
+        return f"{self.verdict.cls}*" if self.disagreed else self.verdict.cls
+
+
+def role_options_text(role_launch: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """`prefill block_size=64; decode block_size=32`: each role's own launch options (`launch.role_launch`)."""
+    order = {role: i for i, role in enumerate(("frontend", "prefill", "decode"))}
+    return "; ".join(
+        f"{role} " + ", ".join(f"{key}={value}" for key, value in sorted(options.items()))
+        for role, options in sorted((role_launch or {}).items(), key=lambda item: order.get(item[0], len(order)))
+        if options
+    )
+
+
+def _first_reason_line(text: str, limit: int = 300) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
+
+
+def grid_lines(title: str, versions: Sequence[str], pairs: Sequence[PairClass]) -> list[str]:
+    """A skew grid as plain lines: rows prefill, columns decode (one grid per frontend release when a
+    frontend differs from decode), then one line per pair that is not `works` or whose earlier attempts
+    disagreed. What `matrix run --skew` ends with, and `matrix.report.skew.grid_text`."""
+    frontends = sorted({p.roles.get("frontend", "") for p in pairs if p.roles.get("frontend") != p.roles["decode"]})
+    lines: list[str] = []
+    axis: list[str | None] = [f for f in versions if f in frontends]
+    for frontend in axis or [None]:
+        lines.append(f"{title}{f', frontend {frontend}' if frontend else ''}: rows prefill, columns decode")
+        table = [["prefill \\ decode", *versions]]
+        for prefill in versions:
+            row = [prefill]
+            for decode in versions:
+                found = [p for p in pairs if (p.roles["prefill"], p.roles["decode"]) == (prefill, decode)
+                         and (frontend is None or p.roles.get("frontend") == frontend)]  # fmt: skip
+                row.append(found[0].label if found else "-")
+            table.append(row)
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        lines += ["  " + "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
+                  for row in table]  # fmt: skip
+    for pair in pairs:
+        if pair.verdict.cls != "works" or pair.disagreed:
+            lines.append(f"  {pair.cell}: {pair.verdict.cls}: {_first_reason_line(pair.verdict.reason)}")
+            lines += [f"    * an earlier attempt disagreed: {other}" for other in pair.disagreed]
+    if any(pair.disagreed for pair in pairs):
+        lines.append("  (* an earlier attempt of that pair was classed otherwise)")
+    return lines

@@ -221,6 +221,9 @@ def compare_cmd(
         click.echo("\n".join(statistics_lines(comparison)))
         if holding is not None:
             click.echo("\n".join(holding.lines()))
+            if holding.pairs:  # every pair that held the rest equal, each with its own verdict
+                print_table(("A", "B", "held equal", "verdict"), holding.table(),
+                            title=f"every pair differing only in {holding.component}")  # fmt: skip
         if failing:
             click.echo(f"--fail-on {fail_on}: {len(failing)} case(s) fail it: "
                        + ", ".join(f"{row.case.name} ({row.verdict})" for row in failing))  # fmt: skip

@@ -31,16 +31,22 @@ def skew_cmd(session: Session, case: str, as_json: bool) -> None:
         click.echo(f"{case}: no finished attempts yet; run `matrix run --case {case} --skew`")
         return
     for frontend in grid.frontends or (None,):
-        title = f"{case} ({grid.backend})" + (f", frontend {frontend}" if frontend else "")
+        title = f"{case} ({grid.backend})" + (f", {grid.role_options}" if grid.role_options else "")
+        title += f", frontend {frontend}" if frontend else ""
         click.echo(f"{title}: rows prefill, columns decode")
         rows = []
         for prefill in grid.versions:
             cells = [grid.at(prefill, decode, frontend) for decode in grid.versions]
-            rows.append((prefill, *(e.verdict.cls if e else "-" for e in cells)))
+            rows.append((prefill, *(e.label if e else "-" for e in cells)))
         print_table(("prefill \\ decode", *grid.versions), rows)
-    reasons = [(e.cell, e.verdict.cls, e.verdict.reason) for e in grid.entries if e.verdict.cls != "works"]
+    reasons = [
+        (e.cell, e.label, "\n".join((e.verdict.reason, *(f"* an earlier attempt disagreed: {d}" for d in e.disagreed))))
+        for e in grid.entries if e.verdict.cls != "works" or e.disagreed
+    ]  # fmt: skip
     if reasons:
         print_table(("cell", "class", "reason"), reasons)
+    if any(e.disagreed for e in grid.entries):
+        click.echo("* an earlier attempt of that pair was classed otherwise (the latest finished attempt decides)")
 
 
 def register(cli: click.Group) -> None:

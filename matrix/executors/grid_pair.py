@@ -22,6 +22,7 @@ from typing import Any
 from matrix.cells import Cell
 from matrix.check.specs import CheckFailure
 from matrix.errors import MatrixError
+from matrix.executors.handshake_retry import serve_retrying_handshake_timeout
 from matrix.executors.shared_engines import Acquired, Engine, EngineKey, SharedEngines, engine_keys
 from matrix.hardware.ports import PortAllocator, PortRequest
 from matrix.launch.arms import get_arm
@@ -110,7 +111,11 @@ def _pair(
         return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
     offsets = {role: _size(a.engine.log_path) for role, a in acquired.items()}
     try:
-        outcome = _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"])
+        # A request whose KV handshake timed out (a loaded host, other engines starting) is sent once more.
+        outcome = serve_retrying_handshake_timeout(
+            lambda: _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"]),
+            {role: (a.engine.log_path, offsets[role]) for role, a in acquired.items()},
+        )
         # The pair's ready time counts from its start: the start-up of the engines started for it included.
         if outcome.ready_s is not None:
             outcome = replace(outcome, ready_s=outcome.ready_s + acquire_s)

@@ -98,6 +98,7 @@ class Engine:
     log_path: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
     ready_s: float = 0.0
+    ready_warning: str = ""  # ready only just, near its start-up timeout (with the host's load)
     started_for: str = ""
     # The pairs this instance served so far, in order (a row names what the engine had seen before it).
     served: list[str] = field(default_factory=list)
@@ -197,7 +198,7 @@ class SharedEngines:
             if code is None and ahead is not None:
                 engine.served = [pair]
                 return Acquired(engine, True, f"{engine.name} started ahead of this pair, ready in "
-                                f"{engine.ready_s:.1f} s")  # fmt: skip
+                                f"{engine.ready_s:.1f} s{_warned(engine)}")  # fmt: skip
             if code is None:
                 engine.served.append(pair)
                 return Acquired(engine, False, f"{engine.name} shared, started for {engine.started_for}")
@@ -213,7 +214,8 @@ class SharedEngines:
         engine.served = [pair]
         restarted = engine.starts > 1
         what = f"restarted (start {engine.starts})" if restarted else "started"
-        return Acquired(engine, True, f"{engine.name} {what} for this pair, ready in {engine.ready_s:.1f} s{note}")
+        return Acquired(engine, True, f"{engine.name} {what} for this pair, ready in {engine.ready_s:.1f} s"
+                        f"{_warned(engine)}{note}")  # fmt: skip
 
     def _start(self, engine: Engine, environment: Environment, case: CaseInfo, pair: str) -> ReadyResult:
         engine.starts += 1
@@ -241,7 +243,7 @@ class SharedEngines:
             ready = engine.supervisor.wait_ready()
         except MatrixError as exc:
             return ReadyResult(False, "startup", str(exc), 0.0, "")
-        engine.ready_s = ready.ready_s
+        engine.ready_s, engine.ready_warning = ready.ready_s, ready.warning
         return ready
 
     # -- release ------------------------------------------------------------------------------------
@@ -327,6 +329,10 @@ def _details(ready: ReadyResult) -> str:
     return (f"\n--- error lines (whole log) ---\n{ready.error_lines}" if ready.error_lines else "") + (
         f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else ""
     )
+
+
+def _warned(engine: Engine) -> str:
+    return f" ({engine.ready_warning})" if engine.ready_warning else ""
 
 
 def _safe(label: str) -> str:

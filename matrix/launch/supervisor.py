@@ -107,6 +107,9 @@ class ReadyResult:
     ready_s: float
     log_tail: str
     error_lines: str = ""  # the error lines of the whole log of the processes concerned
+    # Ready, but only just (`NEAR_TIMEOUT_FRACTION` of the budget used): the time, the budget and the host's
+    # load, so a pass that nearly timed out on a loaded host is not read as a healthy start-up.
+    warning: str = ""
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,7 @@ class Supervisor:
                     pending, plan_probes = plan_probes, []
                     continue
                 if not pending:
-                    return ReadyResult(True, None, "ready", self._elapsed(), "")
+                    return self._ready()
                 if time.monotonic() >= deadline:
                     return self._timed_out(*pending[0], last_answer)
                 if answered_since is not None:
@@ -340,10 +343,20 @@ class Supervisor:
             False, "startup", message, self._elapsed(), _tail(child.log_path), error_lines(child.log_path)
         )
 
+    def _ready(self) -> ReadyResult:
+        elapsed, budget = self._elapsed(), self._plan.startup_timeout_s
+        warning = ""
+        if budget > 0 and elapsed >= NEAR_TIMEOUT_FRACTION * budget:
+            warning = (f"warning: ready at {elapsed:.1f} s of the {budget:g} s start-up timeout "
+                       f"({max(0.0, budget - elapsed):.1f} s to spare) at {host_load()}: a slower start times out; "
+                       "raise the case's startup_timeout_s or run fewer cells at once (-j)")  # fmt: skip
+        return ReadyResult(True, None, "ready", elapsed, "", warning=warning)
+
     def _timed_out(self, owner: _Child | None, probe: HealthProbe, last_answer: str) -> ReadyResult:
+        # The host's load, measured as it gave up: a start-up that needs 296 s at load 20 is not a broken one.
         message = (
             f"not ready after {self._plan.startup_timeout_s:g} s: {probe.url} "
-            f"({owner.role if owner else 'cell'} probe) last answered: {last_answer}"
+            f"({owner.role if owner else 'cell'} probe) last answered: {last_answer}; at {host_load()}"
         )
         # A plan-level probe (e.g. the frontend's model list) may wait on any process: show them all.
         stuck = [owner] if owner is not None else self._children
@@ -526,6 +539,20 @@ def _pump(source: IO[bytes], sink: IO[bytes], see: Callable[[bytes], None] | Non
 def _fatal_due(child: _Child) -> bool:
     at = child.fatal.at
     return at is not None and time.monotonic() - at >= FATAL_GRACE_S
+
+
+# A start-up that used this much of its budget is ready only just: its outcome carries a warning.
+NEAR_TIMEOUT_FRACTION = 0.9
+
+
+def host_load() -> str:
+    """`host load 20.3 (1-min average) on 2 CPUs`: what a slow start-up ran against."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return "host load unknown"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"host load {load:.1f} (1-min average) on {cpus} CPU{'s' if cpus != 1 else ''}"
 
 
 def error_lines(path: Path, limit: int = ERROR_LINES) -> str:

@@ -35,6 +35,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "non-json-body": "the frontend answers 200 with a text/plain body that is not JSON",
     "oversized-body": "the frontend answers 200 with valid JSON padded to more than 8 MiB, streamed",
     "kv-transfer-dropped": "the prefill side channel closes mid-transfer, so decode answers 502",
+    "kv-handshake-refusal": "the decode worker's KV handshake refuses prefill's blocks (read as 64-token blocks "
+    "against its own 32): an AssertionError raised in its add_remote_agent, logged with its traceback as vLLM "
+    "logs one, and HTTP 500, the worker staying up (a clean refusal no word list knows)",
     "kv-transfer-stall": "the prefill side channel takes decode's pull and never answers, and decode and the "
     "frontend wait for it without a timeout: the pair stays healthy while the request never ends (a decode "
     "stuck waiting for remote KV)",
@@ -81,6 +84,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",
+    "kv-handshake-refusal",
     "kv-transfer-stall",
     "ignore-sigterm",
     "kv-corrupt-after-checksum",

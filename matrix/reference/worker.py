@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
@@ -292,6 +293,8 @@ class WorkerApp:
 
     def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
+        if "kv-handshake-refusal" in self.cfg.faults:
+            self._refuse_in_handshake(handle)
         began = time.perf_counter()
         # Said before the pull, so a pull that never returns leaves its last line naming what decode waits on.
         self.log(f"decode handle={handle} pulling {num_blocks} blocks from side channel {host}:{port}")
@@ -314,6 +317,25 @@ class WorkerApp:
             self.kv_bytes += len(data)
             self.kv_seconds += time.perf_counter() - began
         return data
+
+
+    def _refuse_in_handshake(self, handle: str) -> None:
+        """Fault kv-handshake-refusal: the transfer set-up rejects the peer before any token, as vLLM's decode
+        does for prefill blocks it cannot split; the traceback goes to the log line by line under one header."""
+        try:
+            add_remote_agent(local_block_tokens=32, remote_block_tokens=64)
+        except AssertionError as exc:
+            self.log(f"error: decode handle={handle} NIXL transfer failure: handshake_setup_failed")
+            for line in traceback.format_exc().splitlines():
+                self.log(f"error: {line}")
+            raise HTTPError(500, "Internal Server Error", "internal_error") from exc
+
+
+def add_remote_agent(local_block_tokens: int, remote_block_tokens: int) -> None:
+    """The handshake's check of the peer's KV layout (named as vLLM's NIXL connector names it)."""
+    if local_block_tokens % remote_block_tokens:  # raised, not asserted: `python -O` keeps the check
+        raise AssertionError(f"Local block size {local_block_tokens} is not divisible by remote block size "
+                             f"{remote_block_tokens} or vice versa.")  # fmt: skip
 
 
 def _corrupt_last_block(data: bytes, block_bytes: int) -> bytes:

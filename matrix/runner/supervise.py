@@ -125,4 +125,7 @@ def _start_and_query(
             + (f"\n--- last log lines ---\n{ready.log_tail}" if ready.log_tail else "")
         )
         return not_ready(ready.kind, message)
-    return query(plan, ready.ready_s)
+    outcome = query(plan, ready.ready_s)
+    if ready.warning:  # ready only just, on a loaded host: said whatever the request did
+        outcome = replace(outcome, message=f"{outcome.message}\n{ready.warning}" if outcome.message else ready.warning)
+    return outcome

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from matrix.cells import Cell
+from matrix.cells import ROLES, Cell
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun
 from matrix.interrupts import StopSignal
@@ -37,6 +37,7 @@ from matrix.results import record_outcome
 from matrix.schedule.claims import claim_attempt
 from matrix.schedule.executor import CellExecutor, Submission
 from matrix.schedule.slots import Demand, Lease, SlotPool
+from matrix.skew_outcome import PairClass, classify_outcome, judged_as_skew, role_options_text
 
 _POLL_S = 0.1
 # While a stopping runner waits for its pairs, how often it says so (with the time left before SIGKILL).
@@ -68,13 +69,20 @@ class Tally:
     failed_fast: bool = False
     # Cell keys of attempts a stop request left unstarted (their rows stay pending: `--resume` runs them).
     not_started: list[str] = field(default_factory=list)
+    # Failed attempts of skew cells that are honest refusals (`clean-reject`): an outcome, not a finding.
+    refused: int = 0
+    # Skew cells' classes, counted (the campaign's summary line says `2 clean-reject`, not `2 failed`).
+    classes: dict[str, int] = field(default_factory=dict)
+    # Each finished skew attempt as the run's closing grid shows it: (case, backend, role options, pair).
+    skew_pairs: list[tuple[str, str, str, PairClass]] = field(default_factory=list)
 
     def add(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
 
     @property
     def any_failed(self) -> bool:
-        return any(self.counts.get(s) for s in FAILED_STATUSES)
+        """A finding: a failed attempt that is not a skew pair's honest refusal."""
+        return sum(self.counts.get(s, 0) for s in FAILED_STATUSES) > self.refused
 
 
 @dataclass
@@ -226,14 +234,28 @@ class Scheduler:
         outcome = with_flaky(outcome, job.failed_before)
         self._write(entry.row_id, outcome)
         detail = _detail(outcome) + (" (flaky: passed after a failed attempt)" if outcome.flaky else "")
+        data: dict[str, object] = {"will_retry": retry}
+        if judged_as_skew(job.cell):
+            # A skew pair is read by its class: an honest refusal prints and counts as one, not as FAILED.
+            verdict = classify_outcome(outcome)
+            data["skew_class"] = verdict.cls
+            if outcome.status != PASSED:
+                detail = f"{verdict.reason.splitlines()[0] if verdict.reason else ''} - {detail}"
+            if not retry:
+                self.tally.classes[verdict.cls] = self.tally.classes.get(verdict.cls, 0) + 1
+                self.tally.refused += verdict.cls == "clean-reject" and outcome.status in FAILED_STATUSES
+                case = job.cell.case
+                roles = {role: job.cell.runtime_of(role).version for role in ROLES}
+                options = role_options_text(getattr(case.launch, "role_launch", None))
+                pair = PairClass(job.cell.key, roles, verdict)
+                self.tally.skew_pairs.append((case.name, case.backend, options, pair))
         if retry:
             detail += f"; retrying (attempt {job.attempt + 1} of {self._options.max_attempts})"
         else:
             self.tally.add(outcome.status)
-        self._reporter.emit(
-            Event("cell-end", job.cell.key, entry.uid, job.attempt, outcome.status, detail, {"will_retry": retry})
-        )
-        fault = outcome.status in CELL_FAULT_STATUSES
+        self._reporter.emit(Event("cell-end", job.cell.key, entry.uid, job.attempt, outcome.status, detail, data))
+        # An honest refusal of a skew pair is an outcome, not a fault: fail-fast does not stop on it.
+        fault = outcome.status in CELL_FAULT_STATUSES and data.get("skew_class") != "clean-reject"
         if fault and not retry and self._options.fail_fast and not self.tally.failed_fast:
             self.tally.failed_fast = True
             self._reporter.emit(Event("message", detail="fail-fast: no new cells will start; running cells finish"))

@@ -35,6 +35,8 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "non-json-body": ("failed", "validation", "json_body"),
     "oversized-body": ("failed", "request", "response_size"),
     "kv-transfer-dropped": ("failed", "validation", "http_status"),
+    # Decode's KV handshake refuses the peer's block size and answers 500 (test_skew_refusal_processes).
+    "kv-handshake-refusal": ("failed", "validation", "http_status"),
     # KV that never comes and nobody times out: matrix cuts the request at its timeout (a hang).
     "kv-transfer-stall": ("timeout", "request", "request"),
     "ignore-sigterm": ("failed", "teardown", "graceful_exit"),
