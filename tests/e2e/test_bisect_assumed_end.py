@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.test_version_intelligence import campaign_rows, sync, synthetic_catalog
+from tests.helpers.cli import Matrix
+from tests.helpers.synth import campaign_rows, sync_synth, synthetic_catalog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_the_result_says_the_good_end_was_assumed_and_how_to_check_it(matrix: Matrix, tmp_path: Path) -> None:
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 2))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 2))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", "--json", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)

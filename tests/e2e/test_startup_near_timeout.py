@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from matrix.launch.supervisor import Supervisor
-from tests.conftest import DATA, Matrix
-from tests.e2e.test_supervisor import engine, make_plan, ports  # noqa: F401 (the fixture)
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.supervisor import engine, make_plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 LOAD = re.compile(r"host load \d+\.\d \(1-min average\) on \d+ CPUs?")
 
 
-def test_a_timeout_says_the_hosts_load(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_a_timeout_says_the_hosts_load(tmp_path: Path, ports: list[int]) -> None:
     plan = make_plan((engine("decode", ports[0], "--delay", "30"),), ports, startup_timeout_s=1.0)
     with Supervisor(plan, tmp_path / "logs") as sup:
         sup.start()
@@ -29,7 +29,7 @@ def test_a_timeout_says_the_hosts_load(tmp_path: Path, ports: list[int]) -> None
     assert LOAD.search(result.message), result.message
 
 
-def test_ready_just_in_time_is_a_warning_with_the_load(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_ready_just_in_time_is_a_warning_with_the_load(tmp_path: Path, ports: list[int]) -> None:
     # Listens about 9.3 s after its start, of a 10 s budget: ready in the last tenth.
     plan = make_plan((engine("decode", ports[0], "--delay", "9.3"),), ports, startup_timeout_s=10.0)
     with Supervisor(plan, tmp_path / "logs") as sup:
@@ -43,7 +43,7 @@ def test_ready_just_in_time_is_a_warning_with_the_load(tmp_path: Path, ports: li
     assert LOAD.search(result.warning) and "startup_timeout_s" in result.warning, result.warning
 
 
-def test_an_early_ready_has_no_warning(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_an_early_ready_has_no_warning(tmp_path: Path, ports: list[int]) -> None:
     plan = make_plan((engine("decode", ports[0]),), ports, startup_timeout_s=30.0)
     with Supervisor(plan, tmp_path / "logs") as sup:
         sup.start()

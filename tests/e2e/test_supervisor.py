@@ -15,17 +15,11 @@ from matrix.errors import MatrixError
 from matrix.launch import supervisor as supervisor_module
 from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 from matrix.launch.supervisor import Supervisor, find_cell_processes
-from tests.helpers.supervisor import make_plan, models_probe
+from tests.helpers.supervisor import FAKE_ENGINE, engine, make_plan, models_probe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-FAKE_ENGINE = str(Path(__file__).parents[1] / "helpers" / "fake_engine.py")
 TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 ")
-
-
-def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSpec:
-    health = (HealthProbe(f"http://127.0.0.1:{port}/health"),) if probe else ()
-    return ProcessSpec(role=role, argv=(sys.executable, FAKE_ENGINE, "--port", str(port), *options), health=health)
 
 
 def python(role: str, code: str) -> ProcessSpec:

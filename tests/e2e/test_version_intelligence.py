@@ -18,41 +18,14 @@ import pytest
 
 from matrix.bisect import max_cells
 from tests.helpers.catalogs import DISCOVER_CATALOG
-from tests.helpers.cli import DATA, Matrix
+from tests.helpers.cli import Matrix
 from tests.helpers.pep691 import serve_index, wheel, write_project
-
-
-def synthetic_catalog(path: Path, n: int, break_at: int, *, fault: str = "crash-at-start", fix: bool = False) -> str:
-    """n runtimes 1.0.0 .. 1.{n-1}.0 of backend `synth`; versions from `break_at` on fail (before it, with fix)."""
-    lines = ['[[backend]]\nname = "synth"\n']
-    for i in range(n):
-        broken = (i < break_at) if fix else (i >= break_at)
-        env = f', env = {{ MATRIX_REFERENCE_FAULTS = "{fault}" }}' if broken else ""
-        lines.append(f'[[runtime]]\nbackend = "synth"\nversion = "1.{i}.0"\nprovider = {{ kind = "builtin"{env} }}\n')
-    lines.append('[[case]]\nname = "synth_pair"\nbackend = "synth"\narm = "reference"\nmodel = "tiny"\n'
-                 'markers = ["gpu_0"]\nstartup_timeout_s = 20\nrequest_timeout_s = 10\n'
-                 'launch = { teardown_grace_s = 0.5 }\n')  # fmt: skip
-    path.write_text("\n".join(lines))
-    return str(path)
-
-
-def sync(m: Matrix, *files: str) -> None:
-    result = m.subprocess("catalog", "sync", *files, str(DATA / "markers.toml"))
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def campaign_rows(m: Matrix, campaign: int) -> list[tuple[str, str]]:
-    rows = m.sql(
-        "SELECT runtime.version, cell_run.status FROM cell_run JOIN runtime ON runtime.id = cell_run.runtime_id "
-        "WHERE cell_run.campaign_id = ? ORDER BY cell_run.id",
-        campaign,
-    )
-    return [(str(v), str(s)) for v, s in rows]
+from tests.helpers.synth import campaign_rows, sync_synth, synthetic_catalog
 
 
 def test_run_new_runs_exactly_the_never_run_runtimes(matrix: Matrix, tmp_path: Path) -> None:
     (tmp_path / "refpkg.toml").write_text(DISCOVER_CATALOG)
-    sync(matrix, str(tmp_path / "refpkg.toml"))
+    sync_synth(matrix, str(tmp_path / "refpkg.toml"))
     first = matrix.subprocess("run", "--backend", "refpkg", "--no-report", "-q")
     assert first.returncode == 0, first.stdout + first.stderr
     write_project(tmp_path / "index", "ref-pkg", [wheel("ref-pkg", "1.0.0"), wheel("ref-pkg", "1.1.0"),
@@ -75,7 +48,7 @@ def test_run_new_runs_exactly_the_never_run_runtimes(matrix: Matrix, tmp_path: P
 @pytest.mark.parametrize("break_at", [1, 5, 7])
 def test_bisect_finds_the_planted_break_within_the_bound(matrix: Matrix, tmp_path: Path, break_at: int) -> None:
     n = 8
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--json", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)
@@ -99,7 +72,7 @@ def test_bisect_finds_the_planted_break_within_the_bound(matrix: Matrix, tmp_pat
 
 
 def test_bisect_finds_the_first_good_version_of_a_fix(matrix: Matrix, tmp_path: Path) -> None:
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 6, 3, fix=True))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", 6, 3, fix=True))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.5.0", "1.0.0", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "first good version: 1.3.0 (previous: 1.2.0)" in result.stdout
@@ -119,7 +92,7 @@ def test_bisect_finds_the_first_good_version_of_a_fix(matrix: Matrix, tmp_path: 
 
 
 def test_bisect_with_nothing_to_bisect_says_so(matrix: Matrix, tmp_path: Path) -> None:
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 99))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 99))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the bad end 1.3.0 passed here: nothing to bisect" in result.stdout
@@ -138,7 +111,7 @@ def test_bisect_with_nothing_to_bisect_says_so(matrix: Matrix, tmp_path: Path) -
 def test_bisect_bad_input_exit_2_database_unchanged(
     matrix: Matrix, tmp_path: Path, args: tuple[str, ...], message: str
 ) -> None:
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 2))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", 4, 2))
     before = matrix.dump()
     result = matrix.subprocess("bisect", *args)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -149,7 +122,7 @@ def test_bisect_bad_input_exit_2_database_unchanged(
 def test_ctrl_c_leaves_a_resumable_bisect_campaign(matrix: Matrix, tmp_path: Path) -> None:
     n, break_at = 8, 3
     # A slow start keeps the first probe running long enough to be interrupted mid-cell.
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
     args = ("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--json")
     proc = matrix.popen(*args)
     try:
@@ -179,7 +152,7 @@ def test_flaky_bisect_reaches_its_confidence_on_real_pairs(matrix: Matrix, tmp_p
     # flaky-start at its default rate fails every start, so the outcome is certain; the search still assumes
     # a 40 % flake and so probes until the posterior, not a single failure, names the version.
     n, break_at = 8, 5
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at, fault="flaky-start"))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at, fault="flaky-start"))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", f"1.{n - 1}.0", "--flaky", "0.4",
                                "--json", timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -192,7 +165,7 @@ def test_flaky_bisect_reaches_its_confidence_on_real_pairs(matrix: Matrix, tmp_p
 
 def test_repeat_runs_every_probe_k_times_in_one_campaign(matrix: Matrix, tmp_path: Path) -> None:
     n, break_at = 4, 2
-    sync(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
+    sync_synth(matrix, synthetic_catalog(tmp_path / "synth.toml", n, break_at))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.3.0", "--repeat", "2", "--json",
                                timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -237,7 +210,7 @@ def test_bisect_from_index_walks_the_releases_the_catalog_lacks(matrix: Matrix, 
     yanked one, a pre-release and one outside the range). They become runtimes through the template and are
     probed: the boundary is found between the last discovered release and 2.0.0."""
     (tmp_path / "idx.toml").write_text(FROM_INDEX_CATALOG)
-    sync(matrix, str(tmp_path / "idx.toml"))
+    sync_synth(matrix, str(tmp_path / "idx.toml"))
     write_project(tmp_path / "index", "idx-pkg", [
         wheel("idx-pkg", "0.9.0"), wheel("idx-pkg", "1.0.0"), wheel("idx-pkg", "1.1.0"),
         wheel("idx-pkg", "1.2.0", yanked="bad build"), wheel("idx-pkg", "1.3.0"), wheel("idx-pkg", "1.4.0rc1"),
@@ -318,7 +291,7 @@ startup_timeout_s = 30
 request_timeout_s = 10
 launch = {{ teardown_grace_s = 0.5 }}
 """)
-    sync(matrix, str(tmp_path / "dep.toml"))
+    sync_synth(matrix, str(tmp_path / "dep.toml"))
     write_project(tmp_path / "index", "refdep", [wheel("refdep", v) for v in versions]
                   + [wheel("refdep", "1.5.0rc1"), wheel("refdep", "1.0.5", yanked=True)])  # fmt: skip
     with serve_index(tmp_path / "index") as url:
@@ -347,7 +320,7 @@ def test_a_version_that_gives_no_outcome_is_stepped_around_and_named(matrix: Mat
     builtin = 'version = "1.2.0"\nprovider = { kind = "builtin" }'
     text = path.read_text().replace(builtin, 'version = "1.2.0"\nprovider = { kind = "host", python = "python3.99" }')
     path.write_text(text)
-    sync(matrix, str(path))
+    sync_synth(matrix, str(path))
     result = matrix.subprocess("bisect", "synth_pair", "--between", "1.0.0", "1.5.0", "--json", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)

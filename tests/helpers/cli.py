@@ -130,5 +130,3 @@ class Matrix:
                 return [tuple(row) for row in result.all()] if result.returns_rows else []
         finally:
             engine.dispose()
-
-

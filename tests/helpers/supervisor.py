@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
+from pathlib import Path
 
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
 
@@ -28,3 +30,11 @@ def make_plan(
         startup_timeout_s=startup_timeout_s,
         teardown_grace_s=teardown_grace_s,
     )
+
+
+FAKE_ENGINE = str(Path(__file__).with_name("fake_engine.py"))
+
+
+def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSpec:
+    health = (HealthProbe(f"http://127.0.0.1:{port}/health"),) if probe else ()
+    return ProcessSpec(role=role, argv=(sys.executable, FAKE_ENGINE, "--port", str(port), *options), health=health)

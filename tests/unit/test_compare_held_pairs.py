@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
-from tests.unit.test_variants import variants  # noqa: F401 (the fixture)
+from tests.helpers.cli import Matrix
 
 
-def test_every_held_equal_pair_has_its_verdict_in_one_table(variants: Matrix) -> None:  # noqa: F811
+def test_every_held_equal_pair_has_its_verdict_in_one_table(variants: Matrix) -> None:
     result = variants("compare", "--component", "vllm-rs", "0.29.0", "0.30.0", "--json")
     assert result.exit_code == 0, result.output
     pairs = json.loads(result.output)["holding"]["pairs"]

@@ -15,8 +15,8 @@ from matrix.executors.handshake_retry import serve_retrying_handshake_timeout
 from matrix.outcome import CellOutcome, failure, passed
 from matrix.plan import Selection
 from matrix.skew_outcome import classify_outcome
-from tests.conftest import Matrix
-from tests.unit.test_skew_handshake_evidence import BLOCK_LOG, BLOCKS, TIMEOUT_LOG
+from tests.helpers.cli import Matrix
+from tests.helpers.vllm_logs import BLOCK_LOG, BLOCKS, TIMEOUT_LOG
 
 REFUSED = (CheckFailure("http_status", "HTTP status is 500; expected 200; body 'Internal server error'"),
            CheckFailure("kv_transfer", "no NIXL transfer"))  # fmt: skip

