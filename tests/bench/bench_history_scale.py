@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=20, help="cases per runtime (x2 attempts per campaign)")
     parser.add_argument("--sizes", default="1000,10000,100000", help="attempt counts, comma separated")
     parser.add_argument("--old", default="", help="a commit to time side by side (git archive of it)")
+    parser.add_argument("--git", default=str(REPO), help="the repository --old is archived from")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds before a command is stopped")
     parser.add_argument("--no-report-at", type=int, default=0, help="skip `report` at and above this size")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
@@ -177,7 +178,7 @@ def main() -> None:
         if args.old:
             old = work / "old"
             old.mkdir()
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", args.old], capture_output=True, check=True)
+            archive = subprocess.run(["git", "-C", args.git, "archive", args.old], capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
             trees = {"old": old, "new": REPO}
         start = time.perf_counter()
