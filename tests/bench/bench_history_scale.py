@@ -11,7 +11,7 @@ A long history (a year of nightlies) must not slow the commands that print the l
    the timing columns scaled by a seeded lognormal factor, sigma 0.05, so the samples are not all ties;
    statuses, checks, messages and log directories are the real ones).
 3. Each command runs as a child process (`python -m matrix`) against each database, with this tree and,
-   with --old REF, with the tree of commit REF (`git archive`), side by side; a command past --limit
+   with --old REF, with the tree of commit REF (`git archive`), the two back to back; a command past --limit
    seconds is stopped and shown as `> LIMIT`. The report's largest page is measured too.
 
 Run: python tests/bench/bench_history_scale.py [--cases 20] [--sizes 1000,10000,100000] [--old REF]
@@ -192,14 +192,17 @@ def main() -> None:
             home.mkdir()
             shutil.copy(central / "synth.toml", home / "synth.toml")
             counts[size] = grow(central / "matrix.db", home / "matrix.db", size, seed=size)
-            for label, tree in trees.items():
-                out = work / f"out-{label}-{size}"
+            outs = {label: work / f"out-{label}-{size}" for label in trees}
+            for out in outs.values():
                 out.mkdir()
-                for name, argv in commands(out).items():
-                    if name == "report" and args.no_report_at and size >= args.no_report_at:
-                        continue
+            for name in commands(work):
+                if name == "report" and args.no_report_at and size >= args.no_report_at:
+                    continue
+                for label, tree in trees.items():  # old and new back to back: the same load on the machine
+                    argv = commands(outs[label])[name]
                     results[(label, size, name)] = timed(tree, home, args.limit, *argv)
                     print(label, counts[size], name, results[(label, size, name)], flush=True)
+            for label, out in outs.items():
                 if (out / "report").is_dir():
                     pages[(label, size)] = largest_page(out / "report")
     report = table(sizes, counts, list(trees), results, pages, args)
