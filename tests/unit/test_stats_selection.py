@@ -61,3 +61,11 @@ def test_every_rank_by_pivoting_alone() -> None:
         diffs = sorted(b - a for a in x for b in y)
         pairs = _NeverSorts(x, y)
         assert [pairs.select(r) for r in range(len(diffs))] == diffs
+
+
+def test_two_values_only_still_narrow() -> None:
+    """Differences of two values: a sample's bracket holds every candidate, and selection must still end."""
+    x, y = [0.0] * 6, [0.0, 1.0] * 6
+    diffs = sorted(b - a for a in x for b in y)
+    pairs = _NeverSorts(x, y)
+    assert [pairs.select(r) for r in range(len(diffs))] == diffs
