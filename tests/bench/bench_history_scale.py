@@ -227,8 +227,10 @@ def table(
     lines = [
         "\n## History scale: commands at 10^3 to 10^5 attempts (`tests/bench/bench_history_scale.py`)\n",
         f"`python tests/bench/bench_history_scale.py --cases {args.cases} --sizes {args.sizes}"
-        + (f" --old {args.old}" if args.old else "") + f" --limit {args.limit:.0f}`: one real campaign of "
-        f"{2 * args.cases} reference cells (`run --results-out`, `import`), copied in bulk up to each size. "
+        + (f" --old {args.old}" if args.old else "") + f" --limit {args.limit:.0f}"
+        + (f" --old-report-below {args.old_report_below}" if args.old_report_below else "")
+        + "`: one real campaign of "
+        + f"{2 * args.cases} reference cells (`run --results-out`, `import`), copied in bulk up to each size. "
         "Wall seconds of one run, on a shared 2-core machine busy with other work: compare columns of one "
         "row (the same moment), not runs.\n",
         "| command | " + " | ".join(f"{t} @ {counts[s]:,}" for s in sizes for t in trees) + " |",
