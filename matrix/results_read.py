@@ -23,10 +23,13 @@ def find_cell(session: Session, text: str) -> CellRun:
         row = session.get(CellRun, int(text))
     if row is None and "@" in text:
         case_name, _, _ = text.partition("@")
+        # Ids first, rows one by one: the newest match is near the top, and a case's whole history of
+        # full rows (logs and all) would be read only to skip it.
         candidates = session.scalars(
-            select(CellRun).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
+            select(CellRun.id).join(Case).where(Case.name == case_name).order_by(CellRun.id.desc())
         )
-        row = next((r for r in candidates if r.cell_key == text), None)
+        rows = (session.get(CellRun, rid) for rid in candidates)
+        row = next((r for r in rows if r is not None and r.cell_key == text), None)
     if row is None:
         raise ConfigError(
             f"no cell {text!r}: give a cell id, a row id, or CASE@BACKEND-VERSION (see `matrix run` output)"

@@ -469,6 +469,25 @@ def load_details(
     return grouped
 
 
+def load_details_of(session: Session, attempt_ids: Iterable[int]) -> dict[int, AttemptDetail]:
+    """Every column of the given attempts, by id: what an export prints of the few attempts it shows,
+    without reading the whole history of their cells (whose summaries chose them)."""
+    ids = sorted(set(attempt_ids))
+    found: dict[int, AttemptDetail] = {}
+    if not ids:
+        return found
+    orphans = orphaned_running(session, utcnow())
+    for start in range(0, len(ids), 500):  # bounded IN lists: SQLite's variable limit, one plan per chunk
+        chunk = ids[start : start + 500]
+        for row in session.execute(select(*_DETAIL_COLUMNS).where(CellRun.id.in_(chunk))):
+            detail = _detail(row)
+            if detail.id in orphans:  # shown as `load_details` shows it
+                shown = interruption(f"{ORPHAN_MESSAGE}{detail.message}")
+                detail = detail._replace(status=shown.status, failure_kind=shown.failure_kind, message=shown.message)
+            found[detail.id] = detail
+    return found
+
+
 def load_results(session: Session, selection: Selection | None = None, *, campaign_id: int | None = None) -> Results:
     """The report's scope and its attempts.
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from matrix.outcome import FAILED_STATUSES, PASSED, standing_attempt
-from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, load_details
+from matrix.report.data import AttemptDetail, ResultCell, Results, RuntimeView, load_details_of
 from matrix.report.fmt import fmt_time
 from matrix.report.skew import SkewGrid, skew_grids
 from matrix.text import clean, log_tails, printable, shorten
@@ -115,6 +115,23 @@ def _testcase(suite: ET.Element, cell: ResultCell, attempts: Sequence[AttemptDet
     return outcome
 
 
+def _shown_details(session: Session, cells: Sequence[ResultCell]) -> dict[int, list[AttemptDetail]]:
+    """Case id -> the attempts a testcase prints (oldest first): the standing attempt and, when it is a
+    flaky pass, the earlier attempts of its campaign. The cells' summaries (the same rows, orphans shown
+    as interrupted alike) choose them, so only those rows are read in full, not every cell's history."""
+    wanted: dict[int, list[int]] = {}
+    for cell in cells:
+        last = standing_attempt(cell.attempts)
+        if last is None:
+            continue
+        earlier: list[int] = []
+        if last.status == PASSED and last.flaky:
+            earlier = [a.id for a in cell.attempts if a.campaign_id == last.campaign_id and a.attempt < last.attempt]
+        wanted[cell.case.id] = [*sorted(earlier), last.id]  # the standing one last: it stands in this list too
+    found = load_details_of(session, [i for ids in wanted.values() for i in ids])
+    return {case_id: [found[i] for i in ids] for case_id, ids in wanted.items()}
+
+
 def junit_xml(session: Session, results: Results) -> bytes:
     """The JUnit XML document for the cells of `results` (their latest attempts), as UTF-8 bytes."""
     root = ET.Element("testsuites", name="matrix")
@@ -122,9 +139,7 @@ def junit_xml(session: Session, results: Results) -> bytes:
     total_time = 0.0
     for runtime in results.runtimes:
         cells = results.cells_of_runtime(runtime.id)
-        details = load_details(
-            session, runtime.id, case_ids=[c.case.id for c in cells], campaign_id=results.campaign_id
-        )
+        details = _shown_details(session, cells)
         suite = ET.Element("testsuite", name=clean(runtime.label))
         _properties(suite, runtime)
         counts = {"passed": 0, "failed": 0, "skipped": 0}

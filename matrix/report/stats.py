@@ -14,7 +14,10 @@ what their measured error rates are.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,15 +155,137 @@ def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95)
     """exp of the Hodges-Lehmann shift of log(b) - log(a), with the Moses 95 % interval: (estimate, low, high).
 
     The Moses interval takes the k-th smallest and largest of the n*m pairwise differences, k from the
-    normal approximation of the Mann-Whitney U distribution; it needs no assumption about the shape."""
-    diffs = sorted(math.log(y) - math.log(x) for x in a for y in b)
+    normal approximation of the Mann-Whitney U distribution; it needs no assumption about the shape.
+    The differences are never materialised: `_PairwiseDifferences.select` finds the k-th smallest in
+    O((n + m) log(n m)) expected time, and returns the very float the sorted list would hold."""
+    pairs = _PairwiseDifferences([math.log(x) for x in a], [math.log(y) for y in b])
     n, m = len(a), len(b)
-    count = len(diffs)
-    estimate = statistics.median(diffs)
+    count = n * m
+    # statistics.median's convention: the middle one, or the mean of the two middle ones.
+    middle = count // 2
+    estimate = pairs.select(middle) if count % 2 else (pairs.select(middle - 1) + pairs.select(middle)) / 2
     k = math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
     if k < 1:  # too few samples for a 95 % interval: the widest one there is
-        return math.exp(estimate), math.exp(diffs[0]), math.exp(diffs[-1])
-    return math.exp(estimate), math.exp(diffs[k - 1]), math.exp(diffs[count - k])
+        return math.exp(estimate), math.exp(pairs.select(0)), math.exp(pairs.select(count - 1))
+    return math.exp(estimate), math.exp(pairs.select(k - 1)), math.exp(pairs.select(count - k))
+
+
+class _PairwiseDifferences:
+    """The n*m differences y[j] - x[i] of two samples as an implicit sorted matrix, for exact selection.
+
+    With x and y sorted ascending, row i (one x) rises with j and column j (one y) falls with i, and so it
+    stays in floating point (rounding is monotone). Counting the differences below a value is therefore
+    one O(n + m) staircase walk. Selection keeps, per row, the column range that may still hold the k-th
+    smallest, and shrinks it between pivots drawn from the candidates (`select`; the answer is exact
+    whatever the pivots, the seed only fixes the running time)."""
+
+    # Below this many candidates left, sorting them is cheaper than another walk.
+    _SORT_BELOW = 2048
+    # Candidates sampled to bracket the rank: each round keeps about 4 / sqrt(_SAMPLE) of them.
+    _SAMPLE = 1024
+
+    def __init__(self, x: Sequence[float], y: Sequence[float]) -> None:
+        self.x = sorted(x)
+        self.y = sorted(y)
+
+    def _below(self, pivot: float, strict: bool) -> list[int]:
+        """Per row i, how many columns j have y[j] - x[i] < pivot (or <= pivot unless `strict`)."""
+        x, y, m = self.x, self.y, len(self.y)
+        counts: list[int] = []
+        j = 0
+        for xi in x:  # x rises, so each row's count is at least the previous one's
+            if strict:
+                while j < m and y[j] - xi < pivot:
+                    j += 1
+            else:
+                while j < m and y[j] - xi <= pivot:
+                    j += 1
+            counts.append(j)
+        return counts
+
+    def _sample(self, low: list[int], high: list[int], left: int, chooser: random.Random) -> list[float]:
+        """_SAMPLE candidates drawn uniformly (with replacement) among the `left` still possible, sorted."""
+        x, y = self.x, self.y
+        cumulative = list(itertools.accumulate(h - lo for h, lo in zip(high, low, strict=True)))
+        picks = []
+        for _ in range(self._SAMPLE):
+            pick = chooser.randrange(left)
+            i = bisect.bisect_right(cumulative, pick)  # the row holding it (empty rows never match)
+            picks.append(y[low[i] + pick - (cumulative[i - 1] if i else 0)] - x[i])
+        picks.sort()
+        return picks
+
+    def select(self, rank: int) -> float:
+        """The difference at 0-based `rank` of the ascending sorted n*m differences.
+
+        Floyd-Rivest style: a random sample of the candidates left brackets the rank between two of its
+        values, and two staircase walks keep only the candidates between them (about 1/10 of them, the
+        rank inside with overwhelming probability; when it is outside, the side holding it is kept).
+        With many ties the bracket may keep everything: one quickselect step on a random candidate then
+        makes progress."""
+        x, y = self.x, self.y
+        n, m = len(x), len(y)
+        if not 0 <= rank < n * m:
+            raise IndexError(rank)
+        if rank == 0:
+            return y[0] - x[n - 1]
+        if rank == n * m - 1:
+            return y[m - 1] - x[0]
+        low = [0] * n  # per row, columns below low[i] are known to sort before the answer
+        high = [m] * n  # ... and columns from high[i] on, after it
+        chooser = random.Random(rank)
+        while True:
+            known = sum(low)
+            left = sum(high) - known
+            if left <= self._SORT_BELOW:
+                rest = sorted(y[j] - x[i] for i in range(n) for j in range(low[i], high[i]))
+                return rest[rank - known]
+            sample = self._sample(low, high, left, chooser)
+            where = (rank - known) * len(sample) / left
+            spread = 2 * math.sqrt(len(sample))  # the rank's place in the sample: sd at most sqrt(s) / 2
+            first = sample[max(0, int(where - spread))]
+            last = sample[min(len(sample) - 1, int(where + spread))]
+            less = self._below(first, strict=True)
+            if rank < sum(less):  # below the bracket
+                high = [min(h, c) for h, c in zip(high, less, strict=True)]
+                continue
+            at_most = self._below(last, strict=False)
+            if rank >= sum(at_most):  # above the bracket
+                low = [max(lo, c) for lo, c in zip(low, at_most, strict=True)]
+                continue
+            if first == last:  # every difference between is this one value
+                return first
+            narrowed_low = [max(lo, c) for lo, c in zip(low, less, strict=True)]
+            narrowed_high = [min(h, c) for h, c in zip(high, at_most, strict=True)]
+            if sum(narrowed_high) - sum(narrowed_low) < left:
+                low, high = narrowed_low, narrowed_high
+                continue
+            found = self._quickselect_step(rank, low, high, left, chooser)
+            if found is not None:
+                return found
+
+    def _quickselect_step(
+        self, rank: int, low: list[int], high: list[int], left: int, chooser: random.Random
+    ) -> float | None:
+        """Narrow `low`/`high` in place around one random candidate; that candidate if it is the answer."""
+        x, y = self.x, self.y
+        pick = chooser.randrange(left)
+        pivot = 0.0
+        for i in range(len(x)):
+            width = high[i] - low[i]
+            if pick < width:
+                pivot = y[low[i] + pick] - x[i]
+                break
+            pick -= width
+        less = self._below(pivot, strict=True)
+        if rank < sum(less):
+            high[:] = [min(h, c) for h, c in zip(high, less, strict=True)]
+            return None
+        at_most = self._below(pivot, strict=False)
+        if rank < sum(at_most):
+            return pivot
+        low[:] = [max(lo, c) for lo, c in zip(low, at_most, strict=True)]
+        return None
 
 
 def compare_samples(

@@ -395,6 +395,26 @@ class AttemptGroup(NamedTuple):
         return self.view.detail.status == PASSED
 
 
+# A runtime page stays bounded however long the history: each cell shows its newest SHOWN_ATTEMPTS
+# attempts whole (logs included) and the one that stands for it; older ones are counts, a pass/fail trend
+# and one line per failure (the newest LISTED_FAILURES). Inlining every log tail made a page of 10^5
+# attempts 115 MB.
+SHOWN_ATTEMPTS = 10
+LISTED_FAILURES = 20
+TREND_LIMIT = 200
+
+
+class OlderAttempts(NamedTuple):
+    """A cell's attempts older than those shown whole: how many, how they ended, and their failures."""
+
+    attempts: int
+    counts: str
+    trend: str  # "P" pass, "F" failure, oldest first, the newest TREND_LIMIT of them
+    trend_cut: bool
+    failures: tuple[AttemptView, ...]  # newest first, one line each
+    more_failures: int
+
+
 class CellView(NamedTuple):
     anchor: str
     case: CaseView
@@ -405,6 +425,7 @@ class CellView(NamedTuple):
     missing: tuple[MissingFix, ...]
     attempts: tuple[AttemptView, ...]  # newest first
     groups: tuple[AttemptGroup, ...] = ()  # the same attempts, identical failures grouped
+    older: OlderAttempts | None = None  # the attempts not in `attempts`
 
 
 _DIGITS = re.compile(r"\d+")
@@ -444,13 +465,34 @@ def _missing(cell: ResultCell) -> tuple[MissingFix, ...]:
     return tuple(found)
 
 
+def _older(attempts: list[AttemptDetail]) -> OlderAttempts | None:
+    """The summary of `attempts` (oldest first), or None for none."""
+    if not attempts:
+        return None
+    history = pass_rate([a.status for a in attempts]).history
+    failed = [a for a in reversed(attempts) if a.status in FAILED_STATUSES]
+    return OlderAttempts(
+        attempts=len(attempts),
+        counts=counts_text(shown_status(a) for a in attempts),
+        trend=history[-TREND_LIMIT:],
+        trend_cut=len(history) > TREND_LIMIT,
+        failures=tuple(attempt_view(a) for a in failed[:LISTED_FAILURES]),
+        more_failures=max(0, len(failed) - LISTED_FAILURES),
+    )
+
+
 def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail]]) -> Iterator[CellView]:
     """The cells of one runtime page, built one at a time as the template streams them."""
     for cell in cells:
         attempts = details.get(cell.case.id, [])
         last = standing_attempt(attempts)
         status = shown_status(last) if last else "none"
-        views = tuple(attempt_view(a) for a in reversed(attempts))
+        shown = attempts[-SHOWN_ATTEMPTS:]
+        older = attempts[: max(0, len(attempts) - SHOWN_ATTEMPTS)]
+        if last is not None and all(a.id != last.id for a in shown):  # the attempt that decides is always whole
+            older = [a for a in older if a is not last]
+            shown = [last, *shown]
+        views = tuple(attempt_view(a) for a in reversed(shown))
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),
             case=cell.case,
@@ -461,6 +503,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
             missing=_missing(cell),
             attempts=views,
             groups=group_attempts(views),
+            older=_older(older),
         )
 
 
