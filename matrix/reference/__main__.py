@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     epilog = f"faults (also from ${FAULTS_ENV}, comma-separated):\n{known_faults_text()}"
     parser = argparse.ArgumentParser(
         prog="python -m matrix.reference",
-        description="Reference disaggregated server: one frontend, one prefill and one decode process.",
+        description="Reference disaggregated server: one frontend in front of prefill and decode worker processes.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
