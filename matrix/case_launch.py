@@ -81,6 +81,9 @@ class CommonLaunch:
     exclusive_startup: bool | None = _key("bool")
     # `false` leaves out the streaming, cancel and orphan checks (timing studies).
     lifecycle: bool | None = _key("bool")
+    # A KV fault injected on purpose into one role's engine ([M28]): "CLASS" or "CLASS:ROLE" (matrix.launch.faults;
+    # armed by the vllm_native arm). A cell where it never fired is "not exercised" (matrix.check.faults).
+    kv_fault: str | None = _key("str")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ The index is read through the PEP 691 JSON simple API (the same API pip uses), f
 pip's own setting (`PIP_INDEX_URL`, then pip's configuration files), else PyPI, so a mirror works the
 same way pip does. Each new version becomes a runtime from the backend's `runtime_template`, with
 `source = "discovered"`: `matrix catalog sync` never retires it (it is nobody's file's row).
+
+Before a version of a `venv` template is added, uv resolves `package==version` with its dependencies for the
+runtime's own target (the template's Python on this host's platform) against the same index, metadata only:
+a release whose requirements no index has (NIXL 1.5.2's meta wheel requires nixl-cu12==1.5.2, which does not
+exist) is marked `unresolvable`, naming them, and never becomes a runtime, so no cell, plan or wheelhouse
+meets it. An index uv cannot ask (no uv, offline, files it cannot read) leaves the check to the build.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import configparser
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +48,7 @@ ACCEPT = "application/vnd.pypi.simple.v1+json"
 CHANNELS = ("release", "rc", "dev")
 DISCOVERED = "discovered"
 # The actions of a version in range that was not added, each said with its reason.
-SKIPPED = ("yanked", "python", "platform")
+SKIPPED = ("yanked", "python", "platform", "unresolvable")
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Found:
     requires_python: list[str] = field(default_factory=list)  # each file's Requires-Python, where given
     wheels: list[str] = field(default_factory=list)  # the tags of each wheel (`cp312-cp312-manylinux_2_28_aarch64`)
     sdist: bool = False
+    missing: list[str] = field(default_factory=list)  # unresolvable: the requirements no index has (uv's words)
     entries: list[IndexFile] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -289,8 +297,9 @@ def _backend_and_template(
 
 
 def discover(
-    session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool
-) -> Discovery:
+    session: Session, backend_name: str, *, package: str | None, index_url: str | None, channel: str, dry_run: bool,
+    resolve: bool = True,
+) -> Discovery:  # fmt: skip
     backend, template, package = _backend_and_template(session, backend_name, package, channel)
     known = {parse_version(r.version) for r in backend.runtimes}
     live = [parse_version(r.version) for r in backend.runtimes if not r.retired]
@@ -299,7 +308,7 @@ def discover(
     def place(version: Version) -> str | None:
         return "older" if version in known or (newest is not None and version <= newest) else None
 
-    return _offer(session, backend, template, package, index_url, channel, place, dry_run=dry_run)
+    return _offer(session, backend, template, package, index_url, channel, place, dry_run=dry_run, resolve=resolve)
 
 
 def fill_between(
@@ -321,7 +330,7 @@ def fill_between(
 
 def _offer(
     session: Session, backend: Backend, template: dict[str, Any], package: str, index_url: str | None, channel: str,
-    place: Callable[[Version], str | None], *, dry_run: bool,
+    place: Callable[[Version], str | None], *, dry_run: bool, resolve: bool = True,
 ) -> Discovery:  # fmt: skip
     """The one walk over the index's versions, oldest first: `place` answers "outside" (not listed), an
     action that settles the version ("older", "known"), or None for a candidate, which is then checked
@@ -345,12 +354,29 @@ def _offer(
             item.action = "yanked"
         elif (why := installable(item, result.target)) is not None:
             item.action = why
+        elif resolve and (missing := _missing(template, package, version, index)):
+            item.action, item.missing = "unresolvable", missing
         elif dry_run:
             item.action = "would add"
         else:
             _add_runtime(session, backend, version, template, index)
             item.action = "added"
     return result
+
+
+def _missing(template: dict[str, Any], package: str, version: Version, index: str) -> list[str]:
+    """What no index has of `package==version`'s requirements on the runtime's own target (empty: it
+    resolves, or nothing could be said; only `venv` templates build here, so only they are resolved)."""
+    from matrix.launch.providers.wheelresolve import own_target, resolvability
+
+    target = own_target(template.get("provider", {}))
+    if target is None:
+        return []
+    missing = resolvability([[f"{package}=={version}"]], target, index_url=index).missing
+    # The index lists the release itself: where uv does not see it (a Requires-Python it cannot read), that
+    # says nothing about its requirements, and pip decides at the build as before.
+    itself = canonicalize_name(package)
+    return [m for m in missing if canonicalize_name(re.split(r"[<>=!~;\[ ]", m, maxsplit=1)[0]) != itself]
 
 
 def _add_runtime(session: Session, backend: Backend, version: Version, template: dict[str, Any], index: str) -> None:

@@ -16,6 +16,7 @@ a status compared or assigned as a literal anywhere else.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, TypeVar, get_args
@@ -25,7 +26,9 @@ from matrix.check.specs import CheckFailure
 # Every status a `cell_run` row can have. An outcome never is `pending`/`running` (those are rows not yet
 # finished); `not-run` is what fail-fast writes for attempts it never started.
 Status = Literal["pending", "running", "passed", "failed", "error", "timeout", "skipped", "interrupted", "not-run"]
-FailureKind = Literal["config", "provision", "startup", "health", "request", "validation", "teardown", "infra"]
+FailureKind = Literal[
+    "config", "provision", "recipe", "startup", "health", "request", "validation", "teardown", "infra"
+]
 STATUSES: tuple[str, ...] = get_args(Status)
 # The statuses by name, for readers that compare a row's status (`row.status == PASSED`).
 PASSED: Final = "passed"
@@ -47,12 +50,17 @@ CELL_FAULT_STATUSES = FAILED_STATUSES - {"interrupted"}
 # Failures worth another attempt under `--max-attempts`: the deployment did not come up, or the runner lost it.
 RETRYABLE_KINDS = frozenset({"startup", "health", "infra"})
 # Failure kinds by name, for readers that sort failures by where they stopped (`matrix.skew_outcome`).
-STARTUP: Final = "startup"
 HEALTH: Final = "health"
 REQUEST: Final = "request"
 VALIDATION: Final = "validation"
-# Matrix could not run the pair at all: no evidence about the engines.
-NO_EVIDENCE_KINDS = frozenset({"config", "provision", "infra"})
+STARTUP: Final = "startup"
+# An engine refused to start because a dependency of OUR recipe is unmet ("NIXL >= 1.5.0 is required, but
+# nixl==1.4.1 is installed"): the recipe's fault, not the release's. It fails the cell (the runtime as
+# catalogued does not work), but the gate and compare never call it a regression of the release.
+RECIPE: Final = "recipe"
+# Matrix could not run the pair at all, or ran it in an environment the engine itself refused: no evidence
+# about the engines.
+NO_EVIDENCE_KINDS = frozenset({"config", "provision", "recipe", "infra"})
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,38 @@ def as_error(outcome: CellOutcome, kind: FailureKind, message: str) -> CellOutco
     return replace(outcome, status=ERROR, failure_kind=kind, message=message)
 
 
+# The shapes in which engines and libraries name an unmet requirement at start-up, each with the package
+# name as group 1 (vLLM's `check_nixl_version`: "NIXL >= 1.5.0 is required, but nixl==1.4.1 is installed";
+# transformers' `require_version`: "tokenizers>=0.21,<0.22 is required for a normal functioning of this
+# module, but found tokenizers==0.22.0."; "X requires Y >= N, but Y M is installed"). A missing module
+# (ModuleNotFoundError) is not among them: a wheel that lacks a dependency is the release's fault.
+_ERROR = r"(?:[A-Z]\w*(?:Error|Exception): )?"  # the exception's name, kept with the line
+_UNMET = (
+    re.compile(_ERROR + r"([A-Za-z][\w.-]*)\s*(?:[<>=!~]=?\s*[\w.*+!-]+,?\s*)+(?:\(.*?\)\s*)?is required"
+               r"[^\n]*?,?\s*but (?:found )?[\w.-]+\s*(?:==\s*|\s)[\w.+!-]+(?: is installed| was found)?"),
+    re.compile(_ERROR + r"\S+ [\w.+!-]+ requires ([A-Za-z][\w.-]*)\s*[<>=!~]=?\s*[\w.*+!-]+[^\n]*?, but (?:you have )?"
+               r"\1\s*(?:==\s*|\s)[\w.+!-]+(?: is installed| was found| which is incompatible)?", re.IGNORECASE),
+)
+
+
+def unmet_requirement(text: str) -> str | None:
+    """What the first line of `text` that names an unmet requirement of the environment says (without the
+    log's timestamps and role prefix); else None."""
+    for line in text.splitlines():
+        for pattern in _UNMET:
+            if (found := pattern.search(line)) is not None:
+                return found.group(0).strip()
+    return None
+
+
 def not_ready(ready_kind: str | None, message: str) -> CellOutcome:
     """A deployment that never got ready: a timeout of its health wait, a failed start-up, or a failed health
-    probe. No ready time: a timeout would otherwise read as a 120 s start-up."""
+    probe. No ready time: a timeout would otherwise read as a 120 s start-up. A start-up that failed naming an
+    unmet requirement of the environment is a `recipe` fault, its first line that line."""
     kind: FailureKind = "startup" if ready_kind == "startup" else "health"
+    if ready_kind != "timeout" and (line := unmet_requirement(message)) is not None:
+        return failure("recipe", f"recipe fault: an engine refused the environment the runtime's recipe built "
+                       f"({line}); pin that dependency in the runtime's recipe (or its template's pins)\n{message}")
     return (timed_out if ready_kind == "timeout" else failure)(kind, message)
 
 
@@ -241,6 +277,25 @@ def judge_control(outcome: CellOutcome, expected_failed_checks: Sequence[str]) -
         check = CheckFailure("control_expectation", message + ": the validator no longer catches this deployment")
         return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
     return outcome
+
+
+def judge_fault(outcome: CellOutcome, fired: int, fault: str, evidence: str) -> CellOutcome:
+    """A cell with a KV fault injected on purpose ([M28], `matrix.check.faults`): a fault that fired zero times
+    proves nothing either way (skipped, "not exercised"); one that fired passes the cell when a check caught
+    it (the failed checks stay recorded), and fails it (`fault_undetected`) when every check passed."""
+    if outcome.status == "skipped" or outcome.failure_kind in NO_EVIDENCE_KINDS:
+        return outcome
+    if fired == 0:
+        was = f"{outcome.status}" + (f" ({outcome.message.splitlines()[0]})" if outcome.message else "")
+        note = f"not exercised: kv fault {fault} fired 0 times ({evidence}); the cell was {was}"
+        return replace(outcome, status="skipped", failure_kind=None, message=note)
+    if outcome.status == "passed":
+        message = f"kv fault {fault} fired {fired} times ({evidence}) and every check passed"
+        check = CheckFailure("fault_undetected", message)
+        return replace(outcome, status="failed", failure_kind="validation", message=message, checks=(check,))
+    caught = ", ".join(dict.fromkeys(c.name for c in outcome.checks)) or f"{outcome.status} ({outcome.failure_kind})"
+    note = f"kv fault {fault} fired {fired} times ({evidence}); caught by: {caught}"
+    return replace(outcome, status="passed", failure_kind=None, message=note + "\n" + outcome.message)
 
 
 def judge_expectation(outcome: CellOutcome, expected_failure: str) -> CellOutcome:

@@ -44,6 +44,7 @@ def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, h
                 "another version"
             )
         return row
+    _refuse_unresolvable(f"{base.backend.name}={derived.version}", dict(base.provider), derived.provider)
     row = Runtime(
         backend=base.backend, version=derived.version, tag=tag_for(parse_version(derived.version)),
         channel=base.channel, provider=derived.provider, notes=f"{derived.notes} ({how})", source=DERIVED,
@@ -53,6 +54,24 @@ def derive_runtime(session: Session, base: Any, changes: Mapping[str, str], *, h
     session.add(row)
     session.flush()
     return row
+
+
+def _refuse_unresolvable(label: str, base: Mapping[str, Any], provider: Mapping[str, Any]) -> None:
+    """A `ConfigError` naming the missing requirements when the steps the variant changed do not resolve for
+    its own target (uv, metadata only): refused before it is stored, not at its first build. An index that
+    cannot be asked (offline, no uv) leaves the check to that build."""
+    from matrix.launch.providers.wheelresolve import own_target, resolvability, step_requirements
+
+    target = own_target(provider)
+    if target is None:
+        return
+    changed = [step for step in provider.get("steps", []) if step not in base.get("steps", [])]
+    found = resolvability(step_requirements(changed), target)
+    if found.missing:
+        raise ConfigError(
+            f"runtime {label} cannot be built: no index has {', '.join(found.missing)} for Python {target.python} "
+            f"on {target.platforms[0]} (uv's resolver); pick a version whose requirements exist"
+        )
 
 
 def _runtime_row(session: Session, spec: str) -> Any:

@@ -7,33 +7,64 @@ one) and gets a fresh database of its own, dropped afterwards; without the varia
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from sqlalchemy import create_engine, inspect, text
+from click.testing import CliRunner
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
 from matrix.cli import cli
+from tests.helpers.catalogs import TEMPLATE_CATALOG_FILES
+from tests.helpers.claims import catalog_factory
+from tests.helpers.cli import DATA, POSTGRES_ENV, Matrix
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data"
-POSTGRES_ENV = "MATRIX_TEST_POSTGRES_URL"
 DATABASES = ("sqlite", "postgresql")
+WORKERS_ENV = "MATRIX_TEST_WORKERS"
+# Fixtures made once for several tests: their tests share a worker.
+SHARED_SCOPES = ("module", "class", "package")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "all_databases: run the test on SQLite and on PostgreSQL")
     config.addinivalue_line("markers", "fresh_database: the `matrix` fixture leaves the SQLite file uncreated")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many workers `-n auto` (the default, see pyproject.toml) starts.
+
+    The fast suite spends most of its time waiting for the servers, runners and browsers it starts, so it gets
+    twice as many workers as cores, at least 4 (MATRIX_TEST_WORKERS overrides), and no more than the tests named
+    one by one on the command line. The engine suite (`-m engines`) gets none: its builds of several GiB each and their
+    shared store are not run side by side."""
+    if os.environ.get(WORKERS_ENV):
+        return int(os.environ[WORKERS_ENV])
+    expression = str(config.getoption("markexpr") or "")
+    if "engines" in expression and "not engines" not in expression:
+        return 0
+    workers = max(4, 2 * (os.cpu_count() or 1))
+    # Tests named one by one (`file.py::test`): more workers than tests would only start up.
+    if config.args and all("::" in arg for arg in config.args):
+        workers = min(workers, len(config.args))
+    return workers if workers > 1 else 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (pyproject's addopts) the workers take tests one at a time, except the tests
+    of a file that use a module-, class- or package-scoped fixture: those form one group, run in one worker
+    in file order, so the fixture (a report of real runs, an environment later tests reuse) is made once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() if defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -67,118 +98,6 @@ def db_url(database: str, tmp_path: Path) -> Iterator[str]:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         engine.dispose()
-
-
-@dataclass
-class Matrix:
-    """Runs `matrix` against one test's own database (a SQLite file unless `db_url` says otherwise)."""
-
-    home: Path
-    db_path: Path
-    db_url: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self.db_url or f"sqlite:///{self.db_path}"
-
-    @property
-    def on_sqlite(self) -> bool:
-        return self.db_url is None or self.db_url.startswith("sqlite")
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "MATRIX_HOME": str(self.home), "MATRIX_DB": self.db_url or str(self.db_path)}
-
-    def __call__(self, *args: str) -> Result:
-        """In-process (fast), for commands that start no processes."""
-        runner = CliRunner()
-        return runner.invoke(cli, list(args), env=self.env, catch_exceptions=False)
-
-    def subprocess(self, *args: str, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
-        """A real `matrix` process, for commands that launch pairs or get signals.
-
-        When the test is stopped while it waits (its own timeout, pytest-timeout, Ctrl-C) `matrix` gets
-        SIGTERM first, so it tears down its pairs and provisioning like a user's Ctrl-C would, instead of a
-        SIGKILL that would leave them running on loopback.
-        """
-        argv = [sys.executable, "-m", "matrix", *args]
-        with subprocess.Popen(
-            argv,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            **kw,  # type: ignore[call-overload]
-        ) as proc:
-            try:
-                stdout, stderr = proc.communicate(timeout=timeout)
-            except BaseException:
-                stop_gracefully(proc)
-                raise
-        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "matrix", *args],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def exists(self) -> bool:
-        """Whether the database has been created (has any table)."""
-        if self.on_sqlite:
-            return self.db_path.exists()
-        return bool(self.sql("SELECT 1 FROM information_schema.tables WHERE table_schema = 'public' LIMIT 1"))
-
-    def dump(self) -> str:
-        """Every row of every table, for "the database is unchanged" checks."""
-        if self.on_sqlite:
-            if not self.db_path.exists():
-                return ""
-            with sqlite3.connect(self.db_path) as conn:
-                return "\n".join(conn.iterdump())
-        engine = create_engine(self.url)
-        try:
-            lines = []
-            with engine.connect() as conn:
-                for table in sorted(inspect(conn).get_table_names()):
-                    lines.append(f"TABLE {table}")
-                    rows = conn.execute(text(f'SELECT * FROM "{table}"')).all()
-                    lines += sorted(repr(tuple(row)) for row in rows)
-            return "\n".join(lines)
-        finally:
-            engine.dispose()
-
-    def sql(self, query: str, *params: object) -> list[tuple[object, ...]]:
-        """Run one statement with `?` placeholders on either database; the rows it returns."""
-        if self.on_sqlite:
-            with sqlite3.connect(self.db_path) as conn:
-                return conn.execute(query, params).fetchall()
-        engine = create_engine(self.url)
-        try:
-            with engine.begin() as conn:
-                # psycopg's placeholder is %s; without parameters the query is sent as written.
-                result = (
-                    conn.exec_driver_sql(query.replace("?", "%s"), tuple(params))
-                    if params
-                    else conn.exec_driver_sql(query)
-                )
-                return [tuple(row) for row in result.all()] if result.returns_rows else []
-        finally:
-            engine.dispose()
-
-
-def stop_gracefully(proc: subprocess.Popen[str], grace: float = 60) -> None:
-    """SIGTERM, time to tear down, then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
 
 
 @pytest.fixture
@@ -235,10 +154,23 @@ def seeded(matrix: Matrix, request: pytest.FixtureRequest) -> Matrix:
     return matrix
 
 
-def toml_value(value: Any) -> str:
-    """An inline TOML value (JSON is close enough for strings, lists and tables of them)."""
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(value)
+
+
+@pytest.fixture
+def catalogued(matrix: Matrix) -> Matrix:
+    """The `matrix` fixture with the discovery templates' catalog files synced (the discover and wheelhouse tests)."""
+    result = matrix("catalog", "sync", *(str(DATA / f"{name}.toml") for name in TEMPLATE_CATALOG_FILES))
+    assert result.exit_code == 0, result.output
+    return matrix
+
+
+@pytest.fixture
+def factory(db_url: str) -> Iterator[sessionmaker[Session]]:
+    """A session factory on the test's database, migrated and with the shipped catalog (the claims tests)."""
+    yield from catalog_factory(db_url)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Path:
+    """A port registry of the test's own (the allocator's JSON file, not yet written)."""
+    return tmp_path / "ports.json"

@@ -171,7 +171,7 @@ def report_cmd(session: Session, out_dir: Path | None, **kw: Any) -> None:
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a page.")
 @click.option(
     "--fail-on", type=click.Choice(["never", "regression", "failure"]), default="never", show_default=True,
-    help="Exit 1 when a case is regressed or slower (regression), or also still failing (failure).",
+    help="Exit 1 when a case is regressed or slower (regression), or also still failing or a recipe fault (failure).",
 )  # fmt: skip
 @significance_options
 @json_option
@@ -180,7 +180,7 @@ def compare_cmd(
     session: Session, a: str, b: str, component: str | None, hold: tuple[str, ...], html_out: Path | None,
     fail_on: str, threshold: float, alpha: float, as_json: bool,
 ) -> None:  # fmt: skip
-    """Compare outcomes case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
+    """Compare outcomes case by case: regressed, slower, fixed, still failing, recipe fault, new, missing, unchanged.
 
     \b
     matrix compare vllm=0.29.0 vllm=0.30.0            two runtimes (BACKEND=VERSION)

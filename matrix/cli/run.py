@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 @click.option("--explain", is_flag=True, help="Also list every excluded combination with its reason.")
 @click.option("--with", "with_components", multiple=True, metavar="COMPONENT=VERSION",
               help="Preview the variants `run --with` would run (nothing is stored); repeatable.")
+@click.option("--resolve", is_flag=True,
+              help="First resolve each planned venv runtime's recipe for its own target with uv (metadata only) "
+                   "and refuse, naming what is missing, when no index has a requirement.")  # fmt: skip
 @json_option
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 )  # fmt: skip
 @with_session
 def plan_cmd(
-    session: Session, explain: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
+    session: Session, explain: bool, resolve: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
     with_components: tuple[str, ...], **kw: Any,
 ) -> None:  # fmt: skip
     """Expand cases x runtimes into cells and print them.
@@ -60,6 +63,10 @@ def plan_cmd(
         selection = plan.selection
     else:
         plan = plan_from_db(session, selection)
+    if resolve:
+        from matrix.launch.providers.wheelresolve import refuse_unresolvable
+
+        refuse_unresolvable({c.runtime.label: c.runtime for c in plan.cells}.values())
     if output_format == "github-matrix":
         from matrix.cli.fanout import print_github_matrix
 

@@ -35,21 +35,27 @@ def _display_url(url: str) -> str:
               help="release: final versions; rc: also pre-releases; dev: also dev releases.")
 @click.option("--index-url", metavar="URL",
               help="A PEP 691 simple index (default: $PIP_INDEX_URL, pip's configuration, else PyPI).")
+@click.option("--no-resolve", is_flag=True,
+              help="Do not resolve each new release's requirements with uv first (e.g. on an index that lacks "
+                   "what the target host provides, such as a wheelhouse made with --exclude).")
 @json_option
 @click.pass_obj
 def discover_cmd(
-    app: App, backend: str, package: str | None, dry_run: bool, channel: str, index_url: str | None, as_json: bool
+    app: App, backend: str, package: str | None, dry_run: bool, channel: str, index_url: str | None,
+    no_resolve: bool, as_json: bool,
 ) -> None:
     """Add the versions on the package index newer than the catalog's as runtimes (from the backend's
-    runtime_template). Versions that are yanked, refuse the template's Python, or have no file pip
-    could install on this host are skipped and listed with why. `matrix run --new` then runs them."""
+    runtime_template). Versions that are yanked, refuse the template's Python, have no file pip could install
+    on this host, or whose requirements do not resolve for the runtime's target (uv) are skipped and listed
+    with why. `matrix run --new` then runs them."""
     from matrix.db.engine import transaction
     from matrix.discover import discover
     from matrix.output import print_json, print_table
     from matrix.text import clean
 
     with transaction(app.sessions()) as session:
-        result = discover(session, backend, package=package, index_url=index_url, channel=channel, dry_run=dry_run)
+        result = discover(session, backend, package=package, index_url=index_url, channel=channel, dry_run=dry_run,
+                          resolve=not no_resolve)
         if dry_run:
             session.rollback()
     result.index_url = _display_url(result.index_url)
@@ -68,6 +74,9 @@ def discover_cmd(
         elif item.action == "platform" and result.target is not None:
             kinds = ", ".join(sorted(set(item.wheels)))
             why = f"skipped: no sdist and no wheel pip could install into {result.target.describe()} (wheels: {kinds})"
+            rows.append((item.version, item.files, why))
+        elif item.action == "unresolvable":
+            why = f"unresolvable, skipped: no index has {', '.join(item.missing)} (uv's resolver)"
             rows.append((item.version, item.files, why))
         elif item.action in ("added", "would add"):
             rows.append((item.version, item.files, item.action))

@@ -22,6 +22,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "flaky-start": "the prefill worker crashes at start with probability $MATRIX_REFERENCE_FLAKE_RATE (default 1): "
     "a flaky break to bisect",
     "hang-at-start": "both workers sleep forever before listening, so they never become healthy",
+    "unmet-dependency": "both workers print vLLM's start-up refusal of an older NIXL (RuntimeError: NIXL "
+    ">= 1.5.0 is required, but nixl==1.4.1 is installed) and exit with code 1: a recipe fault",
     "slow-request": "the frontend holds each chat completion for $MATRIX_REFERENCE_SLOWDOWN (default 0.15) times "
     "the time it took to serve it: a planted performance regression (+15 % request latency)",
     "slow-start": "both workers wait --slow-start-s seconds (default 3) before listening",
@@ -66,7 +68,9 @@ FAULTS: frozenset[str] = frozenset(FAULT_DESCRIPTIONS)
 
 # Which process acts on which fault; each process silently ignores the others, so one fault set can be
 # handed to the whole pair.
-WORKER_START_FAULTS: frozenset[str] = frozenset({"crash-at-start", "hang-at-start", "slow-start"})
+WORKER_START_FAULTS: frozenset[str] = frozenset(
+    {"crash-at-start", "hang-at-start", "slow-start", "unmet-dependency"}
+)
 PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "crash-once",
     "flaky-start",

@@ -433,6 +433,10 @@ def run_worker(cfg: WorkerConfig) -> int:
     if "crash-at-start" in faults:
         log("error: engine core failed to start: simulated crash (fault crash-at-start)")
         return 1
+    if "unmet-dependency" in faults:
+        # The line vLLM 0.33.0's `check_nixl_version` raises with, as an engine's traceback ends.
+        log("RuntimeError: NIXL >= 1.5.0 is required, but nixl==1.4.1 is installed")
+        return 1
     if "flaky-start" in faults and _flake():
         log("error: engine core failed to start: simulated crash (fault flaky-start)")
         return 1

@@ -1,4 +1,5 @@
-"""Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, new, missing, unchanged.
+"""Compare two sides of the matrix case by case: regressed, slower, fixed, still failing, recipe fault, new,
+missing, unchanged.
 
 A side is a set of runtimes: one runtime (``vllm=0.29.0``), or every runtime whose component has a given
 version (``--component vllm-rs 0.29.0``). For each case, a side's outcome is the attempt that stands for it
@@ -13,6 +14,9 @@ passes on both sides but has a metric that regressed is `slower`, never `unchang
 test) such a case is `slower (not tested)` when a metric is past the threshold, else `insufficient data`.
 The ratios shown per metric are those same ratios of medians over passed attempts, so a page never shows two
 ratios for one metric.
+
+B failing with a `recipe` failure (an engine refused a dependency of matrix's recipe at start-up) is `recipe
+fault`, never `regressed`: the recipe is at fault, not the release; `--fail-on failure` still exits 1 for it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import CELL_FAULT_STATUSES, PASSED, standing_attempt
+from matrix.outcome import CELL_FAULT_STATUSES, PASSED, RECIPE, standing_attempt
 from matrix.report.data import (
     AttemptRow,
     CaseView,
@@ -68,14 +72,14 @@ NO_RATE = PassRate(0, 0, "")
 SLOWER_UNTESTED = "slower (not tested)"
 INSUFFICIENT = "insufficient data"
 # Most newsworthy first: the order of rows in tables. `slower`: passed on both sides, a metric regressed.
-VERDICTS = ("regressed", "slower", SLOWER_UNTESTED, "fixed", "still failing", "new", "missing", INSUFFICIENT,
-            "unchanged")  # fmt: skip
+VERDICTS = ("regressed", "slower", SLOWER_UNTESTED, "fixed", "still failing", "recipe fault", "new", "missing",
+            INSUFFICIENT, "unchanged")  # fmt: skip
 # The verdicts `matrix compare --fail-on` exits 1 for (`FAIL_ON`), and what each choice means. A slowdown the
 # missing test could not confirm fails `regression` too: CI on a base install must not stay green on it.
 FAIL_ON: Mapping[str, frozenset[str]] = {
     "never": frozenset(),
     "regression": frozenset({"regressed", "slower", SLOWER_UNTESTED}),
-    "failure": frozenset({"regressed", "slower", SLOWER_UNTESTED, "still failing"}),
+    "failure": frozenset({"regressed", "slower", SLOWER_UNTESTED, "still failing", "recipe fault"}),
 }
 
 
@@ -97,6 +101,10 @@ class Outcome:
     @property
     def status(self) -> str:
         return self.attempt.status
+
+    @property
+    def failure_kind(self) -> str | None:
+        return self.attempt.failure_kind
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,8 @@ def verdict(a: Outcome | None, b: Outcome | None) -> str:
     ka, kb = _klass(a), _klass(b)
     if kb == "none":
         return "missing"
+    if b is not None and b.failure_kind == RECIPE:
+        return "recipe fault"
     if ka == "none":
         return "new"
     return {

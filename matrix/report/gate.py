@@ -18,7 +18,9 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    releases make (0.30.0 is compared with 0.29.0, not with 0.29.1rc1.dev347, nor with the variant
    0.29.0+vllm.rs.0.30.0 that PEP 440 sorts between them: a runtime derived from another, or a
    local-labelled build of a version that is a runtime itself, was never released). Under `regressions_block` (the
-   default) a regression blocks even when a waiver covers its failure.
+   default) a regression blocks even when a waiver covers its failure. A `recipe` failure (the engine refused a
+   dependency of matrix's recipe at start-up, `matrix.outcome.unmet_requirement`) is never a regression: it is
+   the recipe's fault, not the release's; it still fails the cell.
 5. A pass that needed a retry (`flaky`) is reported; it blocks only under `flaky_blocks`.
    A failure of the check `loopback_only` alone (`matrix run --loopback-only`: it served correctly, a
    listener was beyond loopback) is an `exposure`: it blocks unless waived, and is never a regression.
@@ -63,6 +65,7 @@ from matrix.outcome import (
     CELL_FAULT_STATUSES,
     LOOPBACK_CHECK,
     PASSED,
+    RECIPE,
     UNINFORMATIVE_STATUSES,
     exposure_only,
     later_skip,
@@ -559,7 +562,11 @@ def _judge(
         found.append(_exposure(name, runtime, previous, now, before, waiver))
         return found
     failure = _failure_text(now)
-    regression = previous is not None and before is not None and before.status == PASSED
+    # A recipe fault (an engine refused a dependency our recipe installed) says nothing about the release:
+    # it fails the cell, but it is never a regression of the release.
+    regression = previous is not None and before is not None and before.status == PASSED and now.failure_kind != RECIPE
+    if now.failure_kind == RECIPE:
+        failure += " (the runtime's recipe, not the release: fix the recipe's pins and run it again)"
     if waiver is None:
         found.append(Reason("failed", name, f"{failure} on {runtime.label} (campaign {now.campaign_id})", True))
     else:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import Cell
+from matrix.check import faults
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator
 from matrix.launch.arms import get_arm
@@ -21,7 +22,7 @@ from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.providers import Environment, Unavailable, prepare, remove_cell_containers, wrap_plan
 from matrix.launch.roles import compose_roles
 from matrix.model_files import resolve_model_dir
-from matrix.outcome import CellOutcome, error, failure, judge_control, judge_expectation, skipped
+from matrix.outcome import CellOutcome, error, failure, judge_control, judge_expectation, judge_fault, skipped
 from matrix.runner.resources import LiveCells, Resources
 from matrix.runner.serve import serve_and_judge, unready
 
@@ -43,6 +44,9 @@ def run_cell(
     outcome = _run(cell, cell_id, log_dir, allocator, resources or Resources(), live or LiveCells())
     outcome = replace(outcome, total_s=time.monotonic() - started - outcome.queued_s, log_dir=str(log_dir))
     outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
+    # [M28]: a cell with a KV fault is judged by whether it fired and was caught.
+    if (fault := faults.evidence(cell.case.launch.kv_fault, log_dir)) is not None:
+        outcome = judge_fault(outcome, *fault)
     return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import HEIGHT, WIDTH, Tab
-from tests.conftest import DATA, Matrix
+from tests.helpers.browser import HEIGHT, WIDTH, Tab
+from tests.helpers.cli import DATA, Matrix
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 HOSTILE = "<script>alert('pwned')</script> \"quoted\" <img src=x onerror=alert(1)> \x1b[31mred\x1b[0m"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.browser.conftest import Tab
-from tests.conftest import Matrix
-from tests.unit.test_skew_outcome import NIXL, _grid_campaign
+from tests.helpers.browser import Tab
+from tests.helpers.cli import Matrix
+from tests.helpers.skew import NIXL, grid_campaign
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CLASSES = ("works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run")
@@ -16,7 +16,7 @@ CLASSES = ("works", "clean-reject", "hang", "error-answer", "healthy-but-wrong",
 def test_the_skew_page_has_a_legend_distinct_colours_and_the_reason_one_click_away(
     seeded: Matrix, tmp_path: Path, browser: Tab
 ) -> None:
-    _grid_campaign(seeded)  # the diagonal works, one clean-reject, one hang, four pairs not run yet
+    grid_campaign(seeded)  # the diagonal works, one clean-reject, one hang, four pairs not run yet
     assert seeded("report", "--out", str(tmp_path)).exit_code == 0
     page = tmp_path / "skew-dynamo_mocker_disaggregated.html"
     load = browser.load(page.as_uri())

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import Tab
-from tests.conftest import DATA, Matrix
+from tests.helpers.browser import Tab
+from tests.helpers.cli import DATA, Matrix
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 EXTRA_VERSIONS = [f"0.{n}.0" for n in range(3, 17)]  # columns without results: a grid wider than the page
@@ -64,7 +64,7 @@ rules = {}
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def verdicts_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("verdicts")
     m = Matrix(home=home, db_path=home / "matrix.db")
     (home / "cases.toml").write_text(CASES)
@@ -96,8 +96,8 @@ def _badges(browser: Tab, version: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def test_nothing_selected_is_not_applicable_and_a_predicted_no_go_says_so(report: Path, browser: Tab) -> None:
-    page = browser.load((report / "index.html").as_uri())
+def test_nothing_selected_is_not_applicable_and_a_predicted_no_go_says_so(verdicts_report: Path, browser: Tab) -> None:
+    page = browser.load((verdicts_report / "index.html").as_uri())
     assert page.errors == [], page.errors
     measured = _badges(browser, "0.2.0")
     assert measured["weekly_only"]["text"] == "N/A" and "verdict-na" in measured["weekly_only"]["css"]
@@ -112,15 +112,15 @@ def test_nothing_selected_is_not_applicable_and_a_predicted_no_go_says_so(report
     assert "predicted, not measured" in predicted["pre_merge"]["title"]
     assert _badges(browser, "0.4.0")["pre_merge"]["text"] == "INCOMPLETE"  # nothing ran, nothing known wrong
 
-    browser.load((report / "gate-reference-0.3.0-pre_merge.html").as_uri())
+    browser.load((verdicts_report / "gate-reference-0.3.0-pre_merge.html").as_uri())
     text = browser.evaluate("document.body.innerText")
     assert "NO-GO (predicted)" in text and "predicted, not measured" in text
-    browser.load((report / "gate-reference-0.2.0-weekly_only.html").as_uri())
+    browser.load((verdicts_report / "gate-reference-0.2.0-weekly_only.html").as_uri())
     assert "not applicable" in browser.evaluate("document.body.innerText")
 
 
-def test_a_wide_grid_scrolls_with_the_case_column_fixed(report: Path, browser: Tab) -> None:
-    browser.load((report / "index.html").as_uri())
+def test_a_wide_grid_scrolls_with_the_case_column_fixed(verdicts_report: Path, browser: Tab) -> None:
+    browser.load((verdicts_report / "index.html").as_uri())
     box = browser.evaluate(
         """(() => { const s = document.querySelector('.scroll'); const c = s.querySelector('tbody th.case');
             const before = c.getBoundingClientRect().left; s.scrollLeft = s.scrollWidth;
@@ -136,8 +136,8 @@ def test_a_wide_grid_scrolls_with_the_case_column_fixed(report: Path, browser: T
     browser.screenshot(ARTIFACTS / "m21-index-scrolled.png")
 
 
-def test_runtime_page_shows_gates_groups_repeats_and_no_raw_keys(report: Path, browser: Tab) -> None:
-    page = browser.load((report / "runtime-reference-0.2.0.html").as_uri())
+def test_runtime_page_shows_gates_groups_repeats_and_no_raw_keys(verdicts_report: Path, browser: Tab) -> None:
+    page = browser.load((verdicts_report / "runtime-reference-0.2.0.html").as_uri())
     assert page.errors == [], page.errors
     text = browser.evaluate("document.body.innerText")
     assert "Gate verdicts:" in text and "pre_merge NO-GO" in text and "weekly_only N/A" in text
@@ -153,12 +153,12 @@ def test_runtime_page_shows_gates_groups_repeats_and_no_raw_keys(report: Path, b
     assert "CPU time: " in text and "memory (RSS): " in text
 
 
-def test_compare_and_gate_pages_read_clean(report: Path, browser: Tab) -> None:
-    page = browser.load((report / "compare-reference_0.1.0-vs-reference_0.2.0.html").as_uri())
+def test_compare_and_gate_pages_read_clean(verdicts_report: Path, browser: Tab) -> None:
+    page = browser.load((verdicts_report / "compare-reference_0.1.0-vs-reference_0.2.0.html").as_uri())
     assert page.errors == [], page.errors
     text = browser.evaluate("document.body.innerText")
     assert "`" not in text
-    browser.load((report / "gate-reference-0.2.0-release.html").as_uri())
+    browser.load((verdicts_report / "gate-reference-0.2.0-release.html").as_uri())
     text = browser.evaluate("document.body.innerText")
     assert "Rules of this policy" in text and "max_slowdown" in text and "0.2 (20 %)" in text
 
@@ -169,8 +169,8 @@ def test_compare_and_gate_pages_read_clean(report: Path, browser: Tab) -> None:
      ("compare", "compare-reference_0.1.0-vs-reference_0.2.0.html"),
      ("gate", "gate-reference-0.3.0-pre_merge.html"), ("gate-release", "gate-reference-0.2.0-release.html")],
 )  # fmt: skip
-def test_screenshots(report: Path, browser: Tab, name: str, page: str) -> None:
-    load = browser.load((report / page).as_uri())
+def test_screenshots(verdicts_report: Path, browser: Tab, name: str, page: str) -> None:
+    load = browser.load((verdicts_report / page).as_uri())
     assert load.errors == [], load.errors
     shot = browser.screenshot(ARTIFACTS / f"m21-{name}.png", full_page=True)
     assert len(shot) > 10_000

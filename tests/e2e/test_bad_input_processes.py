@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import POSTGRES_ENV, Matrix
+from tests.helpers.cli import POSTGRES_ENV, Matrix
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import Matrix
 
 pytestmark = pytest.mark.e2e
 

@@ -10,19 +10,14 @@ from sqlalchemy import select
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun
 from matrix.schedule.claims import claim_attempt, leave_campaign
-from tests.unit.claims_db import _cells, _new_campaign, catalog_factory
+from tests.helpers.claims import new_campaign, reference_cells
 
 pytestmark = [pytest.mark.e2e, pytest.mark.all_databases]
 
 
-@pytest.fixture
-def factory(db_url: str):  # type: ignore[no-untyped-def]
-    yield from catalog_factory(db_url)
-
-
 def test_only_the_last_runner_out_finishes_the_campaign(factory) -> None:  # type: ignore[no-untyped-def]
-    campaign_id = _new_campaign(factory)
-    mine, theirs = _cells(factory)[:2]
+    campaign_id = new_campaign(factory)
+    mine, theirs = reference_cells(factory)[:2]
     assert claim_attempt(factory, campaign_id, mine, 1, str) is not None
     assert claim_attempt(factory, campaign_id, theirs, 1, str) is not None
     other_runner = subprocess.Popen(["sleep", "60"])  # a live process standing in for another runner

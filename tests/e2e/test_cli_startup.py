@@ -20,8 +20,8 @@ from matrix.catalog.queries import case_info, load_catalog_view, runtime_info
 from matrix.cli.app import App, pause_gc, resume_gc
 from matrix.db.engine import create_db_engine
 from matrix.db.models import Case, Runtime
-from tests.conftest import Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import Matrix
 
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", re.MULTILINE)
 

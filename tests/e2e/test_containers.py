@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, Matrix
-from tests.e2e.helpers.docker import base_image, cell_containers, docker, docker_engine, no_containers_left
-from tests.e2e.test_run_reference import assert_nothing_left
-from tests.e2e.test_runner_killed import HANGING
+from tests.helpers.catalogs import HANGING
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.docker import base_image, cell_containers, docker, docker_engine, no_containers_left
+from tests.helpers.processes import assert_nothing_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 __all__ = ["base_image", "docker_engine", "no_containers_left"]  # fixtures, used by name

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import Matrix
+from tests.helpers.processes import assert_nothing_left
 
 VERSION = os.environ.get("MATRIX_TEST_DYNAMO_VERSION", "1.6.1")
 # The first test's setup builds the environment from PyPI and runs the cells (`matrix run` may take 900 s).

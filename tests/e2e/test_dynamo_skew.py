@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import Matrix
+from tests.helpers.processes import assert_nothing_left
 
 CASE = "dynamo_mocker_disaggregated"
 VERSIONS = ("1.4.2", "1.5.1", "1.6.1")
@@ -25,7 +25,7 @@ _STARTING = re.compile(r"\[matrix\] starting (\w+): (\S+)")
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+def skew_grid(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     home = tmp_path_factory.mktemp("skew")
     m = Matrix(home=home, db_path=home / "matrix.db")
     assert m.subprocess("catalog", "sync").returncode == 0
@@ -41,8 +41,8 @@ def _installed_dynamo(python: str) -> str:
     return info.name.removeprefix("ai_dynamo-").removesuffix(".dist-info")
 
 
-def test_every_cell_is_classified_and_the_diagonal_works(grid: Matrix) -> None:
-    result = grid("skew", CASE, "--json")
+def test_every_cell_is_classified_and_the_diagonal_works(skew_grid: Matrix) -> None:
+    result = skew_grid("skew", CASE, "--json")
     assert result.exit_code == 0, result.output
     cells = json.loads(result.output)["cells"]
     assert len(cells) == 27
@@ -60,8 +60,8 @@ def test_every_cell_is_classified_and_the_diagonal_works(grid: Matrix) -> None:
             print(f"skew {c['cell']}: {c['class']}: {c['reason']}")
 
 
-def test_each_process_runs_its_own_roles_runtime(grid: Matrix) -> None:
-    rows = grid.sql('SELECT r.roles, r.log_dir, r.uid FROM cell_run r JOIN "case" c ON c.id = r.case_id '
+def test_each_process_runs_its_own_roles_runtime(skew_grid: Matrix) -> None:
+    rows = skew_grid.sql('SELECT r.roles, r.log_dir, r.uid FROM cell_run r JOIN "case" c ON c.id = r.case_id '
                     "WHERE c.name = ? AND r.roles_key != ''", CASE)  # fmt: skip
     assert len(rows) == 24
     for roles_json, log_dir, uid in rows:
@@ -71,4 +71,4 @@ def test_each_process_runs_its_own_roles_runtime(grid: Matrix) -> None:
             started = _STARTING.search(log)
             assert started and started.group(1) == role, log[:400]
             assert _installed_dynamo(started.group(2)) == roles[role], (uid, role, started.group(2))
-        assert_nothing_left(grid, str(uid))
+        assert_nothing_left(skew_grid, str(uid))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def test_run_with_an_empty_expression_runs_the_selection(seeded: Matrix) -> None:

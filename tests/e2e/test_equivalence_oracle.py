@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from matrix.hardware.ports import port_is_free
-from tests.bench.bench_equivalence_oracle import run_oracle_cells
-from tests.e2e.test_run_reference import cell_processes
+from tests.helpers.oracle import run_oracle_cells
+from tests.helpers.processes import cell_processes
 
 RUNS = 2
 

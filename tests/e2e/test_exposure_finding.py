@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from matrix.cells import cell_id
-from tests.conftest import DATA, Matrix
-from tests.unit.test_fanout import assert_github_include_matrix
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.fanout import assert_github_include_matrix
 
 KEY = "github:org/repo/4242"
 HEALTHY = [f"ref_copy_{i}" for i in range(1, 6)]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from matrix.reference.hostile import SECRETS
-from tests.browser.conftest import open_tab, require_browser_here
-from tests.conftest import DATA, Matrix, toml_value
+from tests.helpers.browser import open_tab, require_browser_here
+from tests.helpers.cli import DATA, Matrix, toml_value
 
 # Secrets that only the catalog holds: values under secret names, shown apart from their names. The
 # `hostile-output` fault also prints the `hostile-` ones bare, and a broken interpreter prints one on its

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(1800)]
 

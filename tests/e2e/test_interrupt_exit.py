@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix, stop_gracefully, toml_value
+from tests.helpers.cli import DATA, Matrix, toml_value
+from tests.helpers.processes import stop_gracefully
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

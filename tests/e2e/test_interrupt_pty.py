@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

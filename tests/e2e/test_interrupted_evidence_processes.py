@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.test_confidence_reference import run, runtime, setup_catalog
+from tests.helpers.cli import Matrix
+from tests.helpers.confidence import run, runtime, setup_catalog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 

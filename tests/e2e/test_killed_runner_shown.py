@@ -12,13 +12,12 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.browser.conftest import open_tab, require_browser_here
-from tests.conftest import DATA, Matrix
+from tests.helpers.browser import open_tab, require_browser_here
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import home_cell_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -40,18 +39,6 @@ launch = { faults = ["hang-at-start"] }
 """
 
 
-def cell_processes(home: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 def test_a_killed_runner_shows_interrupted_in_the_list_and_the_report(matrix: Matrix) -> None:
     require_browser_here()
     extra = matrix.home / "hanging.toml"
@@ -60,19 +47,19 @@ def test_a_killed_runner_shows_interrupted_in_the_list_and_the_report(matrix: Ma
     runner = matrix.popen("run", "--case", "hanging_pair", "-j", "1", "--no-report")
     try:
         deadline = time.monotonic() + 60
-        while len(cell_processes(matrix.home)) < 3:
+        while len(home_cell_processes(matrix.home)) < 3:
             assert runner.poll() is None and time.monotonic() < deadline, "the pair never started"
             time.sleep(0.1)
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
         deadline = time.monotonic() + 30
-        while cell_processes(matrix.home) and time.monotonic() < deadline:  # the watchdog's work
+        while home_cell_processes(matrix.home) and time.monotonic() < deadline:  # the watchdog's work
             time.sleep(0.1)
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-        for proc in cell_processes(matrix.home):
+        for proc in home_cell_processes(matrix.home):
             proc.kill()
     assert sorted(s for (s,) in matrix.sql("SELECT status FROM cell_run")) == ["pending", "running"]
 

@@ -24,7 +24,7 @@ from matrix.launch.providers.venv import resolve_target
 from matrix.launch.providers.venv.installer import find_uv
 from matrix.launch.providers.wheelhouse import ProvisionSource
 from matrix.launch.providers.wheeltarget import this_host
-from tests.conftest import Matrix, toml_value
+from tests.helpers.cli import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -16,8 +16,8 @@ import pytest
 from matrix.check import oracle
 from matrix.check.baselines import Baseline, OracleBaselines
 from matrix.hardware.ports import port_is_free
-from tests.bench.bench_equivalence_oracle import run_oracle_cells
-from tests.e2e.test_run_reference import cell_processes
+from tests.helpers.oracle import run_oracle_cells
+from tests.helpers.processes import cell_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -14,14 +14,9 @@ import pytest
 
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
-from tests.unit.test_ports import HOLDER, free_block
+from tests.helpers.ports import HOLDER, free_block
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Path:
-    return tmp_path / "ports.json"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from matrix.cells import RuntimeInfo
 from matrix.launch.providers import Environment, NotProvisioned, ProvisionFailed, prepare
 from matrix.launch.providers.store import list_envs, prune
 from matrix.launch.providers.venv import ProvisionError, choose_installer, provision_target, resolve_target
-from tests.conftest import Matrix, toml_value
+from tests.helpers.cli import Matrix, toml_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -74,7 +74,7 @@ print(json.dumps({"built": result.built, "waited": result.waited}), flush=True)
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def venv_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One data directory for the module: later tests use what earlier ones built."""
     path = tmp_path_factory.mktemp("venv-home")
     with pytest.MonkeyPatch.context() as patch:
@@ -83,10 +83,10 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield path
 
 
-def _start(spec: dict[str, Any], home: Path) -> subprocess.Popen[str]:
+def _start(spec: dict[str, Any], venv_home: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", PROVISION, json.dumps(spec)],
-        env={**os.environ, "MATRIX_HOME": str(home)},
+        env={**os.environ, "MATRIX_HOME": str(venv_home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -94,22 +94,22 @@ def _start(spec: dict[str, Any], home: Path) -> subprocess.Popen[str]:
     )
 
 
-def _temps(home: Path) -> list[Path]:
-    root = home / "envs"
+def _temps(venv_home: Path) -> list[Path]:
+    root = venv_home / "envs"
     return [p for p in root.iterdir() if p.name.startswith(".tmp-")] if root.exists() else []
 
 
-def test_provision_builds_the_recipe_atomically(home: Path) -> None:
+def test_provision_builds_the_recipe_atomically(venv_home: Path) -> None:
     runtime = RuntimeInfo(**TOY)
     target = resolve_target(runtime)
     assert isinstance(prepare(runtime), NotProvisioned)
-    builder = _start(TOY, home)
+    builder = _start(TOY, venv_home)
     saw_temp = False
     while builder.poll() is None:
         # The final name appears complete or not at all.
         if target.path.exists():
             assert (target.path / "env.json").exists()
-        saw_temp = saw_temp or bool(_temps(home))
+        saw_temp = saw_temp or bool(_temps(venv_home))
         time.sleep(0.02)
     output = builder.stdout.read() if builder.stdout else ""
     assert builder.returncode == 0, output
@@ -117,7 +117,7 @@ def test_provision_builds_the_recipe_atomically(home: Path) -> None:
     assert json.loads(output.splitlines()[-1]) == {"built": True, "waited": False}
     assert "toy-1.0: step 1/5 create a Python" in output
     assert "toy-1.0: step 3/5 requirements of requests==2.32.3 without urllib3, charset-normalizer" in output
-    assert _temps(home) == []
+    assert _temps(venv_home) == []
 
     info = json.loads((target.path / "env.json").read_text())
     assert info["key"] == target.key
@@ -153,7 +153,7 @@ def test_provision_builds_the_recipe_atomically(home: Path) -> None:
     assert ran.stdout.strip() == "1.16.0", ran.stderr
 
 
-def test_second_provision_reuses_without_rebuilding(home: Path) -> None:
+def test_second_provision_reuses_without_rebuilding(venv_home: Path) -> None:
     runtime = RuntimeInfo(**TOY)
     target = resolve_target(runtime)
     before = (target.path.stat().st_ino, (target.path / "env.json").stat().st_mtime_ns)
@@ -164,13 +164,13 @@ def test_second_provision_reuses_without_rebuilding(home: Path) -> None:
     assert (target.path.stat().st_ino, (target.path / "env.json").stat().st_mtime_ns) == before
 
 
-def test_killed_build_leaves_no_half_environment_and_prune_cleans_up(home: Path) -> None:
+def test_killed_build_leaves_no_half_environment_and_prune_cleans_up(venv_home: Path) -> None:
     runtime = RuntimeInfo(**SMALL)
     target = resolve_target(runtime)
-    builder = _start(SMALL, home)
+    builder = _start(SMALL, venv_home)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        logs = [t / "provision.log" for t in _temps(home)]
+        logs = [t / "provision.log" for t in _temps(venv_home)]
         if any(log.exists() and "pip install" in log.read_text() for log in logs):
             break
         time.sleep(0.02)
@@ -184,13 +184,13 @@ def test_killed_build_leaves_no_half_environment_and_prune_cleans_up(home: Path)
     assert [e.state for e in list_envs() if e.name == target.name] == ["stale"]
     report = prune({resolve_target(RuntimeInfo(**TOY)).name, target.name})
     assert [r.why for r in report.removed] == ["temporary directory of a build that did not finish"]
-    assert _temps(home) == []
+    assert _temps(venv_home) == []
     assert resolve_target(RuntimeInfo(**TOY)).path.exists()
 
 
-def test_concurrent_runners_build_once(home: Path) -> None:
+def test_concurrent_runners_build_once(venv_home: Path) -> None:
     target = resolve_target(RuntimeInfo(**SMALL))
-    runners = [_start(SMALL, home), _start(SMALL, home)]
+    runners = [_start(SMALL, venv_home), _start(SMALL, venv_home)]
     outputs = [r.communicate(timeout=90)[0] for r in runners]
     assert [r.returncode for r in runners] == [0, 0], outputs
     results = [json.loads(out.splitlines()[-1]) for out in outputs]
@@ -198,10 +198,10 @@ def test_concurrent_runners_build_once(home: Path) -> None:
     waiter = outputs[[r["built"] for r in results].index(False)]
     assert "waiting for another runner that is building environment" in waiter
     assert sum(out.count("step 1/3") for out in outputs) == 1
-    assert (target.path / "env.json").exists() and _temps(home) == []
+    assert (target.path / "env.json").exists() and _temps(venv_home) == []
 
 
-def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
+def test_failed_build_reports_the_end_of_its_log(venv_home: Path) -> None:
     runtime = RuntimeInfo(**BROKEN)
     with pytest.raises(ProvisionError) as failure:
         provision_target(runtime, echo=lambda _: None)
@@ -209,7 +209,7 @@ def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
     assert message.startswith("provisioning toy-3.0 failed at step 2/3: `")
     assert "--- last 20 lines of the build log ---" in message
     assert "matrix-no-such-distribution" in message.split("---")[-1]
-    assert _temps(home) == []
+    assert _temps(venv_home) == []
     assert not resolve_target(runtime).path.exists()
     failed = prepare(runtime)
     assert isinstance(failed, ProvisionFailed)  # the recipe does not build: its cells fail
@@ -220,9 +220,9 @@ def test_failed_build_reports_the_end_of_its_log(home: Path) -> None:
     assert line.startswith(f"build error: {error}") and "matrix-no-such-distribution" in line, line
 
 
-def test_runtime_commands(home: Path) -> None:
-    m = Matrix(home=home, db_path=home / "matrix.db")
-    catalog = home / "toy.toml"
+def test_runtime_commands(venv_home: Path) -> None:
+    m = Matrix(home=venv_home, db_path=venv_home / "matrix.db")
+    catalog = venv_home / "toy.toml"
     runtimes = "\n".join(
         f'[[runtime]]\nbackend = "toy"\nversion = "{spec["version"]}"\nprovider = {toml_value(spec["provider"])}\n'
         f"components = {toml_value(spec['components'])}\n"
@@ -248,7 +248,7 @@ def test_runtime_commands(home: Path) -> None:
 
     result = m("runtime", "prune")
     assert result.exit_code == 0, result.output
-    assert f"removed {home / 'envs' / small} (not used by any runtime of the catalog" in result.output
+    assert f"removed {venv_home / 'envs' / small} (not used by any runtime of the catalog" in result.output
     assert {e.name for e in list_envs()} == {toy}
     doctor = {r["runtime"]: r for r in json.loads(m("doctor", "--json").output)["runtimes"]}
     assert doctor["toy-1.0"]["status"] == "ready"

@@ -8,7 +8,7 @@ from importlib.metadata import version
 
 import pytest
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from matrix.launch.providers.venv import choose_installer
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

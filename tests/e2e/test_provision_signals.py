@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from matrix.launch.providers.buildprocs import OWNER_ENV
-from tests.conftest import DATA, Matrix, stop_gracefully, toml_value
+from tests.helpers.cli import DATA, Matrix, toml_value
+from tests.helpers.processes import stop_gracefully
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -24,7 +24,7 @@ import pytest
 
 from matrix.hardware.ports import port_is_free
 from matrix.launch.supervisor import find_cell_processes
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytest.importorskip("ray", reason="the Ray executor needs the ray extra (pip install -e '.[dev]' has it)")
 
@@ -298,14 +298,14 @@ def test_ray_cli_is_installed_next_to_the_interpreter() -> None:
 def test_ray_tasks_run_each_skew_role_in_its_own_runtime(ray_cluster: str, tmp_path: Path) -> None:
     """[M20] A skew cell travels to its Ray task whole: each role's runtime provisioned and launched there.
     The grid of test_skew_fanout (0.2.0's prefill drops the KV transfer) must come out the same as locally."""
-    from tests.e2e.test_skew_fanout import CASE, _catalog, _classes
+    from tests.helpers.skew import SKEW_CASE, skew_catalog, skew_classes
 
     m = Matrix(home=tmp_path, db_path=tmp_path / "matrix.db")
-    assert m.subprocess("catalog", "sync", *_catalog(tmp_path / "catalog")).returncode == 0
-    result = m.subprocess("run", "--case", CASE, "--skew", "--executor", "ray", "--ray-address", ray_cluster,
+    assert m.subprocess("catalog", "sync", *skew_catalog(tmp_path / "catalog")).returncode == 0
+    result = m.subprocess("run", "--case", SKEW_CASE, "--skew", "--executor", "ray", "--ray-address", ray_cluster,
                           "--no-report", "-q", timeout=300)  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr  # the pairs with prefill 0.2.0 fail
-    classes = _classes(m)
+    classes = skew_classes(m)
     assert classes[("0.1.0", "0.2.0")] == "works" and classes[("0.1.0", "0.1.0")] == "works"
     # 502 "KV transfer failed" from decode, every process up: an error answer, not a silent wrong one.
     assert classes[("0.2.0", "0.1.0")] == classes[("0.2.0", "0.2.0")] == "error-answer"

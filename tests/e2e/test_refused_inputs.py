@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

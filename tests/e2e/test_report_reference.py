@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from tests.conftest import DATA, REPO, Matrix
+from tests.helpers.cli import DATA, REPO, Matrix
 
 HOSTILE = (
     "<script>alert('pwned')</script> \"double\" 'single' <img src=x onerror=alert(1)> </pre></details>"

@@ -12,12 +12,11 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from matrix.hardware.ports import port_is_free
 from matrix.reference.faults import FAULTS
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import assert_nothing_left, cell_processes
 
 # fault -> (status, failure kind, failed check or None)
 EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
@@ -25,6 +24,8 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "crash-once": ("failed", "startup", None),  # one attempt only here; retried in test_scheduler
     "flaky-start": ("failed", "startup", None),  # rate 1 unless MATRIX_REFERENCE_FLAKE_RATE says otherwise
     "hang-at-start": ("timeout", "health", None),
+    # An engine that refuses a dependency of matrix's recipe at start-up: the recipe's fault (test_recipe_fault).
+    "unmet-dependency": ("failed", "recipe", None),
     "slow-start": ("timeout", "health", None),
     "same-worker-id": ("failed", "validation", "worker_ids_distinct"),
     "empty-completion": ("failed", "validation", "content_nonblank"),
@@ -86,25 +87,6 @@ def fault_catalog(directory: Path, *, extra: str = "") -> list[str]:
     for name in ("backends.toml", "markers.toml", "fixes.toml", "runtimes.toml", "cases.toml"):
         files.append(DATA / name)
     return [str(f) for f in files]
-
-
-def cell_processes(uid: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["environ"]):
-        try:
-            if (proc.info.get("environ") or {}).get("MATRIX_CELL_ID") == uid:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
-def assert_nothing_left(m: Matrix, uid: str) -> None:
-    assert cell_processes(uid) == [], f"processes of {uid} survived"
-    (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
-    ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
-    for port in ports.values():
-        assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
 
 
 @pytest.fixture(scope="module")

@@ -10,42 +10,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.catalogs import HANGING
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import home_cell_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 # A limit for the wait, far below the pair's own start-up timeout (60 s), never a measure.
 GONE_WITHIN_S = 30.0
-
-HANGING = """
-[[case]]
-name = "hanging_pair"
-backend = "reference"
-arm = "reference"
-model = "matrix-reference-tiny"
-markers = ["e2e", "gpu_0"]
-startup_timeout_s = 60
-request_timeout_s = 30
-launch = { faults = ["hang-at-start"] }
-"""
-
-
-def cell_processes(home: Path) -> list[psutil.Process]:
-    """Processes of this test's cells: they carry a MATRIX_CELL_ID and this test's MATRIX_HOME."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_a_sigkilled_runner_leaves_no_process_behind(matrix: Matrix) -> None:
@@ -55,18 +31,18 @@ def test_a_sigkilled_runner_leaves_no_process_behind(matrix: Matrix) -> None:
     runner = matrix.popen("run", "--case", "hanging_pair", "--runtime", "reference=0.1.0", "-j", "2", "--no-report")
     try:
         deadline = time.monotonic() + 60
-        while len(cell_processes(matrix.home)) < 3:  # frontend, prefill and decode, all hanging
+        while len(home_cell_processes(matrix.home)) < 3:  # frontend, prefill and decode, all hanging
             assert runner.poll() is None and time.monotonic() < deadline, "the pair never started"
             time.sleep(0.1)
-        pair = cell_processes(matrix.home)
+        pair = home_cell_processes(matrix.home)
         watchdogs = [p for p in psutil.Process(runner.pid).children() if "watchdog.py" in " ".join(p.cmdline())]
         assert len(watchdogs) == 1, "one watchdog per running cell"
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
         killed_at = time.monotonic()
-        while cell_processes(matrix.home) and time.monotonic() - killed_at < GONE_WITHIN_S:
+        while home_cell_processes(matrix.home) and time.monotonic() - killed_at < GONE_WITHIN_S:
             time.sleep(0.05)
-        survivors = cell_processes(matrix.home)
+        survivors = home_cell_processes(matrix.home)
         assert survivors == [], f"{len(survivors)} of {len(pair)} processes survived the runner"
         print(f"the pair was gone {time.monotonic() - killed_at:.2f} s after the runner's SIGKILL")
         psutil.wait_procs(watchdogs, timeout=2)  # the watchdog's job is done: it exits too
@@ -75,5 +51,5 @@ def test_a_sigkilled_runner_leaves_no_process_behind(matrix: Matrix) -> None:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-        for proc in cell_processes(matrix.home):
+        for proc in home_cell_processes(matrix.home):
             proc.kill()

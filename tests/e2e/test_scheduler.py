@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix
-from tests.e2e.test_run_reference import assert_nothing_left, cell_processes
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import assert_nothing_left, cell_processes
 
 
 def write_catalog(m: Matrix, cases: dict[str, dict[str, object]]) -> None:

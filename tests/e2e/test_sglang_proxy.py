@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from matrix.pdproxy import instance_id
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -72,15 +72,9 @@ class _Pair:
             server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def proxied_pair() -> Iterator[tuple[_Pair, int]]:
-    pair, port = _Pair(), _free_port()
+    pair, port = _Pair(), free_port()
     argv = [sys.executable, "-m", "matrix.pdproxy", "--port", str(port), "--prefill-url", pair.url("p"),
             "--decode-url", pair.url("d"), "--protocol", "sglang", "--bootstrap-port", "4321",
             "--timeout-s", "10"]  # fmt: skip

@@ -9,8 +9,8 @@ import pytest
 
 from matrix.db.engine import create_db_engine, resolve_url, session_factory
 from matrix.fanout.shard_results import write_results
-from tests.conftest import DATA, Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import DATA, Matrix
 
 
 @pytest.mark.all_databases

@@ -22,30 +22,12 @@ import pytest
 
 from matrix.cells import cell_id
 from matrix.report.junit import SKEW_FINDINGS
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import Matrix
+from tests.helpers.skew import SKEW_CASE, skew_catalog, skew_classes
 
 KEY = "github:org/repo/2020"
-CASE = "ref_skew"
 BROKEN = ("0.2.0", "0.1.0")  # (prefill, decode)
 HEALTHY = ("0.1.0", "0.2.0")
-
-
-def _catalog(directory: Path) -> list[str]:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "cases.toml").write_text(
-        f'[[case]]\nname = "{CASE}"\nbackend = "reference"\narm = "reference"\nmodel = "tiny"\n'
-        'markers = ["gpu_0", "e2e", "post_merge"]\nstartup_timeout_s = 30\nrequest_timeout_s = 15\n'
-        "launch = { teardown_grace_s = 1 }\n"
-    )
-    (directory / "runtimes.toml").write_text(
-        '[[runtime]]\nbackend = "reference"\nversion = "0.1.0"\nchannel = "release"\nprovider = { kind = "builtin" }\n'
-        'components = { matrix-reference = "0.1.0" }\n\n'
-        '[[runtime]]\nbackend = "reference"\nversion = "0.2.0"\nchannel = "release"\n'
-        'provider = { kind = "builtin", env = { MATRIX_REFERENCE_FAULTS = "kv-transfer-dropped" } }\n'
-        'components = { matrix-reference = "0.2.0" }\n'
-    )
-    shared = [DATA / n for n in ("backends.toml", "markers.toml", "fixes.toml", "gates.toml")]
-    return [str(directory / "cases.toml"), str(directory / "runtimes.toml"), *map(str, shared)]
 
 
 def _home(root: Path, name: str) -> Matrix:
@@ -65,22 +47,16 @@ def _rows(m: Matrix) -> dict[tuple[str, str], tuple[Any, ...]]:
     return out
 
 
-def _classes(m: Matrix) -> dict[tuple[str, str], str]:
-    result = m.subprocess("skew", CASE, "--json")
-    assert result.returncode == 0, result.stderr
-    return {(c["prefill"], c["decode"]): c["class"] for c in json.loads(result.stdout)["cells"]}
-
-
 class Grid:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.catalog = _catalog(root / "catalog")
+        self.catalog = skew_catalog(root / "catalog")
         planner = _home(root, "planner")
         assert planner.subprocess("catalog", "sync", *self.catalog).returncode == 0
-        plan = planner.subprocess("plan", "--case", CASE, "--skew", "--format", "github-matrix", "--max-jobs", "2")
+        plan = planner.subprocess("plan", "--case", SKEW_CASE, "--skew", "--format", "github-matrix", "--max-jobs", "2")
         assert plan.returncode == 0, plan.stderr
         self.matrix = json.loads(plan.stdout)
-        listed = json.loads(planner.subprocess("plan", "--case", CASE, "--skew", "--json").stdout)["cells"]
+        listed = json.loads(planner.subprocess("plan", "--case", SKEW_CASE, "--skew", "--json").stdout)["cells"]
         self.planned = {c["id"]: c["cell"] for c in listed}
         self.files: list[Path] = []
         self.runners: list[Matrix] = []
@@ -104,7 +80,7 @@ class Grid:
         assert out.is_file(), result.stdout + result.stderr
         self.runners.append(runner)
         self.runner_rows.update(_rows(runner))
-        self.runner_classes.update(_classes(runner))
+        self.runner_classes.update(skew_classes(runner))
         return out
 
 
@@ -117,7 +93,7 @@ def test_the_skew_plan_shards_every_pair_once(grid: Grid) -> None:
     ids = [i for e in grid.matrix["include"] for i in e["cells"].split(",")]
     assert sorted(ids) == sorted(grid.planned) and len(ids) == 4  # 2 x 2, the diagonal included
     assert {cell_id(key) for key in grid.planned.values()} == set(grid.planned)
-    assert f"{CASE}@reference[prefill=0.2.0,decode=0.1.0]" in grid.planned.values()
+    assert f"{SKEW_CASE}@reference[prefill=0.2.0,decode=0.1.0]" in grid.planned.values()
 
 
 def test_each_shard_ran_its_pairs_in_each_roles_environment(grid: Grid) -> None:
@@ -145,7 +121,7 @@ def test_import_keeps_every_pair_apart_with_its_outcome_and_class(grid: Grid) ->
     assert result.returncode == 0, result.stderr
     assert f"new campaign 1 (key {KEY}): 4 attempts imported, 0 already present" in result.stdout
     assert _rows(grid.central) == grid.runner_rows
-    assert _classes(grid.central) == grid.runner_classes
+    assert skew_classes(grid.central) == grid.runner_classes
     (selection,) = grid.central.sql("SELECT selection FROM campaign")[0]
     assert sorted(json.loads(str(selection))["cells"]) == sorted(grid.planned.values())
 
@@ -161,22 +137,22 @@ def test_importing_again_changes_nothing(grid: Grid) -> None:
 def test_exports_carry_each_roles_version_and_class(grid: Grid) -> None:
     exported = json.loads(grid.central.subprocess("export", "json").stdout)
     (skew,) = exported["skew"]
-    assert skew["case"] == CASE
+    assert skew["case"] == SKEW_CASE
     by_pair = {(c["prefill"], c["decode"]): c for c in skew["cells"]}
     assert by_pair[HEALTHY]["class"] == "works" and by_pair[BROKEN]["class"] == grid.runner_classes[BROKEN]
     rows = list(csv.DictReader(io.StringIO(grid.central.subprocess("export", "csv").stdout)))
-    pairs = {(r["prefill"], r["decode"]): r for r in rows if r["case"] == CASE}
+    pairs = {(r["prefill"], r["decode"]): r for r in rows if r["case"] == SKEW_CASE}
     assert pairs[BROKEN]["skew_class"] == grid.runner_classes[BROKEN] and pairs[BROKEN]["version"] == "0.1.0"
     assert pairs[HEALTHY]["skew_class"] == "works" and pairs[("0.1.0", "0.1.0")]["skew_class"] == ""
     junit = ET.fromstring(grid.central.subprocess("export", "junit").stdout)
-    (suite,) = [s for s in junit.iter("testsuite") if s.get("name") == f"skew {CASE}"]
+    (suite,) = [s for s in junit.iter("testsuite") if s.get("name") == f"skew {SKEW_CASE}"]
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert sorted(cases) == [f"{CASE}@reference[prefill=0.1.0,decode=0.2.0]",
-                             f"{CASE}@reference[prefill=0.2.0,decode=0.1.0]"]  # fmt: skip
-    broken = cases[f"{CASE}@reference[prefill=0.2.0,decode=0.1.0]"]
+    assert sorted(cases) == [f"{SKEW_CASE}@reference[prefill=0.1.0,decode=0.2.0]",
+                             f"{SKEW_CASE}@reference[prefill=0.2.0,decode=0.1.0]"]  # fmt: skip
+    broken = cases[f"{SKEW_CASE}@reference[prefill=0.2.0,decode=0.1.0]"]
     if grid.runner_classes[BROKEN] in SKEW_FINDINGS:
         assert broken.find("failure") is not None
-    assert cases[f"{CASE}@reference[prefill=0.1.0,decode=0.2.0]"].find("failure") is None
+    assert cases[f"{SKEW_CASE}@reference[prefill=0.1.0,decode=0.2.0]"].find("failure") is None
 
 
 def test_resume_of_a_shard_campaign_finds_its_skew_cells(grid: Grid) -> None:

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from tests.conftest import DATA, Matrix
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import assert_nothing_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

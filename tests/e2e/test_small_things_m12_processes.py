@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 pytestmark = pytest.mark.e2e
 

@@ -20,10 +20,10 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import home_cell_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -62,18 +62,6 @@ def sync(m: Matrix, extra: str) -> None:
     path = m.home / "extra.toml"
     path.write_text(extra)
     assert m("catalog", "sync", *map(str, sorted(DATA.glob("*.toml"))), str(path)).exit_code == 0
-
-
-def cell_processes(home: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 def deaf(home: Path) -> bool:
@@ -138,7 +126,7 @@ def test_ctrl_c_says_what_it_waits_for_and_a_second_one_kills_at_once(matrix: Ma
             time.sleep(0.1)
         countdown = next(line for line in lines if "waiting for 1 pair(s)" in line)
         assert re.search(r"SIGKILL in \d+s at most", countdown) and "Ctrl-C again" in countdown, countdown
-        assert cell_processes(matrix.home), "the pair ignores SIGTERM: it is still there during the grace"
+        assert home_cell_processes(matrix.home), "the pair ignores SIGTERM: it is still there during the grace"
         runner.send_signal(signal.SIGINT)
         # The grace period is 40 s a stage: without the second Ctrl-C the runner would still be waiting.
         runner.wait(timeout=20)
@@ -147,7 +135,7 @@ def test_ctrl_c_says_what_it_waits_for_and_a_second_one_kills_at_once(matrix: Ma
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-        left = cell_processes(matrix.home)
+        left = home_cell_processes(matrix.home)
         for proc in left:
             proc.kill()
     out = "".join(lines)

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 # Modules that provision engines from PyPI (Dynamo releases, vLLM CPU builds).
 ENGINE_MODULES = {
@@ -21,7 +21,8 @@ ENGINE_MODULES = {
 
 def _collected(*args: str) -> set[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        # -n 0: the listing in this process (pytest-xdist's workers would collect without printing the ids).
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args],
         cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -45,7 +46,7 @@ def _browser_tests_without_chromium(ci: str | None) -> subprocess.CompletedProce
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",  # one test: no workers to start
          "tests/browser/test_report_browser.py::test_the_harness_sees_console_errors_and_external_requests"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

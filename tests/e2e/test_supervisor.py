@@ -6,32 +6,21 @@ import re
 import socket
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from matrix.errors import MatrixError
-from matrix.hardware.ports import PortAllocator, PortRequest
 from matrix.launch import supervisor as supervisor_module
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec, RequestSpec
+from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 from matrix.launch.supervisor import Supervisor, find_cell_processes
+from tests.helpers.supervisor import make_plan, models_probe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
-FAKE_ENGINE = str(Path(__file__).parent / "helpers" / "fake_engine.py")
+FAKE_ENGINE = str(Path(__file__).parents[1] / "helpers" / "fake_engine.py")
 TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 ")
-
-
-@pytest.fixture
-def ports(tmp_path: Path) -> Iterator[list[int]]:
-    allocator = PortAllocator(tmp_path / "ports.json")
-    owner = uuid.uuid4().hex
-    chosen = allocator.allocate(owner, [PortRequest(f"p{i}") for i in range(3)])
-    yield list(chosen.values())
-    allocator.release(owner)
 
 
 def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSpec:
@@ -41,29 +30,6 @@ def engine(role: str, port: int, *options: str, probe: bool = True) -> ProcessSp
 
 def python(role: str, code: str) -> ProcessSpec:
     return ProcessSpec(role=role, argv=(sys.executable, "-c", code))
-
-
-def make_plan(
-    processes: tuple[ProcessSpec, ...],
-    ports: list[int],
-    *,
-    ready_probes: tuple[HealthProbe, ...] = (),
-    startup_timeout_s: float = 10.0,
-    teardown_grace_s: float = 2.0,
-) -> LaunchPlan:
-    return LaunchPlan(
-        cell_id=f"test-{uuid.uuid4().hex[:12]}",
-        processes=processes,
-        ready_probes=ready_probes,
-        request=RequestSpec(url=f"http://127.0.0.1:{ports[0]}/v1/chat/completions", model="m", prompt="hi"),
-        ports={f"p{i}": port for i, port in enumerate(ports)},
-        startup_timeout_s=startup_timeout_s,
-        teardown_grace_s=teardown_grace_s,
-    )
-
-
-def models_probe(port: int) -> HealthProbe:
-    return HealthProbe(f"http://127.0.0.1:{port}/v1/models", require_models=True)
 
 
 def test_readiness_is_noticed_after_the_engine_is_ready(tmp_path: Path, ports: list[int]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from matrix.launch.launch_plan import HealthProbe, ProcessSpec
 from matrix.launch.supervisor import FATAL_GRACE_S, LOG_TAIL_LINES, Supervisor
-from tests.e2e.test_supervisor import make_plan, models_probe, ports  # noqa: F401 - the fixture
+from tests.helpers.supervisor import make_plan, models_probe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -38,7 +38,7 @@ CHATTY_SERVER = textwrap.dedent("""
 """) % (LOG_TAIL_LINES * 2)
 
 
-def test_a_fatal_line_fails_the_start_fast_and_is_in_the_message(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_a_fatal_line_fails_the_start_fast_and_is_in_the_message(tmp_path: Path, ports: list[int]) -> None:
     server = ProcessSpec(role="frontend", argv=(sys.executable, "-c", CHATTY_SERVER, str(ports[0])))
     plan = make_plan((server,), ports, ready_probes=(models_probe(ports[0]),), startup_timeout_s=100.0)
     with Supervisor(plan, tmp_path / "logs") as sup:
@@ -59,7 +59,7 @@ def test_a_fatal_line_fails_the_start_fast_and_is_in_the_message(tmp_path: Path,
     assert sum(t < middle for t in times) > sum(t > middle for t in times), times
 
 
-def test_a_crash_message_carries_the_traceback_from_the_whole_log(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_a_crash_message_carries_the_traceback_from_the_whole_log(tmp_path: Path, ports: list[int]) -> None:
     code = (
         "import sys\n"
         "print('Traceback (most recent call last):')\n"
@@ -99,7 +99,7 @@ DISCOVERING_FRONTEND = textwrap.dedent("""
 """)
 
 
-def test_ready_waits_until_the_frontend_lists_every_worker_endpoint(tmp_path: Path, ports: list[int]) -> None:  # noqa: F811
+def test_ready_waits_until_the_frontend_lists_every_worker_endpoint(tmp_path: Path, ports: list[int]) -> None:
     """[M17] a 200 /health alone let a mocker cell send its request before the prefill worker was routable."""
     server = ProcessSpec(role="frontend", argv=(sys.executable, "-c", DISCOVERING_FRONTEND, str(ports[0])))
     wanted = (".generate", ".generate")  # two distinct workers, as the mocker plan asks

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from matrix.hardware.ports import port_is_free
-from tests.e2e.test_run_reference import cell_processes
+from tests.helpers.processes import cell_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = (

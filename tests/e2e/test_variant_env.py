@@ -19,13 +19,13 @@ from matrix.launch.providers.buildprocs import never
 from matrix.launch.providers.venv import TMP_PREFIX, choose_installer, locked, provision_target, resolve_target
 from matrix.launch.providers.venv.target import venv_environment
 from matrix.launch.providers.venv.variant import build_from_base, find_base
-from tests.e2e.test_recipe_steps import make_wheel
+from tests.helpers.wheels import make_wheel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def variant_wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One base environment for the module (the one full build here); each test's variant has its own key."""
     folder = tmp_path_factory.mktemp("wheels")
     make_wheel(folder, "mtoolpkg", "1.0", "1.0.0")
@@ -62,7 +62,9 @@ def _tool(path: Path) -> str:
     return subprocess.run([str(path / "bin" / "mtool"), "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the_final_path(wheels: Path) -> None:
+def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the_final_path(
+    variant_wheels: Path,
+) -> None:
     runtime = _runtime("2.0", "1.0")
     base = provision_target(runtime, echo=lambda _line: None)
     assert not list((base.path / "lib").rglob("*.pyc"))  # nothing compiled in the temporary directory
@@ -75,7 +77,7 @@ def test_a_build_compiles_no_byte_code_and_a_cells_first_import_writes_it_at_the
 
 
 def test_matrix_bytecode_compile_compiles_the_environment_in_place_after_the_rename(
-    wheels: Path, monkeypatch: pytest.MonkeyPatch
+    variant_wheels: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MATRIX_BYTECODE", "compile")
     lines: list[str] = []
@@ -86,7 +88,7 @@ def test_matrix_bytecode_compile_compiles_the_environment_in_place_after_the_ren
     assert "compileall" in (built.path / "provision.log").read_text()
 
 
-def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: Path) -> None:
+def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(variant_wheels: Path) -> None:
     lines: list[str] = []
     base = provision_target(_runtime("2.0", "1.0"), echo=lines.append)
     # Scripts that name the environment's path: activate always, and pip's entry point where pip built it
@@ -125,13 +127,13 @@ def test_a_variant_is_the_base_hard_linked_plus_its_one_differing_step(wheels: P
     assert not list(variant.path.parent.glob(f"{TMP_PREFIX}*"))
 
 
-def test_a_variant_differing_in_a_pip_step_has_no_base(wheels: Path) -> None:
+def test_a_variant_differing_in_a_pip_step_has_no_base(variant_wheels: Path) -> None:
     provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
     assert find_base(resolve_target(_runtime("4.0", "1.1", pkg="mtoolpkg"))) is None  # the pip step differs too
     assert find_base(resolve_target(_runtime("4.0", "1.0+othertool.4.0"))) is not None
 
 
-def test_a_base_whose_lock_is_held_is_not_copied(wheels: Path) -> None:
+def test_a_base_whose_lock_is_held_is_not_copied(variant_wheels: Path) -> None:
     base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
     runtime = _runtime("4.0", "1.0+othertool.4.0")
     target = resolve_target(runtime)
@@ -145,7 +147,7 @@ def test_a_base_whose_lock_is_held_is_not_copied(wheels: Path) -> None:
 
 
 def test_a_variant_build_killed_midway_leaves_only_a_temporary_directory_the_next_build_removes(
-    wheels: Path,
+    variant_wheels: Path,
 ) -> None:
     base = provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
     target = resolve_target(_runtime("5.0", "1.0+othertool.5.0"))
@@ -159,7 +161,9 @@ def test_a_variant_build_killed_midway_leaves_only_a_temporary_directory_the_nex
     assert _tool(base.path).startswith("mtool 2.0.1")
 
 
-def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_downloaded(wheels: Path) -> None:
+def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_downloaded(
+    variant_wheels: Path,
+) -> None:
     provision_target(_runtime("2.0", "1.0"), echo=lambda _line: None)
     # Another engine version whose recipe extracts othertool 4.0's tool: built from scratch (its pip step differs).
     donor = provision_target(_runtime("4.0", "2.0", pkg="mtoolpkg"), echo=lambda _line: None)
@@ -173,7 +177,7 @@ def test_a_file_another_environment_took_from_the_same_wheel_is_hard_linked_not_
 
 
 def test_a_kept_member_serves_the_next_variant_and_prune_drops_it_once_no_environment_links_it(
-    wheels: Path,
+    variant_wheels: Path,
 ) -> None:
     from matrix.launch.providers.store import prune
     from matrix.launch.providers.venv.members import MEMBERS_DIR

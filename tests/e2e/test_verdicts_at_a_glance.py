@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = pytest.mark.e2e
 

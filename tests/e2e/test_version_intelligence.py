@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from matrix.bisect import max_cells
-from tests.conftest import DATA, Matrix
-from tests.pep691 import serve_index, wheel, write_project
-from tests.unit.test_discover import CATALOG
+from tests.helpers.catalogs import DISCOVER_CATALOG
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.pep691 import serve_index, wheel, write_project
 
 
 def synthetic_catalog(path: Path, n: int, break_at: int, *, fault: str = "crash-at-start", fix: bool = False) -> str:
@@ -51,7 +51,7 @@ def campaign_rows(m: Matrix, campaign: int) -> list[tuple[str, str]]:
 
 
 def test_run_new_runs_exactly_the_never_run_runtimes(matrix: Matrix, tmp_path: Path) -> None:
-    (tmp_path / "refpkg.toml").write_text(CATALOG)
+    (tmp_path / "refpkg.toml").write_text(DISCOVER_CATALOG)
     sync(matrix, str(tmp_path / "refpkg.toml"))
     first = matrix.subprocess("run", "--backend", "refpkg", "--no-report", "-q")
     assert first.returncode == 0, first.stdout + first.stderr

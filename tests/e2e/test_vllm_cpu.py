@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.helpers.docker import base_image, cell_containers, docker, docker_engine
-from tests.e2e.helpers.engine_store import engine_envs, home_with_store
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import Matrix
+from tests.helpers.docker import base_image, cell_containers, docker, docker_engine
+from tests.helpers.engine_store import engine_envs, home_with_store
+from tests.helpers.processes import assert_nothing_left
 
 # Per version: the environment build plus three cells take 8-12 minutes on 2 cores; the timeout covers the
 # module fixture's `matrix run` (its own limit is 2400 s) plus teardown.

@@ -18,7 +18,7 @@ from matrix.check.client import send_chat
 from matrix.check.specs import RequestSpec
 from matrix.check.validate import validate_chat_response
 from matrix.pdproxy import instance_id
-from tests.e2e.test_sglang_proxy import _free_port
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 CHUNKS = 200
@@ -86,7 +86,7 @@ class _VllmPair:
 
 @pytest.fixture
 def proxied() -> Iterator[tuple[_VllmPair, int]]:
-    pair, port = _VllmPair(), _free_port()
+    pair, port = _VllmPair(), free_port()
     argv = [sys.executable, "-m", "matrix.pdproxy", "--port", str(port), "--prefill-url", pair.url("p"),
             "--decode-url", pair.url("d"), "--timeout-s", "10"]  # fmt: skip
     proxy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.e2e.helpers.engine_store import engine_envs, home_with_store
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import Matrix
+from tests.helpers.engine_store import engine_envs, home_with_store
+from tests.helpers.processes import assert_nothing_left
 
 __all__ = ["engine_envs"]  # a fixture, used by name
 # One environment build plus one cell: 10.3 minutes on a loaded 2-core host (build 248 s, ready 202 s; ~2-4

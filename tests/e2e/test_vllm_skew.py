@@ -38,9 +38,9 @@ import psutil
 import pytest
 
 from matrix.cells import cell_id
-from tests.conftest import Matrix
-from tests.e2e.helpers.engine_store import engine_envs, home_with_store
-from tests.e2e.test_run_reference import assert_nothing_left
+from tests.helpers.cli import Matrix
+from tests.helpers.engine_store import engine_envs, home_with_store
+from tests.helpers.processes import assert_nothing_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(4200)]
 __all__ = ["engine_envs"]  # a fixture, used by name

@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, REPO, Matrix
-from tests.unit.test_discover_templates import CATALOG_FILES, _discovered, _host_platform
+from tests.helpers.catalogs import discovered, host_platform
+from tests.helpers.cli import REPO, Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def seeded(matrix: Matrix) -> Matrix:
-    result = matrix("catalog", "sync", *(str(DATA / f"{name}.toml") for name in CATALOG_FILES))
-    assert result.exit_code == 0, result.output
-    return matrix
 
 
 def _wheel_file(directory: Path, name: str, version: str, tags: str, requires_python: str) -> None:
@@ -34,25 +27,26 @@ def _wheel_file(directory: Path, name: str, version: str, tags: str, requires_py
 
 
 def test_a_wheelhouse_served_on_loopback_is_the_index_discover_reads_on_a_host_without_one(
-    seeded: Matrix, tmp_path: Path
+    catalogued: Matrix, tmp_path: Path
 ) -> None:
     """tests/gpu/wheelhouse_index.py: the GPU host's `matrix discover` reads the releases from the wheelhouse
-    made for them. Requires-Python comes from each wheel's metadata (here a fabricated 0.34.0 that refuses
-    Python 3.12 is listed and not added); other projects' wheels are on their own pages."""
+    made for them. Requires-Python comes from each wheel's metadata (here a fabricated 0.37.0 that refuses
+    Python 3.12 is listed and not added; 0.35.0 and 0.36.0 stand for releases after the catalogued 0.34.0);
+    other projects' wheels are on their own pages."""
     wheelhouse = tmp_path / "wh"
     wheelhouse.mkdir()
-    host = _host_platform()
-    for version, python in (("0.32.0", ">=3.11,<3.15"), ("0.33.0", ">=3.11,<3.15"), ("0.34.0", ">=3.13")):
+    host = host_platform()
+    for version, python in (("0.35.0", ">=3.11,<3.15"), ("0.36.0", ">=3.11,<3.15"), ("0.37.0", ">=3.13")):
         _wheel_file(wheelhouse, "vllm", version, f"cp38-abi3-{host}", python)
     _wheel_file(wheelhouse, "torch", "2.14.0", f"cp312-cp312-{host}", ">=3.10")
     (wheelhouse / "manifest.json").write_text("{}")  # not a distribution: not listed
     done = subprocess.run(
         [sys.executable, str(REPO / "tests" / "gpu" / "wheelhouse_index.py"), str(wheelhouse), "--",
          sys.executable, "-m", "matrix", "discover", "vllm", "--index-url", "{index}", "--json"],
-        env=seeded.env, capture_output=True, text=True, timeout=120, check=False,
+        env=catalogued.env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "serving 4 file(s) of 2 project(s) at http://127.0.0.1:" in done.stderr
     actions = {v["version"]: v["action"] for v in json.loads(done.stdout)["versions"]}
-    assert actions == {"0.32.0": "added", "0.33.0": "added", "0.34.0": "python"}
-    assert sorted(_discovered(seeded, "vllm")) == ["0.32.0", "0.33.0"]
+    assert actions == {"0.35.0": "added", "0.36.0": "added", "0.37.0": "python"}
+    assert sorted(discovered(catalogued, "vllm")) == ["0.35.0", "0.36.0"]

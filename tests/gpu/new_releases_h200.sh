@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# [M24] step 4 on a GPU host with no package index: the releases after the catalogued ones (vLLM 0.32.0 /
-# 0.33.0, SGLang 0.5.22 / 0.5.23) as a user gets them. `matrix discover` makes them runtimes from the
-# backends' runtime_template, reading the wheelhouse served on loopback as its index
+# [M24] step 4 on a GPU host with no package index: the releases after the seed's first ones (vLLM 0.32.0 /
+# 0.33.0 / 0.34.0, SGLang 0.5.22 / 0.5.23) as a user gets them. Catalogued since [M31]; `matrix discover`
+# (which made them runtimes from the backends' runtime_template before) then finds nothing new in the
+# wheelhouse served on loopback as its index
 # (tests/gpu/wheelhouse_index.py); `matrix run --new` runs their cells, offline from that wheelhouse;
 # `matrix gate` decides each. Run by hand on an NVIDIA host (not part of CI); every command, the ones made
 # where an index is reachable too, is in docs/results/gpu-h200-new-releases.md.
@@ -26,20 +27,13 @@ PHASES=${PHASES:-"prepare vllm sglang collect"}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse-new}
 DEPS=${DEPS:-/tmp/matrix-deps}
 BACKENDS=${BACKENDS:-"vllm sglang"}
-declare -A NEW=([vllm]="0.32.0 0.33.0" [sglang]="0.5.22 0.5.23")
+declare -A NEW=([vllm]="0.32.0 0.33.0 0.34.0" [sglang]="0.5.22 0.5.23")
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Never NVLink multicast on a shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PYTHON:-python3}
-started=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - started )) s] $*"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
-left() {
-  ps -eo pid,args | grep -E "vllm|sglang|dynamo|python -m matrix" | grep -v -e grep -e new_releases_h200 \
-    || echo "no engine, sidecar or matrix process left"
-}
+no_multicast
 export PYTHONPATH="$DEPS:$PWD"
-m() { "$PY" -m matrix "$@"; }
 offline=(--find-links "$WHEELHOUSE" --offline)
 # A fresh database has run nothing, so every runtime is new there: the lower bounds keep `--new` to the
 # discovered releases (on a database that holds the earlier runs, `--new` alone selects the same cells).

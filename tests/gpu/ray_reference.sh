@@ -10,10 +10,9 @@ set -euo pipefail
 OUT=${1:-$(mktemp -d)}
 mkdir -p "$OUT"
 export MATRIX_HOME=${MATRIX_HOME:-$(mktemp -d)} PYTHONUNBUFFERED=1 RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
-PY=${PYTHON:-python3}
-m() { "$PY" -m matrix "$@"; }
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ray_cli() { "$PY" -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; main()' "$@"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 echo "== GPU before"; smi

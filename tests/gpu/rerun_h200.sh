@@ -29,18 +29,11 @@ DEPS=${DEPS:-/tmp/matrix-deps}
 VERSIONS="0.29.0 0.30.0 0.31.0"
 SKEW="0.29.0+vllm.rs.0.30.0"
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Never NVLink multicast on a shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PYTHON:-python3}
-started=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - started )) s] $*"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
-left() {
-  ps -eo pid,args | grep -E "vllm|dynamo|python -m matrix" | grep -v -e grep -e rerun_h200 \
-    || echo "no engine, sidecar or matrix process left"
-}
+no_multicast
 export PYTHONPATH="$DEPS:$PWD"
-m() { "$PY" -m matrix "$@"; }
 offline=(--find-links "$WHEELHOUSE" --offline)
 runtimes=()
 for v in $VERSIONS; do runtimes+=(--runtime "vllm=$v"); done

@@ -45,18 +45,11 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-520}
 RUNTIMES="vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 sglang=0.5.18 sglang=0.5.19 sglang=0.5.21"
 CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_native_disaggregated"
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Never NVLink multicast on a shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PYTHON:-python3}
-started=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - started )) s] $*"; }
-smi() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader; }
-left() {
-  ps -eo pid,args | grep -E "vllm|sglang|dynamo|python -m matrix" | grep -v -e grep -e seed_packed_h200 \
-    || echo "no engine, sidecar, proxy or matrix process left"
-}
+no_multicast
 export PYTHONPATH="$DEPS:$PWD"
-m() { "$PY" -m matrix "$@"; }
 offline=(--find-links "$WHEELHOUSE" --offline)
 selection=()
 for r in $RUNTIMES; do selection+=(--runtime "$r"); done

@@ -25,12 +25,10 @@ KIT=${KIT:?set KIT to the staging folder that holds the uploaded chunks}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse-sglang}
 VERSIONS=${VERSIONS:-"0.5.21 0.5.19 0.5.18"}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home-sglang} PYTHONUNBUFFERED=1
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Never NVLink multicast on a shared host.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PYTHON:-python3}
-started=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - started )) s] $*"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
+no_multicast
 
 stamp "join the uploaded chunks"
 "$PY" tests/gpu/kit.py join "$KIT" "$WHEELHOUSE" || exit 1
@@ -38,7 +36,6 @@ deps=$(mktemp -d)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$deps" \
   "$WHEELHOUSE"/sqlalchemy-*.whl "$WHEELHOUSE"/alembic-*.whl "$WHEELHOUSE"/mako-*.whl || exit 1
 export PYTHONPATH="$deps:$PWD"
-m() { "$PY" -m matrix "$@"; }
 offline=(--find-links "$WHEELHOUSE" --offline)
 
 stamp "GPU before"; smi

@@ -7,9 +7,8 @@ set -euo pipefail
 OUT=${1:-$(mktemp -d)}
 export MATRIX_HOME=${MATRIX_HOME:-$(mktemp -d)} PYTHONUNBUFFERED=1
 : "${MATRIX_GPUKIT_SITE:?set MATRIX_GPUKIT_SITE to the vLLM site}"
-PY=${PYTHON:-python3}
-m() { "$PY" -m matrix "$@"; }
-smi() { nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader; }
+# shellcheck source=tests/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rows() {
   "$PY" - "$MATRIX_HOME/matrix.db" "$1" <<'PYEOF'
 import json, sqlite3, sys

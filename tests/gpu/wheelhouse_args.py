@@ -52,13 +52,14 @@ ROOT = HERE.parents[1]
 PYTHON = "3.12"
 PLATFORM = "manylinux_2_39_x86_64"
 # family -> (backend, versions). The seed families are runtimes of data/runtimes.toml; the "-new" ones are the
-# releases after them, which `matrix discover` makes from the backend's runtime_template (data/backends.toml):
-# derive renders them from that template, so their wheelhouse comes from the repository alone. A family's
+# releases after them (catalogued too since [M31]; `matrix discover` makes the same runtimes from the backend's
+# runtime_template, data/backends.toml): derive renders them from that template, so their wheelhouse comes from
+# the repository alone. A family's
 # omit list is tests/gpu/omit-BACKEND.txt.
 FAMILIES = {
     "vllm": ("vllm", ["0.29.0", "0.30.0", "0.31.0"]),
     "sglang": ("sglang", ["0.5.18", "0.5.19", "0.5.21"]),
-    "vllm-new": ("vllm", ["0.32.0", "0.33.0"]),
+    "vllm-new": ("vllm", ["0.32.0", "0.33.0", "0.34.0"]),
     "sglang-new": ("sglang", ["0.5.22", "0.5.23"]),
 }
 KEEP_HOST = {"numba", "llvmlite"}

@@ -16,22 +16,7 @@ from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm, known_arms
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import ENGINE_PORTS, SYSTEM_PORT_MAX
-from matrix.markers import parse_marker_use
-
-
-def _case(arm: str, launch: dict[str, object], **kw: object) -> CaseInfo:
-    markers = ("gpu_1",)
-    return CaseInfo(
-        name="c", backend="vllm", arm=arm, model="Qwen/Qwen3-0.6B", markers=tuple(map(parse_marker_use, markers)),
-        launch=launch, **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
-
-
-def _ctx(case: CaseInfo, tmp_path: Path, gpu_ids: tuple[str, ...] = ()) -> LaunchContext:
-    arm = get_arm(case.arm)
-    ports = {req.name: 20000 + i for i, req in enumerate(arm.port_requests(case))}
-    runtime = RuntimeInfo(backend=case.backend, version="0.30.0", tag="v0.30.0")
-    return LaunchContext("cell1", case, runtime, ports, tmp_path, python="/py", gpu_ids=gpu_ids, model_dir=tmp_path)
+from tests.helpers.catalogs import arm_case, arm_ctx
 
 
 def test_registry_is_explicit_and_unknown_arms_fail_before_anything_starts() -> None:
@@ -43,14 +28,14 @@ def test_registry_is_explicit_and_unknown_arms_fail_before_anything_starts() -> 
 
 def test_unknown_dynamo_engine_fails_loudly() -> None:
     with pytest.raises(ConfigError, match="unknown dynamo engine 'trt'"):
-        get_arm("dynamo").port_requests(_case("dynamo", {"engine": "trt"}))
+        get_arm("dynamo").port_requests(arm_case("dynamo", {"engine": "trt"}))
 
 
 def test_mocker_plan(tmp_path: Path) -> None:
-    case = _case("dynamo", {"engine": "mocker"})
+    case = arm_case("dynamo", {"engine": "mocker"})
     requests = {r.name: r.max_port for r in get_arm("dynamo").port_requests(case)}
     assert requests["prefill_system"] == requests["decode_system"] == SYSTEM_PORT_MAX  # parsed as i16 upstream
-    plan = get_arm("dynamo").plan(_ctx(case, tmp_path))
+    plan = get_arm("dynamo").plan(arm_ctx(case, tmp_path))
     roles = [p.role for p in plan.processes]
     assert roles == ["prefill", "decode", "frontend"]
     prefill = plan.processes[0]
@@ -78,8 +63,8 @@ def test_mocker_plan(tmp_path: Path) -> None:
 
 
 def test_aggregated_control_has_one_worker(tmp_path: Path) -> None:
-    case = _case("dynamo", {"engine": "mocker", "aggregated": True})
-    plan = get_arm("dynamo").plan(_ctx(case, tmp_path))
+    case = arm_case("dynamo", {"engine": "mocker", "aggregated": True})
+    plan = get_arm("dynamo").plan(arm_ctx(case, tmp_path))
     assert [p.role for p in plan.processes] == ["worker", "frontend"]
     assert "--disaggregation-mode" not in plan.processes[0].argv
 
@@ -89,10 +74,10 @@ def test_gpu_engines_get_their_ports_and_pins_through_the_script_environment(tmp
     script = tmp_path / "lib" / "sidecar" / engine / "launch" / "disagg.sh"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/bash\n")
-    case = _case(
+    case = arm_case(
         "dynamo", {"engine": engine, "script": f"lib/sidecar/{engine}/launch/disagg.sh"}, source_dir=str(tmp_path)
     )
-    plan = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("3",)))
+    plan = get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("3",)))
     (workers,) = [p for p in plan.processes if p.role == "workers"]
     assert workers.argv == ("bash", str(script))
     assert workers.cwd == str(script.parent)  # helpers resolve relative to the script (SCRIPT_DIR)
@@ -121,10 +106,10 @@ def test_gpu_engines_get_absolute_kv_bounds(
 ) -> None:  # fmt: skip
     script = tmp_path / "disagg.sh"
     script.write_text("#!/bin/bash\n")
-    case = _case("dynamo", {"engine": engine, "script": "disagg.sh", **launch}, source_dir=str(tmp_path),
+    case = arm_case("dynamo", {"engine": engine, "script": "disagg.sh", **launch}, source_dir=str(tmp_path),
                  kv_bound=KvBound.parse(bound))  # fmt: skip
     (workers,) = [
-        p for p in get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",))).processes if p.role == "workers"
+        p for p in get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("0",))).processes if p.role == "workers"
     ]
     assert workers.argv == ("bash", str(script), *args)
     assert env.items() <= dict(workers.env).items()
@@ -134,17 +119,17 @@ def test_launch_scripts_resolve_against_the_workspace(tmp_path: Path) -> None:
     checkout = tmp_path / "dynamo"
     (checkout / "lib").mkdir(parents=True)
     (checkout / "lib" / "disagg.sh").write_text("#!/bin/bash\n")
-    case = _case("dynamo", {"engine": "vllm", "script": "lib/disagg.sh"}, source_dir=str(tmp_path / "catalog"))
+    case = arm_case("dynamo", {"engine": "vllm", "script": "lib/disagg.sh"}, source_dir=str(tmp_path / "catalog"))
     with pytest.raises(ConfigError, match=r"launch script lib/disagg\.sh not found .* --workspace"):
-        get_arm("dynamo").plan(_ctx(case, tmp_path))
-    ctx = _ctx(case, tmp_path)
+        get_arm("dynamo").plan(arm_ctx(case, tmp_path))
+    ctx = arm_ctx(case, tmp_path)
     plan = get_arm("dynamo").plan(replace(ctx, workspace=checkout))
     assert plan.processes[0].argv[1] == str(checkout / "lib" / "disagg.sh")
 
 
 def test_gpu_engine_without_a_script_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"needs launch\.script"):
-        get_arm("dynamo").plan(_ctx(_case("dynamo", {"engine": "trtllm"}), tmp_path))
+        get_arm("dynamo").plan(arm_ctx(arm_case("dynamo", {"engine": "trtllm"}), tmp_path))
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str:
@@ -156,8 +141,8 @@ SIDECAR_CASE = {"engine": "vllm", "max_model_len": 2048, "gpu_memory_utilization
 
 
 def test_vllm_sidecar_plan_runs_five_processes_on_one_gpu(tmp_path: Path) -> None:
-    case = _case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000))
-    plan = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("3",)))
+    case = arm_case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000))
+    plan = get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("3",)))
     by_role = {p.role: p for p in plan.processes}
     assert list(by_role) == ["prefill", "decode", "prefill_sidecar", "decode_sidecar", "frontend"]
     assert len(set(plan.ports.values())) == len(plan.ports)  # every port the allocator's, none shared
@@ -199,10 +184,10 @@ def test_vllm_sidecar_plan_runs_five_processes_on_one_gpu(tmp_path: Path) -> Non
 
 
 def test_vllm_sidecar_plan_on_cpu_keeps_kv_in_host_memory_and_splits_the_cores(tmp_path: Path) -> None:
-    case = _case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
+    case = arm_case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
     assert get_arm("dynamo").runs_on_cpu(case)
-    assert not get_arm("dynamo").runs_on_cpu(_case("dynamo", {"engine": "vllm"}))
-    ctx = replace(_ctx(case, tmp_path), cpu_ids=(0, 1))
+    assert not get_arm("dynamo").runs_on_cpu(arm_case("dynamo", {"engine": "vllm"}))
+    ctx = replace(arm_ctx(case, tmp_path), cpu_ids=(0, 1))
     by_role = {p.role: p for p in get_arm("dynamo").plan(ctx).processes}
     prefill, decode = by_role["prefill"], by_role["decode"]
     python_args = prefill.argv[prefill.argv.index("--") + 1 :]
@@ -218,10 +203,10 @@ def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path
     script = checkout / "lib" / "sidecar" / "vllm" / "launch" / "disagg.sh"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/bash\n")
-    case = _case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000), source_dir=str(tmp_path / "catalog"))
-    native = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",)))
+    case = arm_case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000), source_dir=str(tmp_path / "catalog"))
+    native = get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("0",)))
     assert "workers" not in {p.role for p in native.processes}
-    scripted = get_arm("dynamo").plan(replace(_ctx(case, tmp_path, gpu_ids=("0",)), workspace=checkout))
+    scripted = get_arm("dynamo").plan(replace(arm_ctx(case, tmp_path, gpu_ids=("0",)), workspace=checkout))
     (workers,) = [p for p in scripted.processes if p.role == "workers"]
     assert workers.argv[:2] == ("bash", str(script))
     assert workers.env["VLLM_DECODE_GRPC_PORT"] == str(scripted.ports["VLLM_DECODE_GRPC_PORT"])
@@ -230,8 +215,8 @@ def test_vllm_sidecar_runs_upstreams_script_only_with_a_workspace(tmp_path: Path
 
 
 def test_reference_plan(tmp_path: Path) -> None:
-    case = _case("reference", {"faults": ["same-worker-id"], "slow_start_s": 2}, kv_bound=KvBound(bytes=4096))
-    plan = get_arm("reference").plan(_ctx(case, tmp_path))
+    case = arm_case("reference", {"faults": ["same-worker-id"], "slow_start_s": 2}, kv_bound=KvBound(bytes=4096))
+    plan = get_arm("reference").plan(arm_ctx(case, tmp_path))
     prefill = plan.processes[0]
     assert prefill.argv[prefill.argv.index("--kv-cache-bytes") + 1] == "4096"
     assert prefill.env["MATRIX_REFERENCE_FAULTS"] == "same-worker-id"
@@ -262,9 +247,9 @@ def test_engine_processes_get_the_loopback_knobs(
     tmp_path: Path, arm: str, launch: dict[str, object], backend: str
 ) -> None:
     # [M21] item 11: UCX (NIXL's transport) keeps to the loopback device; vLLM advertises 127.0.0.1.
-    case = _case(arm, launch, kv_bound=KvBound(bytes=1119388000))
+    case = arm_case(arm, launch, kv_bound=KvBound(bytes=1119388000))
     case = dataclasses.replace(case, backend=backend)
-    plan = get_arm(arm).plan(_ctx(case, tmp_path, gpu_ids=("0",)))
+    plan = get_arm(arm).plan(arm_ctx(case, tmp_path, gpu_ids=("0",)))
     engines = [p for p in plan.processes if p.role in ("prefill", "decode")]
     assert engines
     for process in engines:

@@ -11,7 +11,7 @@ from matrix.bisect_component import variant_version
 from matrix.component_sources import find_pin, pin_component
 from matrix.errors import ConfigError
 from matrix.launch.providers.recipe import check_provider
-from tests.conftest import DATA
+from tests.helpers.cli import DATA
 
 
 def catalog_provider(backend: str, version: str) -> dict[str, Any]:

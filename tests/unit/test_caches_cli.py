@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def test_list_clear_by_runtime_prefix_and_refuse_an_unknown_key(matrix: Matrix) -> None:

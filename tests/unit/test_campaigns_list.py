@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import Matrix
 
 
 @pytest.mark.all_databases

@@ -12,8 +12,8 @@ import pytest
 import matrix
 from matrix.errors import ConfigError
 from matrix.launch.options import COMMON_LAUNCH_KEYS, KV_FLAGS, LAUNCH_KEYS, KvBound, check_case_options, kv_arg
-from tests.conftest import Matrix
-from tests.unit.test_catalog import _assert_refused, _catalog_with
+from tests.helpers.catalogs import assert_refused, catalog_with
+from tests.helpers.cli import Matrix
 
 # The seed's vllm_disaggregated case, with one thing wrong at a time.
 VLLM_CASE = """[[case]]
@@ -69,12 +69,12 @@ BAD_OPTIONS = {
 @pytest.mark.parametrize("label", sorted(BAD_OPTIONS))
 def test_bad_case_options_are_refused_and_change_nothing(seeded: Matrix, tmp_path: Path, label: str) -> None:
     text, needles = BAD_OPTIONS[label]
-    _assert_refused(seeded, ["catalog", "sync", *_catalog_with(tmp_path, "extra.toml", text)], *needles)
+    assert_refused(seeded, ["catalog", "sync", *catalog_with(tmp_path, "extra.toml", text)], *needles)
 
 
 def test_a_right_case_syncs(seeded: Matrix, tmp_path: Path) -> None:
     text = _case(markers='"requested_vllm_kv_cache_bytes(1119388000)"', launch="gpu_memory_utilization = 0.01")
-    result = seeded("catalog", "sync", *_catalog_with(tmp_path, "extra.toml", text))
+    result = seeded("catalog", "sync", *catalog_with(tmp_path, "extra.toml", text))
     assert result.exit_code == 0, result.output
     assert "added  case     vllm_x" in result.output
 

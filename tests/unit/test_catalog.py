@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, Matrix
+from tests.helpers.catalogs import assert_refused, catalog_with
+from tests.helpers.cli import DATA, Matrix
 
 pytestmark = pytest.mark.all_databases
 
@@ -46,7 +47,8 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
     runtimes = json.loads(seeded("runtimes", "list", "--json").output)
     vllm = [r["version"] for r in runtimes if r["backend"] == "vllm"]
     # PEP 440 order
-    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0"]
+    assert vllm == ["0.26.0", "0.28.0", "0.29.0", "0.29.1rc0", "0.29.1rc1.dev347+gdee37d891", "0.30.0", "0.31.0",
+                    "0.32.0", "0.33.0", "0.34.0"]
     dev = next(r for r in runtimes if r["version"] == "0.29.1rc1.dev347+gdee37d891")
     assert "vllm=0.29.0" in dev["components"] and "vllm-rs=0.29.1rc1.dev347+gdee37d891" in dev["components"]
     for kind in ("backends", "markers", "cases", "fixes", "gates"):
@@ -57,21 +59,21 @@ def test_lists_as_table_and_json(seeded: Matrix) -> None:
 
 
 def test_runtime_add_disable_enable(seeded: Matrix) -> None:
-    result = seeded("runtime", "add", "vllm", "v0.33.0", "--component", "vllm-rs=0.33.0", "--component", "vllm=0.33.0")
+    result = seeded("runtime", "add", "vllm", "v0.35.0", "--component", "vllm-rs=0.35.0", "--component", "vllm=0.35.0")
     assert result.exit_code == 0, result.output
-    assert "added runtime vllm 0.33.0 (v0.33.0, release)" in result.output
+    assert "added runtime vllm 0.35.0 (v0.35.0, release)" in result.output
     plan = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--json").output)
-    assert "vllm_disaggregated@vllm-0.33.0" in {c["cell"] for c in plan["cells"]}
+    assert "vllm_disaggregated@vllm-0.35.0" in {c["cell"] for c in plan["cells"]}
     # A hand-added runtime survives a catalog sync.
     assert seeded("catalog", "sync").output.strip() == "0 changes"
-    assert seeded("runtime", "disable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "disable", "vllm", "0.35.0").exit_code == 0
     explained = json.loads(seeded("plan", "--case", "vllm_disaggregated", "--explain", "--json").output)
     assert {
         "case": "vllm_disaggregated",
-        "runtime": "vllm-0.33.0",
+        "runtime": "vllm-0.35.0",
         "reason": "runtime is disabled",
     } in explained["excluded"]
-    assert seeded("runtime", "enable", "vllm", "0.33.0").exit_code == 0
+    assert seeded("runtime", "enable", "vllm", "0.35.0").exit_code == 0
 
 
 def test_marker_add(seeded: Matrix) -> None:
@@ -82,25 +84,6 @@ def test_marker_add(seeded: Matrix) -> None:
 
 
 # --- bad input: message, exit code 2, database unchanged ---------------------------------------------
-
-
-def _catalog_with(tmp_path: Path, name: str, text: str) -> list[str]:
-    """The seed catalog with one file replaced (or added)."""
-    out = tmp_path / "bad"
-    out.mkdir(exist_ok=True)
-    for path in DATA.glob("*.toml"):
-        (out / path.name).write_text(path.read_text())
-    (out / name).write_text(text)
-    return sorted(str(p) for p in out.glob("*.toml"))
-
-
-def _assert_refused(m: Matrix, args: list[str], *needles: str) -> None:
-    before = m.dump()
-    result = m(*args)
-    assert result.exit_code == 2, result.output
-    for needle in needles:
-        assert needle in result.output, result.output
-    assert m.dump() == before
 
 
 _TRAFFIC_CASE = (
@@ -190,14 +173,14 @@ BAD_TOML = {
 @pytest.mark.parametrize("label", sorted(BAD_TOML))
 def test_bad_catalog_is_refused_and_changes_nothing(seeded: Matrix, tmp_path: Path, label: str) -> None:
     name, text, needles = BAD_TOML[label]
-    _assert_refused(seeded, ["catalog", "sync", *_catalog_with(tmp_path, name, text)], *needles)
+    assert_refused(seeded, ["catalog", "sync", *catalog_with(tmp_path, name, text)], *needles)
 
 
 def test_bad_catalog_on_an_empty_database_writes_no_catalog_rows(matrix: Matrix, tmp_path: Path) -> None:
     result = matrix(
         "catalog",
         "sync",
-        *_catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'),
+        *catalog_with(tmp_path, "extra.toml", '[[runtime]]\nbackend = "nope"\nversion = "1"\n'),
     )
     assert result.exit_code == 2
     assert matrix.sql("SELECT count(*) FROM backend") == [(0,)]
@@ -233,7 +216,7 @@ BAD_COMMANDS = {
 @pytest.mark.parametrize("label", sorted(BAD_COMMANDS))
 def test_bad_command_input_is_refused_and_changes_nothing(seeded: Matrix, label: str) -> None:
     args, needles = BAD_COMMANDS[label]
-    _assert_refused(seeded, args, *needles)
+    assert_refused(seeded, args, *needles)
 
 
 def test_unopenable_database_url(matrix: Matrix, tmp_path: Path) -> None:

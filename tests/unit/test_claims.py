@@ -11,28 +11,23 @@ from sqlalchemy import select
 
 from matrix.db.models import CellRun
 from matrix.schedule.claims import claim_attempt
-from tests.unit.claims_db import _cells, _new_campaign, catalog_factory
+from tests.helpers.claims import new_campaign, reference_cells
 
 pytestmark = pytest.mark.all_databases
 
 
-@pytest.fixture
-def factory(db_url: str):  # type: ignore[no-untyped-def]
-    yield from catalog_factory(db_url)
-
-
 def test_a_new_campaign_records_a_pending_row_per_cell(factory) -> None:  # type: ignore[no-untyped-def]
-    campaign_id = _new_campaign(factory)
+    campaign_id = new_campaign(factory)
     with factory() as session:
         rows = session.scalars(select(CellRun).where(CellRun.campaign_id == campaign_id)).all()
-        assert sorted(r.cell_key for r in rows) == sorted(c.key for c in _cells(factory))
+        assert sorted(r.cell_key for r in rows) == sorted(c.key for c in reference_cells(factory))
         assert {(r.status, r.attempt, r.owner_pid, r.started_at) for r in rows} == {("pending", 1, None, None)}
         assert len({r.uid for r in rows}) == len(rows)
 
 
 def test_an_attempt_is_claimed_once_and_a_retry_gets_its_own_row(factory) -> None:  # type: ignore[no-untyped-def]
-    campaign_id = _new_campaign(factory)
-    cell = _cells(factory)[0]
+    campaign_id = new_campaign(factory)
+    cell = reference_cells(factory)[0]
     first = claim_attempt(factory, campaign_id, cell, 1, lambda uid: f"logs/{uid}")
     assert first is not None
     assert claim_attempt(factory, campaign_id, cell, 1, lambda uid: f"logs/{uid}") is None

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 FAST = [1.00, 1.02, 0.99, 1.03, 1.01, 1.00]
 SLOW = [1.48, 1.50, 1.47, 1.52, 1.49, 1.51]  # +48 %, the interval wholly above 10 %

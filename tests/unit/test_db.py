@@ -22,7 +22,7 @@ from matrix.db.migrate import (
     upgrade,
 )
 from matrix.errors import DatabaseError
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 @pytest.mark.all_databases

@@ -7,34 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, Matrix
-from tests.pep691 import sdist, serve_index, wheel, write_project
-
-CATALOG = """
-[[backend]]
-name = "refpkg"
-description = "the reference server, versioned like a package on an index"
-runtime_template = { package = "ref-pkg", provider = { kind = "builtin", env = { REF_PKG = "{version}" } }, \
-components = { ref-pkg = "{version}" } }
-
-[[backend]]
-name = "plain"
-
-[[runtime]]
-backend = "refpkg"
-version = "1.0.0"
-provider = { kind = "builtin" }
-components = { ref-pkg = "1.0.0" }
-
-[[case]]
-name = "refpkg_pair"
-backend = "refpkg"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 20
-request_timeout_s = 10
-"""
+from tests.helpers.catalogs import DISCOVER_CATALOG
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.pep691 import sdist, serve_index, wheel, write_project
 
 
 def index_files(root: Path) -> None:
@@ -57,7 +32,7 @@ def index_files(root: Path) -> None:
 @pytest.fixture
 def catalog(matrix: Matrix, tmp_path: Path) -> Matrix:
     path = tmp_path / "refpkg.toml"
-    path.write_text(CATALOG)
+    path.write_text(DISCOVER_CATALOG)
     result = matrix("catalog", "sync", str(path), str(DATA / "markers.toml"))
     assert result.exit_code == 0, result.output
     return matrix

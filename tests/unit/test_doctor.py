@@ -15,7 +15,7 @@ from matrix import doctor as doctor_module
 from matrix.catalog.queries import load_catalog_view
 from matrix.doctor import runtime_readiness
 from matrix.launch.providers import container as container_module
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _keys(output: str) -> list[str]:

@@ -18,7 +18,7 @@ from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.options import EQUIVALENCE_DEFAULTS
 from matrix.markers import parse_marker_use
 from matrix.pdproxy import ProxyApp
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _case(arm: str, launch: dict[str, Any]) -> CaseInfo:

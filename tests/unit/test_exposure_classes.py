@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from matrix.skew_outcome import classify
-from tests.conftest import Matrix
-from tests.unit.test_report_gate import CASES, GATES, waivers
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.gates import CASES, GATES, waivers
+from tests.helpers.reports import attempt, campaign, db, sync
 
 WHERE = "listens beyond loopback: prefill 0.0.0.0:41234/tcp"
 LOOPBACK = {"name": "loopback_only", "kind": "validation", "message": WHERE}

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
 
 import pytest
 
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError
 from matrix.fanout.shards import (
-    GITHUB_MAX_JOBS,
     cell_id,
     default_campaign_key,
     expected_seconds,
@@ -28,26 +26,8 @@ from matrix.fanout.shards import (
 )
 from matrix.markers import parse_marker_use
 from matrix.plan import Selection, make_plan
-from tests.conftest import Matrix
-
-
-def assert_github_include_matrix(data: Any, *, max_jobs: int = GITHUB_MAX_JOBS) -> list[dict[str, Any]]:
-    """Valid as `strategy.matrix: ${{ fromJSON(...) }}` with one job per entry; returns the entries."""
-    assert isinstance(data, dict), "the matrix must be a JSON object"
-    assert list(data) == ["include"], f"only `include` makes one job per entry, got keys {list(data)}"
-    include = data["include"]
-    assert isinstance(include, list)
-    assert len(include) <= min(max_jobs, GITHUB_MAX_JOBS), "GitHub generates at most 256 jobs per matrix"
-    for entry in include:
-        assert isinstance(entry, dict) and entry, "each include entry is a non-empty object"
-        for key, value in entry.items():
-            assert isinstance(key, str) and key, "matrix keys are non-empty strings"
-            assert isinstance(value, str | int | float) and not isinstance(value, bool), (key, value)
-    names = [entry["name"] for entry in include]
-    assert len(set(names)) == len(names), "job names must be unique"
-    shards = [entry["shard"] for entry in include]
-    assert len(set(shards)) == len(shards), "shard ids must be unique"
-    return include
+from tests.helpers.cli import Matrix
+from tests.helpers.fanout import assert_github_include_matrix
 
 
 def _cell(case: str, version: str = "1.0.0", *, timeout: float = 60.0, case_id: int = 1, gpus: int = 0) -> Cell:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
-from tests.unit.test_report_gate import CASES, GATES, waivers
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.gates import CASES, GATES, waivers
+from tests.helpers.reports import attempt, campaign, db, sync
 
 WAIVED = waivers(("vllm_disaggregated", "", "2999-12-31"))
 

@@ -1,7 +1,7 @@
 """`matrix gate` under `skew_both_ways`: the candidate against the previous release, prefill=candidate/decode=
 previous and the reverse, must be works or clean-reject; a missing direction is INCOMPLETE, never GO.
 
-Attempts are written straight into a real SQLite database (test_report_support), skew rows with each role's
+Attempts are written straight into a real SQLite database (tests/helpers/reports.py), skew rows with each role's
 version as `matrix run --skew` records them; the verdicts come from `matrix gate` itself.
 """
 
@@ -11,43 +11,11 @@ import json
 from typing import Any
 
 from matrix.cells import roles_key
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.gates import SKEW_CASES, SKEW_GATES, diagonal_passes
+from tests.helpers.reports import attempt, campaign, db, sync
 
 NIXL = "NIXL compatibility hash mismatch: Prefill and decode instances have incompatible KV layouts"
-CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")
-# `sidecar` selects vllm_disaggregated only: the rule judges the cases its expression names.
-GATES = """
-[[gate]]
-name = "upgrade"
-expression = "(pre_merge or post_merge) and e2e"
-rules = { skew_both_ways = "sidecar" }
-
-[[gate]]
-name = "upgrade_all"
-expression = "(pre_merge or post_merge) and e2e"
-rules = { skew_both_ways = true }
-
-[[gate]]
-name = "bad_expression"
-expression = "e2e"
-rules = { skew_both_ways = "sidecar and (" }
-
-[[gate]]
-name = "bad_type"
-expression = "e2e"
-rules = { skew_both_ways = 3 }
-"""
-
-
-def _diagonal_passes(m: Matrix) -> None:
-    with db(m) as s:
-        camp = campaign(s)
-        for case in CASES:
-            for version in ("0.29.0", "0.30.0"):
-                attempt(s, camp, case, f"vllm={version}", "passed")
-
-
 def _pair(m: Matrix, prefill: str, decode: str, status: str, **fields: Any) -> None:
     roles = {"prefill": prefill, "decode": decode}
     with db(m) as s:
@@ -61,8 +29,8 @@ def _gate(m: Matrix, policy: str = "upgrade") -> tuple[int, str]:
 
 
 def test_both_directions_safe_is_go_and_says_each_class(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.30.0", "0.29.0", "passed")
     _pair(matrix, "0.29.0", "0.30.0", "failed", failure_kind="startup", message=f"decode exited with 1\n{NIXL}")
     code, out = _gate(matrix)
@@ -74,8 +42,8 @@ def test_both_directions_safe_is_go_and_says_each_class(matrix: Matrix) -> None:
 
 
 def test_a_hang_in_one_direction_is_no_go_naming_the_pair_and_its_class(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.30.0", "0.29.0", "passed")
     _pair(matrix, "0.29.0", "0.30.0", "timeout", failure_kind="request",
           message="no answer within 120 s: decode waited on prefill's KV (WAITING_FOR_REMOTE_KVS)")  # fmt: skip
@@ -89,8 +57,8 @@ def test_a_hang_in_one_direction_is_no_go_naming_the_pair_and_its_class(matrix: 
 
 
 def test_a_missing_direction_is_incomplete_not_go_with_the_command_to_run_it(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.30.0", "0.29.0", "passed")
     code, out = _gate(matrix)
     assert code == 3, out
@@ -104,8 +72,8 @@ def test_a_missing_direction_is_incomplete_not_go_with_the_command_to_run_it(mat
 
 
 def test_a_healthy_but_wrong_pair_blocks_even_when_every_diagonal_cell_passes(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.29.0", "0.30.0", "passed")
     _pair(matrix, "0.30.0", "0.29.0", "failed", failure_kind="validation", message="failed checks: kv_transfer",
           checks=[{"name": "kv_transfer", "message": "decode recomputed the prompt: 0 KV blocks pulled"}])  # fmt: skip
@@ -122,8 +90,8 @@ def test_a_healthy_but_wrong_pair_blocks_even_when_every_diagonal_cell_passes(ma
 
 def test_an_error_answer_naming_no_incompatibility_blocks_too(matrix: Matrix) -> None:
     """A 500 whose logs name no incompatibility (vLLM's own handshake timeout reads so) is no honest refusal."""
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.29.0", "0.30.0", "passed")
     _pair(matrix, "0.30.0", "0.29.0", "failed", failure_kind="validation", message="failed checks: http_status",
           checks=[{"name": "http_status", "message": "HTTP status is 500; expected 200; body 'failed'"}])  # fmt: skip
@@ -137,8 +105,8 @@ def test_an_error_answer_naming_no_incompatibility_blocks_too(matrix: Matrix) ->
 
 
 def test_the_latest_attempt_of_a_pair_decides(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.29.0", "0.30.0", "passed")
     _pair(matrix, "0.30.0", "0.29.0", "failed", failure_kind="request", message="decode died (exit code 139)",
           exit_codes={"decode": 139})  # fmt: skip
@@ -148,21 +116,21 @@ def test_the_latest_attempt_of_a_pair_decides(matrix: Matrix) -> None:
 
 
 def test_true_judges_every_required_case_and_without_the_rule_skew_is_ignored(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     _pair(matrix, "0.30.0", "0.29.0", "passed")
     _pair(matrix, "0.29.0", "0.30.0", "passed")
     code, out = _gate(matrix, "upgrade_all")
     assert code == 3, out  # vllm_agg_check and vllm_long_prompt have no skew attempts
     assert "vllm_agg_check: prefill 0.30.0 / decode 0.29.0 not run" in out
-    sync(matrix, GATES.replace('skew_both_ways = "sidecar"', "skew_both_ways = false"))
+    sync(matrix, SKEW_GATES.replace('skew_both_ways = "sidecar"', "skew_both_ways = false"))
     code, out = _gate(matrix)
     assert code == 0 and "skew" not in out, out
 
 
 def test_a_bad_rule_value_is_one_clear_line_and_exit_2(matrix: Matrix) -> None:
-    sync(matrix, GATES)
-    _diagonal_passes(matrix)
+    sync(matrix, SKEW_GATES)
+    diagonal_passes(matrix)
     for policy, words in (("bad_expression", "marker expression"), ("bad_type", "true or false, got 3")):
         code, out = _gate(matrix, policy)
         assert code == 2, out
@@ -170,10 +138,10 @@ def test_a_bad_rule_value_is_one_clear_line_and_exit_2(matrix: Matrix) -> None:
 
 
 def test_the_first_release_has_no_previous_to_pair_with(matrix: Matrix) -> None:
-    sync(matrix, GATES)
+    sync(matrix, SKEW_GATES)
     with db(matrix) as s:
         camp = campaign(s)
-        for case in CASES:
+        for case in SKEW_CASES:
             attempt(s, camp, case, "vllm=0.28.0", "passed")
     result = matrix("gate", "vllm", "0.28.0", "--policy", "upgrade")
     assert "skew-no-previous" in result.output and "has no previous release to pair with" in result.output

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Matrix
-from tests.unit.test_report_gate import CASES, GATES
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.gates import CASES, GATES
+from tests.helpers.reports import attempt, campaign, db, sync
 
 INTERRUPTED = {"failure_kind": "infra", "message": "interrupted: stop requested (SIGTERM)"}
 
@@ -107,11 +107,10 @@ def test_a_gate_with_only_an_interrupted_attempt_is_incomplete(matrix: Matrix) -
 
 def test_an_interrupted_skew_attempt_does_not_replace_the_pair_that_worked(matrix: Matrix) -> None:
     from matrix.cells import roles_key
-    from tests.unit.test_gate_skew import GATES as SKEW_GATES
-    from tests.unit.test_gate_skew import _diagonal_passes
+    from tests.helpers.gates import SKEW_GATES, diagonal_passes
 
     sync(matrix, SKEW_GATES)
-    _diagonal_passes(matrix)
+    diagonal_passes(matrix)
     for prefill, decode in (("0.30.0", "0.29.0"), ("0.29.0", "0.30.0")):
         roles = {"prefill": prefill, "decode": decode}
         with db(matrix) as s:

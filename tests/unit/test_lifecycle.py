@@ -11,7 +11,7 @@ from matrix.check.lifecycle import Evidence, orphan_payload, parse_gauges, relea
 from matrix.check.specs import EngineGauges, RequestSpec
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
-from tests.unit.test_arms import _case, _ctx
+from tests.helpers.catalogs import arm_case, arm_ctx
 
 VLLM = EngineGauges("decode", "http://127.0.0.1:1/metrics")
 
@@ -66,8 +66,8 @@ def test_evidence_of_a_skipped_check_says_why_and_is_neither_pass_nor_fail(tmp_p
 
 
 def test_the_native_pair_watches_both_instances_and_sends_the_orphan_to_decode(tmp_path: Path) -> None:
-    case = _case("vllm_native", {"cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
-    ctx = _ctx(case, tmp_path)
+    case = arm_case("vllm_native", {"cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
+    ctx = arm_ctx(case, tmp_path)
     spec = get_arm("vllm_native").plan(ctx).lifecycle
     assert spec is not None and spec.stream
     assert [(e.role, e.url) for e in spec.engines] == [
@@ -78,16 +78,16 @@ def test_the_native_pair_watches_both_instances_and_sends_the_orphan_to_decode(t
 
 
 def test_the_sidecar_system_skips_the_orphan_check_saying_why(tmp_path: Path) -> None:
-    case = _case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
-    spec = get_arm("dynamo").plan(_ctx(case, tmp_path)).lifecycle
+    case = arm_case("dynamo", {"engine": "vllm", "cpu": True, "max_model_len": 512}, kv_bound=KvBound(bytes=268435456))
+    spec = get_arm("dynamo").plan(arm_ctx(case, tmp_path)).lifecycle
     assert spec is not None and [e.role for e in spec.engines] == ["prefill", "decode"]
     assert spec.orphan_url is None and "no public API" in str(spec.orphan_skip)
 
 
 def test_the_aggregated_vllm_twin_is_one_engine_without_a_connector_behind_one_agg_sidecar(tmp_path: Path) -> None:
     launch = {"engine": "vllm", "cpu": True, "max_model_len": 512, "aggregated": True}
-    case = _case("dynamo", launch, kv_bound=KvBound(bytes=268435456))
-    ctx = replace(_ctx(case, tmp_path), cpu_ids=(0, 1))
+    case = arm_case("dynamo", launch, kv_bound=KvBound(bytes=268435456))
+    ctx = replace(arm_ctx(case, tmp_path), cpu_ids=(0, 1))
     plan = get_arm("dynamo").plan(ctx)
     by_role = {p.role: p for p in plan.processes}
     assert set(by_role) == {"worker", "worker_sidecar", "frontend"}
@@ -101,8 +101,8 @@ def test_the_aggregated_vllm_twin_is_one_engine_without_a_connector_behind_one_a
 
 def test_the_aggregated_sglang_twin_is_one_plain_server_behind_one_agg_sidecar(tmp_path: Path) -> None:
     launch = {"engine": "sglang", "aggregated": True}
-    case = replace(_case("dynamo", launch, kv_bound=KvBound(tokens=2048)), backend="sglang")
-    plan = get_arm("dynamo").plan(_ctx(case, tmp_path, gpu_ids=("0",)))
+    case = replace(arm_case("dynamo", launch, kv_bound=KvBound(tokens=2048)), backend="sglang")
+    plan = get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("0",)))
     by_role = {p.role: p for p in plan.processes}
     assert set(by_role) == {"worker", "worker_sidecar", "frontend"}
     assert "--disaggregation-mode" not in by_role["worker"].argv and "--grpc-port" in by_role["worker"].argv

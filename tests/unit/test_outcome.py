@@ -173,3 +173,21 @@ def test_listeners_beyond_loopback_are_named_and_fail_only_under_loopback_only(a
     assert noted.status == "passed" and noted.message == f"listens beyond loopback: decode {shown}:5557/tcp"
     assert strict.status == "failed" and strict.failure_kind == "validation"
     assert [c.name for c in strict.checks] == ["loopback_only"] and "beyond loopback" in strict.message
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("2026-12-04T17:06:53Z prefill[7] RuntimeError: NIXL >= 1.5.0 is required, but nixl==1.4.1 is installed",
+     "RuntimeError: NIXL >= 1.5.0 is required, but nixl==1.4.1 is installed"),
+    ("ImportError: tokenizers>=0.21,<0.22 is required for a normal functioning of this module, but found "
+     "tokenizers==0.22.0.", "ImportError: tokenizers>=0.21,<0.22 is required for a normal functioning of this "
+     "module, but found tokenizers==0.22.0."),
+    ("ERROR: foo 1.0 requires bar>=2.0, but you have bar 1.5 which is incompatible.",
+     "foo 1.0 requires bar>=2.0, but you have bar 1.5 which is incompatible"),
+    ("ModuleNotFoundError: No module named 'nixl'", None),
+    ("error: engine core failed to start: simulated crash (fault crash-at-start)", None),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB; 1.5 GiB is required but only 0.5 GiB is free", None),
+])  # fmt: skip
+def test_unmet_requirement_names_the_engines_refusal_of_a_dependency(line: str, said: str | None) -> None:
+    from matrix.outcome import unmet_requirement
+
+    assert unmet_requirement(f"started\n{line}\nexiting") == said

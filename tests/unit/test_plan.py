@@ -9,7 +9,7 @@ import pytest
 from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo
 from matrix.markers import parse_marker_use
 from matrix.plan import Selection, make_plan
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _cells(m: Matrix, *args: str) -> dict[str, dict[str, object]]:
@@ -26,6 +26,9 @@ def test_since_v0_29_0_cells_and_missing_fix_annotation(seeded: Matrix) -> None:
         "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891",
         "vllm_disaggregated@vllm-0.30.0",
         "vllm_disaggregated@vllm-0.31.0",
+        "vllm_disaggregated@vllm-0.32.0",
+        "vllm_disaggregated@vllm-0.33.0",
+        "vllm_disaggregated@vllm-0.34.0",
     ]
     assert cells["vllm_disaggregated@vllm-0.29.0"]["missing_fixes"] == ["vllm#54814"]
     assert "lacks vllm#54814" in str(cells["vllm_disaggregated@vllm-0.29.0"]["note"])
@@ -64,8 +67,8 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
         "sglang_disaggregated", "sglang_native_disaggregated", "sglang_native_transfer_control",
         "sglang_aggregated"}  # fmt: skip
     assert set(_cells(seeded, "-m", "sglang and post_merge")) == {
-        "sglang_native_transfer_control@sglang-0.5.21",
-        *(f"sglang_aggregated@sglang-{v}" for v in ("0.5.18", "0.5.19", "0.5.21")),
+        *(f"sglang_native_transfer_control@sglang-{v}" for v in ("0.5.21", "0.5.22", "0.5.23")),
+        *(f"sglang_aggregated@sglang-{v}" for v in ("0.5.18", "0.5.19", "0.5.21", "0.5.22", "0.5.23")),
     }
     assert _cells(seeded, "-m", "pre_merge and not profiled_vram_gib and gpu_0 and not sidecar").keys() == {
         "reference_disaggregated@reference-0.1.0"
@@ -92,18 +95,14 @@ def test_explain_lists_every_exclusion_with_its_reason(seeded: Matrix) -> None:
 
 def test_scoped_since_applies_to_one_backend(seeded: Matrix) -> None:
     cells = _cells(seeded, "--since", "vllm=0.30.0", "-m", "sidecar", "--backend", "vllm", "--backend", "sglang")
+    vllm = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+    sglang = ("0.5.18", "0.5.19", "0.5.21", "0.5.22", "0.5.23")
     assert set(cells) == {
-        "vllm_disaggregated@vllm-0.30.0",
-        "vllm_disaggregated@vllm-0.31.0",
-        "sglang_disaggregated@sglang-0.5.18",
-        "sglang_disaggregated@sglang-0.5.19",
-        "sglang_disaggregated@sglang-0.5.21",
+        *(f"vllm_disaggregated@vllm-{v}" for v in vllm),
+        *(f"sglang_disaggregated@sglang-{v}" for v in sglang),
         # The aggregated twins are sidecar cases too.
-        "vllm_aggregated@vllm-0.30.0",
-        "vllm_aggregated@vllm-0.31.0",
-        "sglang_aggregated@sglang-0.5.18",
-        "sglang_aggregated@sglang-0.5.19",
-        "sglang_aggregated@sglang-0.5.21",
+        *(f"vllm_aggregated@vllm-{v}" for v in vllm),
+        *(f"sglang_aggregated@sglang-{v}" for v in sglang),
     }
     cells = _cells(seeded, "--until", "v0.29.1rc1", "--case", "vllm_disaggregated")
     assert "vllm_disaggregated@vllm-0.29.1rc1.dev347+gdee37d891" in cells  # dev build sorts before its rc

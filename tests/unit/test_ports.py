@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import random
 import socket
 import time
 from pathlib import Path
@@ -13,36 +11,7 @@ import pytest
 
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest, port_is_free
-
-# Holds `count` ports from `low` on for a parent test: prints them, then waits for stdin to close.
-HOLDER = """
-import sys
-from pathlib import Path
-from matrix.hardware.ports import PortAllocator, PortRequest
-allocator = PortAllocator(Path(sys.argv[1]), min_port=int(sys.argv[2]))
-count, max_port = int(sys.argv[3]), int(sys.argv[4])
-ports = allocator.allocate("holder", [PortRequest(f"p{i}", max_port) for i in range(count)])
-print(" ".join(map(str, ports.values())), flush=True)
-sys.stdin.read()
-"""
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Path:
-    return tmp_path / "ports.json"
-
-
-def free_block(size: int) -> int:
-    """First port of `size` consecutive free ports below the usual ephemeral range.
-
-    The search starts at a random place so that test sessions running side by side rarely pick the same
-    block.
-    """
-    start = random.randrange(24000, 32000)
-    for low in itertools.chain(range(start, 32000, size), range(24000, start, size)):
-        if all(port_is_free(port) for port in range(low, low + size)):
-            return low
-    raise RuntimeError("no free block of ports for the test")
+from tests.helpers.ports import free_block
 
 
 def test_ports_in_one_allocation_are_distinct_and_bindable(registry: Path) -> None:

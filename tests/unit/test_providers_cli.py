@@ -10,7 +10,7 @@ from matrix.cells import RuntimeInfo
 from matrix.cli import cli
 from matrix.cli.runtime import select_runtimes
 from matrix.errors import ConfigError
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def _venv(backend: str, version: str, enabled: bool = True) -> RuntimeInfo:

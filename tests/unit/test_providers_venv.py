@@ -29,7 +29,7 @@ from matrix.launch.providers import (
 from matrix.launch.providers.store import list_envs, prune, referenced_names
 from matrix.launch.providers.venv import ProvisionError, Target, envs_dir, provision_target, resolve_target, targets_of
 from matrix.launch.providers.venv import provisioning as venv_module
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 STEPS: list[Any] = [
     {"requirements_of": "ai-dynamo==1.6.1", "exclude": ["aisimulate"]},

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from matrix.report.compare import verdict
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 
 @pytest.mark.parametrize(
@@ -22,12 +22,17 @@ from tests.unit.test_report_support import attempt, campaign, db, sync
         ("skipped", "failed", "new"),
         ("passed", None, "missing"),
         ("passed", "not-run", "missing"),
+        # The engine refused a dependency of matrix's recipe: the recipe's fault, never a regression.
+        ("passed", "failed/recipe", "recipe fault"),
+        ("failed", "failed/recipe", "recipe fault"),
+        ("passed", "failed/startup", "regressed"),
     ],
 )
 def test_verdicts(a: str | None, b: str | None, expected: str) -> None:
     class _Outcome:
         def __init__(self, status: str) -> None:
-            self.status = status
+            self.status, _, kind = status.partition("/")
+            self.failure_kind = kind or None
 
     oa = _Outcome(a) if a else None
     ob = _Outcome(b) if b else None

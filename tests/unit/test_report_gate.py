@@ -1,6 +1,6 @@
 """`matrix gate`: GO/NO-GO with every reason; waivers, regressions, not-run and flaky passes.
 
-Outcomes are written straight into the database (see test_report_support); the seed-catalog test
+Outcomes are written straight into the database (see tests/helpers/reports.py); the seed-catalog test
 needs no run at all.
 """
 
@@ -10,40 +10,9 @@ import datetime as dt
 import json
 
 from matrix.report.gate import evaluate_gate
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, runtime, sync
-
-CASES = ("vllm_agg_check", "vllm_long_prompt", "vllm_disaggregated")
-
-GATES = """
-[[gate]]
-name = "release"
-expression = "(pre_merge or post_merge or release) and e2e"
-rules = { flaky_blocks = false, regressions_block = true }
-
-[[gate]]
-name = "strict"
-expression = "(pre_merge or post_merge) and e2e"
-rules = { flaky_blocks = true, regressions_block = true }
-
-[[gate]]
-name = "lenient"
-expression = "(pre_merge or post_merge) and e2e"
-rules = { regressions_block = false }
-
-[[gate]]
-name = "typo"
-expression = "e2e"
-rules = { flaky_block = true }
-"""
-
-
-def waivers(*entries: tuple[str, str, str]) -> str:
-    return "".join(
-        f'[[waiver]]\ncase = "{case}"\nruntime_spec = "{spec}"\nreason = "known bug <b>x</b>"\n'
-        f'link = "https://example.org/issue/1"\nexpires = {expires}\n\n'
-        for case, spec, expires in entries
-    )
+from tests.helpers.cli import Matrix
+from tests.helpers.gates import CASES, GATES, waivers
+from tests.helpers.reports import attempt, campaign, db, runtime, sync
 
 
 def all_pass(m: Matrix, spec: str, **overrides: str) -> None:

@@ -17,8 +17,8 @@ from matrix.plan import Selection
 from matrix.report import write_report
 from matrix.report.render import environment
 from matrix.resources import resource_dir
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, sync
 
 HOSTILE = "<script>alert('x')</script> \"quoted\" 'single' <img src=x onerror=alert(1)> \x1b[31mred\x1b[0m & done"
 BIG_ID = "15783270017955876104"

@@ -20,7 +20,7 @@ from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.options import check_case_options
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 
 def _plan(launch: dict[str, object], tmp_path: Path, aggregated: bool = False) -> LaunchPlan:

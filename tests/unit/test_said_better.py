@@ -9,7 +9,7 @@ import pytest
 from matrix.errors import ConfigError
 from matrix.fanout.shard_results import parse_results
 from matrix.report.data import AttemptRow
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def test_an_empty_catalog_file_gets_a_warning(matrix: Matrix, tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from matrix.db.engine import create_db_engine, resolve_url, session_factory
 from matrix.fanout.shard_results import read_results, write_results
-from tests.conftest import Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import Matrix
 
 
 @pytest.mark.all_databases

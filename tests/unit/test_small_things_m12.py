@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from matrix.output import print_table
-from tests.conftest import DATA, Matrix
-from tests.unit.campaign_rows import add_campaign
+from tests.helpers.campaigns import add_campaign
+from tests.helpers.cli import DATA, Matrix
 
 
 def test_runtime_add_makes_a_venv_runtime_that_provisioning_knows(seeded: Matrix) -> None:

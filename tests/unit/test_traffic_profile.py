@@ -19,7 +19,7 @@ from matrix.check.traffic import (
     traffic_prompts,
 )
 from matrix.traffic_profile import TrafficProfile, TrafficProfileError, parse_traffic
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 
 def test_the_seed_traffic_case_survives_sync_typed(seeded: Matrix) -> None:

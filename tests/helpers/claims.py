@@ -14,12 +14,12 @@ from matrix.plan import Selection
 REFERENCE = Selection(backends=("reference",))
 
 
-def _cells(factory) -> list[Cell]:  # type: ignore[no-untyped-def]
+def reference_cells(factory) -> list[Cell]:  # type: ignore[no-untyped-def]
     with factory() as session:
         return list(plan_from_db(session, REFERENCE).cells)
 
 
-def _new_campaign(factory) -> int:  # type: ignore[no-untyped-def]
+def new_campaign(factory) -> int:  # type: ignore[no-untyped-def]
     with transaction(factory) as session:
         campaign_id, _ = _selected_cells(session, RunOptions(selection=REFERENCE), lambda _: None)
         return campaign_id

@@ -6,7 +6,7 @@ from sqlalchemy import select
 
 from matrix.db.engine import create_db_engine, resolve_url, session_factory, transaction
 from matrix.db.models import Campaign, Case, CellRun, Runtime, utcnow
-from tests.conftest import Matrix
+from tests.helpers.cli import Matrix
 
 
 def add_campaign(m: Matrix, statuses: list[tuple[str, int, str]], key: str = "", **fields: object) -> int:

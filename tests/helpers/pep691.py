@@ -2,6 +2,7 @@
 
 Any path that is not a project page of the directory answers 404, `/html/...` answers HTML only (an
 index that does not speak the JSON API), so `matrix discover` is tested against real HTTP end to end.
+`/files/NAME` serves `<root>/files/NAME` where it exists (real wheels a resolver downloads: `built_wheel`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,30 @@ def wheel(
     return entry
 
 
+def built_wheel(root: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A real, tiny py3-none-any wheel of `name` `version` with these Requires-Dist under `<root>/files`, and
+    its index entry (sha256 of the file): what uv downloads and reads when it resolves against the index."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)  # fmt: skip
+    wheel_file = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files = {f"{dist}.dist-info/METADATA": metadata, f"{dist}.dist-info/WHEEL": wheel_file}
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(body.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(body.encode())}\n" for path, body in files.items()) + f"{dist}.dist-info/RECORD,,\n"  # fmt: skip
+    path = root / "files" / f"{dist}-py3-none-any.whl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, body in {**files, f"{dist}.dist-info/RECORD": record}.items():
+            archive.writestr(member, body)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"filename": path.name, "url": f"../../files/{path.name}", "hashes": {"sha256": digest}, "yanked": False}
+
+
 def sdist(name: str, version: str, yanked: bool | str = False) -> dict[str, Any]:
     filename = f"{name.replace('-', '_')}-{version}.tar.gz"
     return {"filename": filename, "url": f"../../files/{filename}", "hashes": {"sha256": "0" * 64}, "yanked": yanked}
@@ -52,6 +77,9 @@ def serve_index(root: Path) -> Iterator[str]:
         def do_GET(self) -> None:
             requests.append({"path": self.path, "accept": self.headers.get("Accept", "")})
             parts = [p for p in self.path.split("/") if p]
+            if len(parts) == 2 and parts[0] == "files" and (root / "files" / parts[1]).is_file():
+                self._answer(200, "application/octet-stream", (root / "files" / parts[1]).read_bytes())
+                return
             if len(parts) == 2 and parts[0] in ("simple", "html") and (root / f"{parts[1]}.json").is_file():
                 if parts[0] == "html":
                     self._answer(200, "text/html", b"<html><body><a href='x.whl'>x.whl</a></body></html>")
@@ -60,12 +88,17 @@ def serve_index(root: Path) -> Iterator[str]:
                 return
             self._answer(404, "text/plain", b"not found")
 
+        def do_HEAD(self) -> None:  # a resolver asks a wheel's size before it reads its metadata
+            self.head_only = True
+            self.do_GET()
+
         def _answer(self, status: int, kind: str, body: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not getattr(self, "head_only", False):
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -1,0 +1,41 @@
+"""Ports for tests: a free loopback port, a free block, and a process that holds ports."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import socket
+
+from matrix.hardware.ports import port_is_free
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_block(size: int) -> int:
+    """First port of `size` consecutive free ports below the usual ephemeral range.
+
+    The search starts at a random place so that test sessions running side by side rarely pick the same
+    block.
+    """
+    start = random.randrange(24000, 32000)
+    for low in itertools.chain(range(start, 32000, size), range(24000, start, size)):
+        if all(port_is_free(port) for port in range(low, low + size)):
+            return low
+    raise RuntimeError("no free block of ports for the test")
+
+
+# Holds `count` ports from `low` on for a parent test: prints them, then waits for stdin to close.
+HOLDER = """
+import sys
+from pathlib import Path
+from matrix.hardware.ports import PortAllocator, PortRequest
+allocator = PortAllocator(Path(sys.argv[1]), min_port=int(sys.argv[2]))
+count, max_port = int(sys.argv[3]), int(sys.argv[4])
+ports = allocator.allocate("holder", [PortRequest(f"p{i}", max_port) for i in range(count)])
+print(" ".join(map(str, ports.values())), flush=True)
+sys.stdin.read()
+"""

@@ -1,0 +1,59 @@
+"""Process assertions: a cell's processes found by its uid, nothing left behind, a graceful stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from matrix.hardware.ports import port_is_free
+
+if TYPE_CHECKING:  # the CLI helper imports this module
+    from tests.helpers.cli import Matrix
+
+
+def stop_gracefully(proc: subprocess.Popen[str], grace: float = 60) -> None:
+    """SIGTERM, time to tear down, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def assert_nothing_left(m: Matrix, uid: str) -> None:
+    assert cell_processes(uid) == [], f"processes of {uid} survived"
+    (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
+    ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
+    for port in ports.values():
+        assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
+
+
+def cell_processes(uid: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["environ"]):
+        try:
+            if (proc.info.get("environ") or {}).get("MATRIX_CELL_ID") == uid:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def home_cell_processes(home: Path) -> list[psutil.Process]:
+    """Processes of the cells of one data directory: they carry a MATRIX_CELL_ID and that MATRIX_HOME (so a
+    test never counts another test's, or another worker's, cells)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,94 @@
+"""The KV fault injector's matrix side ([M28]): which role gets the plugin, that a fresh interpreter finds its
+entry point with nothing installed, that the plugin says so loudly when it cannot arm (here: no vLLM at
+all), and how a cell is judged from the events. The injections themselves run in a real vLLM engine
+(tests/e2e/test_kv_faults_vllm_cpu.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from matrix.check.faults import events_path, evidence, parse, read_events
+from matrix.check.specs import CheckFailure
+from matrix.errors import ConfigError
+from matrix.launch.faults import role_env
+from matrix.outcome import FAILED, PASSED, SKIPPED, CellOutcome, checked, failure, judge_fault, passed
+
+
+def judge(outcome: CellOutcome, spec: str, work_dir: Path) -> CellOutcome:
+    """What the runner does after a cell (matrix/runner/attempt.py)."""
+    fault = evidence(spec, work_dir)
+    return outcome if fault is None else judge_fault(outcome, *fault)
+
+
+def test_a_class_acts_on_its_side_unless_the_case_names_a_role() -> None:
+    assert (parse("bit_flip").fault, parse("bit_flip").role) == ("bit_flip", "decode")
+    assert parse("lost_notification").role == "prefill"
+    assert parse("stale:prefill").role == "prefill"
+    with pytest.raises(ConfigError, match="unknown fault class 'bitflip'; known: bit_flip, stale"):
+        parse("bitflip")
+    with pytest.raises(ConfigError, match="unknown role 'proxy'"):
+        parse("stale:proxy")
+
+
+def test_only_the_faulted_role_gets_the_plugin_and_a_fresh_interpreter_finds_its_entry_point(tmp_path: Path) -> None:
+    assert role_env(None, "decode", tmp_path, {}) == {}
+    assert role_env("bit_flip", "prefill", tmp_path, {}) == {}  # decode's fault: prefill runs untouched
+    env = role_env("bit_flip", "decode", tmp_path, {"PYTHONPATH": "/elsewhere"})
+    site, inherited = env["PYTHONPATH"].split(":")
+    assert inherited == "/elsewhere" and env["MATRIX_KV_FAULT"] == "bit_flip"
+    assert env["MATRIX_KV_FAULT_EVENTS"] == str(events_path(tmp_path))
+    # What vLLM's plugin loader does: entry points of group vllm.general_plugins, then load() and call. This
+    # interpreter has no vLLM, so the plugin cannot arm and must say so in the events file.
+    probe = (
+        "import importlib.metadata as m\n"
+        "(ep,) = [e for e in m.entry_points(group='vllm.general_plugins') if e.name == 'matrix_kv_faults']\n"
+        "ep.load()()\n"
+    )
+    run_env = {
+        "PYTHONPATH": site,
+        "MATRIX_KV_FAULT": "bit_flip",
+        "MATRIX_KV_FAULT_EVENTS": env["MATRIX_KV_FAULT_EVENTS"],
+    }
+    result = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (event,) = [json.loads(line) for line in events_path(tmp_path).read_text().splitlines()]
+    assert event["event"] == "not_armed" and "no NixlConnector worker class found" in event["why"]
+    events = read_events(events_path(tmp_path), "bit_flip")
+    assert events.fired == 0 and events.not_armed == (event["why"],)
+    # A cell whose fault never fired is neither a pass nor a fail, whatever its checks said.
+    for outcome in (passed(), checked([CheckFailure("content_nonblank", "blank")])):
+        judged = judge(outcome, "bit_flip", tmp_path)
+        assert judged.status == SKIPPED and judged.message.startswith("not exercised: kv fault bit_flip on decode")
+        assert "not armed: no NixlConnector worker class found" in judged.message
+
+
+def _write_events(work_dir: Path, *events: dict[str, object]) -> None:
+    events_path(work_dir).write_text("".join(json.dumps(e) + "\n" for e in events) + '{"torn')
+
+
+def test_a_fired_fault_passes_the_cell_when_caught_and_fails_it_when_every_check_passed(tmp_path: Path) -> None:
+    _write_events(
+        tmp_path,
+        {"event": "injected", "class": "stale", "request_id": "a", "blocks": [1], "effective": True},
+        {"event": "injected", "class": "stale", "request_id": "b", "blocks": [2], "effective": False},
+        {"event": "injected", "class": "bit_flip", "request_id": "c", "blocks": [3], "effective": True},
+    )
+    events = read_events(events_path(tmp_path), "stale")
+    assert (events.fired, events.ineffective, events.requests) == (1, 1, ("a",))
+    missed = judge(passed(), "stale", tmp_path)
+    assert missed.status == FAILED and [c.name for c in missed.checks] == ["fault_undetected"]
+    assert "fired 1 times" in missed.message and "1 changed nothing" in missed.message
+    caught = judge(checked([CheckFailure("equivalent_to_aggregated", "diverged")]), "stale", tmp_path)
+    assert caught.status == PASSED and "caught by: equivalent_to_aggregated" in caught.message
+    assert [c.name for c in caught.checks] == ["equivalent_to_aggregated"]  # the evidence stays recorded
+    assert evidence(None, tmp_path) is None and evidence("bitflip", tmp_path) is None  # the arm refused that one
+    # No evidence about the engines (the runtime did not build): left alone.
+    assert judge(failure("provision", "no wheel"), "stale", tmp_path).status == FAILED
+    # Only effective injections count: a fault whose injections all changed nothing is not exercised.
+    _write_events(tmp_path, {"event": "injected", "class": "drop_last", "request_id": "a", "effective": False})
+    assert judge(passed(), "drop_last", tmp_path).status == SKIPPED
