@@ -17,7 +17,7 @@ import pytest
 from matrix.case_launch import ReferenceLaunch, parse_typed
 from matrix.errors import ConfigError
 from matrix.hardware.ports import port_is_free
-from tests.e2e.test_run_reference import cell_processes
+from tests.helpers.processes import cell_processes
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = (
