@@ -12,6 +12,7 @@ data: this module imports nothing of the launch machinery, so the catalog may im
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
@@ -92,6 +93,29 @@ class ReferenceLaunch(CommonLaunch):
     slow_start_s: float | None = _key("number")
     teardown_grace_s: float | None = _key("number")
     token_delay_ms: float | None = _key("number")
+    # xPyD ([M27]): "1p2d" starts one prefill and two decode workers behind the one frontend, which routes
+    # round robin across them; None is one of each (`topology_counts`).
+    topology: str | None = _key("str")
+
+
+# The most workers of one role a topology may ask for (each is a process of its own on the host).
+MAX_TOPOLOGY_WORKERS = 4
+_TOPOLOGY = re.compile(r"(\d+)p(\d+)d")
+
+
+def topology_counts(topology: str | None) -> tuple[int, int]:
+    """(prefill workers, decode workers) of a `launch.topology` such as "2p1d"; (1, 1) for None. ConfigError
+    for anything else, so a typo is refused at `matrix catalog sync` instead of starting the wrong pair."""
+    if topology is None:
+        return 1, 1
+    match = _TOPOLOGY.fullmatch(topology)
+    counts = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    if not all(1 <= n <= MAX_TOPOLOGY_WORKERS for n in counts):
+        raise ConfigError(
+            f'launch.topology = {topology!r} is not an xPyD topology: write e.g. topology = "1p2d" '
+            f"(1 to {MAX_TOPOLOGY_WORKERS} workers per role)"
+        )
+    return counts
 
 
 @dataclass(frozen=True)
@@ -232,6 +256,8 @@ def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, 
     parsed = launch_type(**values)
     if isinstance(parsed, VllmNativeLaunch):
         _check_block_sizes(parsed)
+    if isinstance(parsed, ReferenceLaunch):
+        topology_counts(parsed.topology)
     return parsed
 
 

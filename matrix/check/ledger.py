@@ -77,9 +77,21 @@ def _has_series(text: str, name: str) -> bool:
     return any(line.startswith((name + " ", name + "{")) for line in text.splitlines())
 
 
-def ledger(urls: Sequence[str], before: Mapping[int, str], after: Mapping[int, str]) -> dict[str, Any]:
+def ledger(
+    urls: Sequence[str], before: Mapping[int, str], after: Mapping[int, str], *, disjoint: bool = False
+) -> dict[str, Any]:
     """The attempt's ledger from every scraped endpoint: the one that saw the most bytes (prefill and
-    decode may both count the same transfer; adding them would count it twice)."""
+    decode may both count the same transfer; adding them would count it twice). `disjoint`: each endpoint
+    counts only its own transfers (the decodes of an xPyD topology), so their ledgers add up."""
     found = [measure(before[n], after[n], url) for n, url in enumerate(urls) if n in before and n in after]
     found = [entry for entry in found if entry]
+    if disjoint and len(found) > 1:
+        size, seconds = sum(e["bytes"] for e in found), sum(e["seconds"] for e in found)
+        return {
+            "transfers": sum(e["transfers"] for e in found),
+            "bytes": size,
+            "seconds": seconds,
+            "gb_per_s": size / seconds / 1e9 if seconds > 0 else None,
+            "source": f"{found[0]['source'].split(' at ')[0]} at {len(found)} endpoints",
+        }
     return max(found, key=lambda entry: (entry["bytes"], entry["transfers"]), default={})

@@ -105,3 +105,24 @@ class LifecycleSpec:
     # The dropped stream: read this many chunks, asking for this many tokens (bounded by max_model_len).
     cancel_chunks: int = 3
     cancel_max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class TopologyWorker:
+    """One worker of an xPyD topology: its process name, its role, and where it says who it is and what it
+    moved (its `/health` names its instance id, its `/metrics` its KV transfers per prefill peer)."""
+
+    name: str
+    role: str
+    health_url: str
+    metrics_url: str
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """A case's xPyD topology ([M27]): every worker must serve under the traffic load and KV must move on
+    every (prefill, decode) pair used (`matrix.check.topology`); its record goes to `record_dir`."""
+
+    topology: str
+    workers: tuple[TopologyWorker, ...]
+    record_dir: str

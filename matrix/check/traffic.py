@@ -100,6 +100,8 @@ class Answered:
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     total_s: float = 0.0
+    # Which workers served each choice, where the frontend says (`nvext.worker_ids`; `matrix.check.topology`).
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _body(spec: OracleSpec, profile: TrafficProfile, planned: Planned, prompt: str) -> dict[str, Any]:
@@ -130,6 +132,7 @@ def _send(http: httpx.Client, spec: OracleSpec, body: dict[str, Any], answered: 
                 if response.status_code == 200:
                     document = json.loads(raw)
                     answered.choices = [_choice(c) for c in sorted(document["choices"], key=lambda c: c["index"])]
+                    answered.workers = _worker_ids(document)
             if response.status_code != 200:
                 answered.error = f"HTTP {response.status_code}: {response.read()[:300]!r}"
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -151,6 +154,7 @@ def _read_stream(response: httpx.Response, answered: Answered, began: float) -> 
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line[len("data: ") :])
+        answered.workers += _worker_ids(chunk)
         for c in chunk.get("choices") or []:
             logprobs = c.get("logprobs") or {}
             got = parts.setdefault(int(c["index"]), {"tokens": [], "top_logprobs": [], "text": []})
@@ -169,6 +173,12 @@ def _read_stream(response: httpx.Response, answered: Answered, began: float) -> 
                  "logprobs": {"tokens": p["tokens"], "top_logprobs": p["top_logprobs"]}})
         for i, p in sorted(parts.items())
     ]  # fmt: skip
+
+
+def _worker_ids(document: Any) -> list[dict[str, Any]]:
+    nvext = document.get("nvext") if isinstance(document, dict) else None
+    found = nvext.get("worker_ids") if isinstance(nvext, dict) else None
+    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
 
 
 @dataclass
@@ -337,11 +347,16 @@ class TrafficSession:
         return None if spec is None else replace(spec, extra_prompts=(*spec.extra_prompts, *self.prompts))
 
     def run(
-        self, spec: OracleSpec | None, evidence: Callable[[RequestSpec, float], str], metrics_urls: tuple[str, ...] = ()
+        self,
+        spec: OracleSpec | None,
+        evidence: Callable[[RequestSpec, float], str],
+        metrics_urls: tuple[str, ...] = (),
+        disjoint: bool = False,
     ) -> list[CheckFailure]:
         """Put the load on the pair; a hang fails at once, with `evidence(asked, waited_s)` (who waited on
         what) read while the pair is still up. `metrics_urls`: the engines' Prometheus endpoints, scraped
-        before and after the load for its KV ledger (`matrix.check.ledger`)."""
+        before and after the load for its KV ledger (`matrix.check.ledger`; `disjoint`: each endpoint counts
+        only its own transfers, as the decodes of an xPyD topology)."""
         if spec is None:
             return [CheckFailure(REQUEST, "the arm's plan has no completions endpoint for the traffic check")]
         before = _scrape(metrics_urls)
@@ -349,7 +364,8 @@ class TrafficSession:
         self.metrics = load_metrics(self.run_result, self.profile)
         hung = self.run_result.hung
         if not hung:
-            self.metrics["kv_ledger"] = ledger.ledger(metrics_urls, before, _scrape(metrics_urls))
+            after = _scrape(metrics_urls)
+            self.metrics["kv_ledger"] = ledger.ledger(metrics_urls, before, after, disjoint=disjoint)
             self._record([])
             return []  # wrong answers (and handoffs) are judged once the twin answered (`judge`)
         self._record([])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 # The request and the metrics checks are the check stage's own input; a plan carries them (re-exported here
 # for the arms that build plans).
-from matrix.check.specs import EngineGauges, LifecycleSpec, MetricsCheck, OracleSpec, RequestSpec
+from matrix.check.specs import EngineGauges, LifecycleSpec, MetricsCheck, OracleSpec, RequestSpec, TopologySpec
 
 __all__ = [
     "EngineGauges",
@@ -22,6 +22,7 @@ __all__ = [
     "OracleSpec",
     "ProcessSpec",
     "RequestSpec",
+    "TopologySpec",
 ]
 
 
@@ -73,3 +74,5 @@ class LaunchPlan:
     container_engine: str = ""
     # Streaming, cancellation and orphaned-decode checks after the primary request (`matrix.check.lifecycle`).
     lifecycle: LifecycleSpec | None = None
+    # Several workers per role behind one frontend ([M27] xPyD): each must serve, KV must move on each pair used.
+    topology: TopologySpec | None = None

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     epilog = f"faults (also from ${FAULTS_ENV}, comma-separated):\n{known_faults_text()}"
     parser = argparse.ArgumentParser(
         prog="python -m matrix.reference",
-        description="Reference disaggregated server: one frontend, one prefill and one decode process.",
+        description="Reference disaggregated server: one frontend in front of prefill and decode worker processes.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -71,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     front = sub.add_parser("frontend", help="the OpenAI-style frontend", epilog=epilog, formatter_class=raw)
     front.add_argument("--port", required=True, type=_port, help="HTTP port")
-    front.add_argument("--prefill-url", help="http://127.0.0.1:PORT of the prefill worker")
-    front.add_argument("--decode-url", help="http://127.0.0.1:PORT of the decode worker")
+    front.add_argument(
+        "--prefill-url", action="append", help="http://127.0.0.1:PORT of a prefill worker (repeat for several)"
+    )
+    front.add_argument(
+        "--decode-url", action="append", help="http://127.0.0.1:PORT of a decode worker (repeat for several)"
+    )
     front.add_argument(
         "--aggregated-url", help="instead of the two: http://127.0.0.1:PORT of one worker with --role aggregated"
     )
@@ -121,17 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give --prefill-url and --decode-url, or --aggregated-url alone")
     try:
         if pair:
-            prefill = parse_upstream("prefill", args.prefill_url)
-            decode = parse_upstream("decode", args.decode_url)
+            prefills = tuple(parse_upstream("prefill", url) for url in args.prefill_url)
+            decodes = tuple(parse_upstream("decode", url) for url in args.decode_url)
         else:
-            prefill = decode = parse_upstream("aggregated", args.aggregated_url)
+            prefills = decodes = (parse_upstream("aggregated", args.aggregated_url),)
     except ValueError as exc:
         parser.error(str(exc))
     return run_frontend(
         FrontendConfig(
             port=args.port,
-            prefill=prefill,
-            decode=decode,
+            prefills=prefills,
+            decodes=decodes,
             model=args.model,
             faults=faults,
             max_body_bytes=args.max_body_bytes,

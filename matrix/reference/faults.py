@@ -61,6 +61,8 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "peer-loss-hang": "while another decode is in flight, the decode worker loses its prefill peer and waits for "
     "the KV forever, and the frontend waits on decode without a timeout (sgl-project/sglang #29482): a hang "
     "only concurrent traffic shows",
+    "topology-decode-unused": "the frontend never routes to its last decode worker when it has several (an "
+    "xPyD topology with a worker that never serves): topology_worker_unused fails",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
     "frontend answers with them (matrix.reference.hostile): nothing of it may leave matrix raw",
 }
@@ -110,6 +112,7 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "kv-transfer-stall",
         "n-child-handoff-lost",
         "peer-loss-hang",
+        "topology-decode-unused",
     }
 )
 # Faults under which the frontend waits on decode without a timeout, as a gateway without one of its own.

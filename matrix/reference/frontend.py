@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,9 +50,11 @@ def parse_upstream(role: str, url: str) -> Upstream:
 
 @dataclass(frozen=True)
 class FrontendConfig:
+    """`prefills` and `decodes`: one worker each for a 1P1D pair, several for an xPyD topology ([M27])."""
+
     port: int
-    prefill: Upstream
-    decode: Upstream
+    prefills: tuple[Upstream, ...]
+    decodes: tuple[Upstream, ...]
     model: str
     faults: frozenset[str]
     max_body_bytes: int
@@ -121,11 +124,24 @@ def _max_tokens(body: dict[str, Any]) -> int:
 
 
 class FrontendApp:
-    """Routes of the frontend; stateless apart from its configuration."""
+    """Routes of the frontend; stateless apart from its configuration and the round robin's position."""
 
     def __init__(self, cfg: FrontendConfig, log: EventLog) -> None:
         self.cfg = cfg
         self.log = log
+        self._turn = 0
+        self._turn_lock = threading.Lock()
+
+    def route(self) -> tuple[Upstream, Upstream]:
+        """The (prefill, decode) workers of the next request (each child of an `n > 1` request is one):
+        round robin over the prefills, and over the decodes once per full turn of the prefills, so a 2p2d
+        topology uses every pair in four requests. Fault topology-decode-unused leaves the last decode out."""
+        with self._turn_lock:
+            turn, self._turn = self._turn, self._turn + 1
+        prefills, decodes = self.cfg.prefills, self.cfg.decodes
+        if "topology-decode-unused" in self.cfg.faults and len(decodes) > 1:
+            decodes = decodes[:-1]
+        return prefills[turn % len(prefills)], decodes[(turn // len(prefills)) % len(decodes)]
 
     def routes(self) -> dict[tuple[str, str], Route]:
         return {
@@ -152,7 +168,7 @@ class FrontendApp:
         """Healthy only when both workers answer their own /health as the role they were given."""
         instances: list[dict[str, Any]] = []
         errors: list[str] = []
-        for up in (self.cfg.prefill, self.cfg.decode):
+        for up in dict.fromkeys((*self.cfg.prefills, *self.cfg.decodes)):  # aggregated: one worker, both roles
             try:
                 status, obj = call_worker(up, "GET", "/health", None, 2.0)
             except HTTPError as exc:
@@ -244,7 +260,7 @@ class FrontendApp:
         """A stream relayed token by token from decode's own stream, so a client that drops it reaches
         decode: the frontend closes decode's connection at once, as an engine's frontend aborts the request."""
         timeout = self.cfg.worker_timeout_s
-        pre, dec = self.cfg.prefill, self.cfg.decode
+        pre, dec = self.route()
         prefill = _checked(
             pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
         )
@@ -315,11 +331,10 @@ class FrontendApp:
         """vLLM's toy-proxy flow: prefill builds the KV cache, decode pulls it and generates (`kv`: the
         handle decode is given instead of a prefill of its own, fault n-child-handoff-lost)."""
         timeout = self.cfg.worker_timeout_s
-        pre = self.cfg.prefill
+        pre, dec = self.route()
         prefill = {"kv": kv} if kv is not None else _checked(
             pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
         )
-        dec = self.cfg.decode
         decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
         # kv-transfer-stall: a gateway without a timeout of its own waits for decode as long as decode waits.
         wait = None if self.cfg.faults & UNBOUNDED_WAIT_FAULTS else timeout
@@ -351,6 +366,7 @@ class FrontendApp:
             self._stream_completion(req, request_id, prompt, max_tokens, n, logprobs, as_ids)
             return
         choices: list[dict[str, Any]] = []
+        workers: list[dict[str, Any]] = []  # each choice's (prefill, decode) worker ids, as chat's nvext
         prompt_tokens = completion_tokens = 0
         first_kv: Any = None
         for k in range(n):
@@ -364,6 +380,7 @@ class FrontendApp:
                 choices.append({"index": k, "text": "", "logprobs": None, "finish_reason": "abort"})
                 continue
             first_kv = first_kv or prefill.get("kv")
+            workers.append(_worker_ids(k, prefill.get("kv"), decode.get("decode_worker_id")))
             ids = [int(t) for t in decode.get("token_ids", [])]
             choices.append(_completion_choice(k, ids, decode.get("top_logprobs", []), logprobs, as_ids))
             prompt_tokens = int(prefill.get("prompt_tokens", 0))
@@ -383,6 +400,7 @@ class FrontendApp:
                     "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens,
                 },
+                "nvext": {"worker_ids": workers},
             },
         )
 
@@ -390,7 +408,7 @@ class FrontendApp:
         self, child: str, prompt: str, max_tokens: int, kv: Any, wait: float | None
     ) -> tuple[Any, http.client.HTTPConnection, http.client.HTTPResponse]:
         """One child's prefill (unless `kv` is given) and its decode stream, open; errors as HTTPError."""
-        pre, dec = self.cfg.prefill, self.cfg.decode
+        pre, dec = self.route()
         request = {"request_id": child, "prompt": prompt}
         kv = kv or _checked(pre, *call_worker(pre, "POST", "/prefill", request, self.cfg.worker_timeout_s))["kv"]
         body = json.dumps({"request_id": child, "kv": kv, "max_tokens": max_tokens, "stream": True}).encode("utf-8")
@@ -427,9 +445,9 @@ class FrontendApp:
         started = False
         first_kv: Any = None
 
-        def chunk(choice: dict[str, Any]) -> None:
+        def chunk(choice: dict[str, Any], **extra: Any) -> None:
             obj = {"id": request_id, "object": "text_completion", "created": created, "model": self.cfg.model,
-                   "choices": [choice]}  # fmt: skip
+                   "choices": [choice], **extra}  # fmt: skip
             req.wfile.write(b"data: " + json.dumps(obj).encode("utf-8") + b"\n\n")
             req.wfile.flush()
 
@@ -450,10 +468,12 @@ class FrontendApp:
                 req.send_header("Cache-Control", "no-cache")
                 req.end_headers()
                 started = True
+            end: dict[str, Any] = {}
             try:
                 while line := resp.readline():
                     event = json.loads(line)
                     if event.get("done"):
+                        end = event
                         break
                     tok = int(event["token_id"])
                     top = [event["top"]] if event.get("top") else []
@@ -462,7 +482,8 @@ class FrontendApp:
                     chunk(choice)
             finally:
                 conn.close()
-            chunk({"index": k, "text": "", "logprobs": None, "finish_reason": "length"})
+            workers = {"worker_ids": [_worker_ids(k, kv, end.get("decode_worker_id"))]}
+            chunk({"index": k, "text": "", "logprobs": None, "finish_reason": "length"}, nvext=workers)
         req.wfile.write(b"data: [DONE]\n\n")
         req.wfile.flush()
         self.log(f"completion id={request_id} n={n} stream=live")
@@ -519,6 +540,13 @@ class FrontendApp:
         req.wfile.flush()
 
 
+def _worker_ids(index: int, kv: Any, decode_id: Any) -> dict[str, Any]:
+    """Which workers served choice `index`: the prefill that made its KV (named in the KV handle) and the
+    decode that generated it."""
+    prefill_id = kv.get("prefill_worker_id") if isinstance(kv, dict) else None
+    return {"index": index, "prefill_worker_id": prefill_id, "decode_worker_id": decode_id}
+
+
 def _completion_choice(index: int, ids: list[int], top: list[Any], logprobs: Any, as_ids: bool) -> dict[str, Any]:
     """One completions choice of token ids `ids` and their top (id, logprob) pairs, in vLLM's shape."""
     from matrix.reference.tokens import detokenize_one
@@ -553,7 +581,8 @@ def run_frontend(cfg: FrontendConfig) -> int:
     except OSError as exc:
         log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
         return 1
-    log(f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url} model={cfg.model}")
+    prefills, decodes = ",".join(u.url for u in cfg.prefills), ",".join(u.url for u in cfg.decodes)
+    log(f"ready http=127.0.0.1:{cfg.port} prefill={prefills} decode={decodes} model={cfg.model}")
     serve_until_stopped([server], stop, log)
     log("stopped")
     return 0

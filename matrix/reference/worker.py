@@ -73,6 +73,8 @@ class WorkerApp:
         self.kv_transfers = 0
         self.kv_bytes = 0
         self.kv_seconds = 0.0
+        # The same transfers per prefill peer (its instance id): the ledger of each (prefill, decode) pair.
+        self.kv_by_peer: dict[str, list[float]] = {}
         # Scheduler gauges, named like vLLM's (`matrix.check.lifecycle` reads them): requests being served,
         # and decodes waiting for KV that did not come (handle -> when the wait ends; fault hold-orphan-decode).
         self.running = 0
@@ -102,6 +104,7 @@ class WorkerApp:
     def metrics(self, req: JSONHandler) -> None:
         with self._kv_lock:
             transfers, size, seconds = self.kv_transfers, self.kv_bytes, self.kv_seconds
+            by_peer = {peer: list(row) for peer, row in self.kv_by_peer.items()}
             now = time.monotonic()
             self.waiting_until = {h: t for h, t in self.waiting_until.items() if t > now}
             running, waiting = self.running, len(self.waiting_until)
@@ -127,7 +130,16 @@ class WorkerApp:
             "# HELP matrix_reference:kv_transfer_seconds_total Seconds decode spent pulling KV cache.",
             "# TYPE matrix_reference:kv_transfer_seconds_total counter",
             f'matrix_reference:kv_transfer_seconds_total{{role="{self.cfg.role}"}} {seconds!r}',
-        ]
+            # Its own names, so the totals above (which a ledger sums over labels) are not counted twice.
+            "# HELP matrix_reference:kv_pair_transfers_total KV transfers decode pulled, per prefill worker.",
+            "# TYPE matrix_reference:kv_pair_transfers_total counter",
+            *(f'matrix_reference:kv_pair_transfers_total{{prefill_worker_id="{peer}"}} {int(row[0])}'
+              for peer, row in sorted(by_peer.items())),
+            "# HELP matrix_reference:kv_pair_transfer_bytes_total Bytes of KV decode pulled, per prefill worker.",
+            "# TYPE matrix_reference:kv_pair_transfer_bytes_total counter",
+            *(f'matrix_reference:kv_pair_transfer_bytes_total{{prefill_worker_id="{peer}"}} {int(row[1])}'
+              for peer, row in sorted(by_peer.items())),
+        ]  # fmt: skip
         req.send_bytes(200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def prefill(self, req: JSONHandler) -> None:
@@ -164,6 +176,8 @@ class WorkerApp:
                     "handle": request_id,
                     "num_blocks": len(blocks),
                     "checksum": digest,
+                    # Who made the blocks: decode counts its transfers per prefill peer (an xPyD ledger).
+                    "prefill_worker_id": self.instance_id,
                 },
                 "prefill_worker_id": self.instance_id,
             },
@@ -207,7 +221,7 @@ class WorkerApp:
                 # Checked before pulling, so a full decode cache leaves the blocks on prefill (TTL frees them).
                 raise HTTPError(400, str(PoolFullError(needed, self.pool.free_bytes, self.pool.capacity_bytes)))
             try:
-                data = self._pull(host, port, handle, num_blocks, expected)
+                data = self._pull(host, port, handle, num_blocks, expected, str(kv.get("prefill_worker_id", "")))
             except HTTPError:
                 if "hold-orphan-decode" in self.cfg.faults:
                     self._hold_orphan(handle, num_blocks)
@@ -291,7 +305,7 @@ class WorkerApp:
             self.pool.put(f"orphan:{handle}", [bytes(self.cfg.block_bytes)] * max(1, num_blocks))
         self.log(f"decode handle={handle} holds its slot for {self.cfg.kv_ttl_s:g}s (fault hold-orphan-decode)")
 
-    def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str) -> bytes:
+    def _pull(self, host: str, port: int, handle: str, num_blocks: int, expected: str, peer: str = "") -> bytes:
         """Pull the blocks over the side channel and verify them; any failure is a 502."""
         if "kv-handshake-refusal" in self.cfg.faults:
             self._refuse_in_handshake(handle)
@@ -316,6 +330,9 @@ class WorkerApp:
             self.kv_transfers += 1
             self.kv_bytes += len(data)
             self.kv_seconds += time.perf_counter() - began
+            row = self.kv_by_peer.setdefault(peer or f"{host}:{port}", [0, 0])
+            row[0] += 1
+            row[1] += len(data)
         return data
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from matrix.check import ledger, metrics, oracle
+from matrix.check import ledger, metrics, oracle, topology
 from matrix.check.client import send_chat
 from matrix.check.lifecycle import run_lifecycle
 from matrix.check.specs import CheckFailure
@@ -145,10 +145,33 @@ def _traffic(exchange: Exchange) -> None:
     if traffic is None or exchange.failures:
         return
     scraped = tuple(check.url for check in plan.metrics_checks)
+    if plan.topology is not None:  # every decode of an xPyD topology counts the transfers it pulled itself
+        scraped = tuple(w.metrics_url for w in plan.topology.workers if w.role == "decode")
     pids, logs = supervisor.pids, supervisor.log_paths
     exchange.failures += traffic.run(
-        plan.oracle, lambda asked, waited: waiting_on(pids(), logs(), asked, waited), scraped
+        plan.oracle,
+        lambda asked, waited: waiting_on(pids(), logs(), asked, waited),
+        scraped,
+        disjoint=plan.topology is not None,
     )
+
+
+def _topology_look(exchange: Exchange) -> topology.TopologyLook | None:
+    spec = exchange.plan.topology
+    return None if spec is None else topology.look(spec)
+
+
+def _topology(exchange: Exchange) -> None:
+    """An xPyD deployment ([M27]): every worker served under the load, KV moved on every pair it used."""
+    spec, seen = exchange.plan.topology, exchange.looks.get("topology")
+    if spec is None or seen is None or exchange.failures:
+        return
+    run = exchange.traffic.run_result if exchange.traffic is not None else None
+    primary = {"prefill_worker_id": exchange.fields.get("prefill_worker_id"),
+               "decode_worker_id": exchange.fields.get("decode_worker_id")}  # fmt: skip
+    entries = [primary, *(w for a in (run.answered if run else []) for w in a.workers)]
+    failures, _record = topology.judge(spec, seen, topology.served_pairs(entries), run is not None)
+    exchange.failures += failures
 
 
 def _oracle_prompts(exchange: Exchange) -> None:
@@ -163,6 +186,7 @@ CHECK_STEPS: tuple[CheckStep, ...] = (
     CheckStep("kv_metrics", _metrics_judge, look=_metrics_look),
     CheckStep("lifecycle", _lifecycle),
     CheckStep("traffic", _traffic),
+    CheckStep("topology", _topology, look=_topology_look),
     CheckStep("oracle_prompts", _oracle_prompts),
 )
 

@@ -113,9 +113,9 @@ def test_no_exit_shows_a_secret_or_a_raw_control_byte(matrix: Matrix, tmp_path: 
         str(results_out), "--report-dir", str(report_dir), code=1)  # fmt: skip
     rows = matrix.sql("SELECT uid, status, message, checks, completion_excerpt, log_dir FROM cell_run")
     statuses = sorted(str(r[1]) for r in rows)
-    # hostile_pass and the seed's three CPU reference cases (reference_disaggregated, reference_equivalence,
-    # reference_traffic)
-    assert statuses.count("passed") == 4 and "failed" in statuses, rows
+    # hostile_pass and the seed's five CPU reference cases (reference_disaggregated, reference_equivalence,
+    # reference_traffic, reference_topology_1p2d, reference_topology_2p1d)
+    assert statuses.count("passed") == 6 and "failed" in statuses, rows
     # 0.9.1's cells are skipped: its interpreter failed the probe, whose stderr (a secret, hidden) is the reason.
     skipped = [str(r[2]) for r in rows if r[1] == "skipped"]
     assert len(skipped) >= 2 and any("authentication failed with ***" in m for m in skipped), skipped

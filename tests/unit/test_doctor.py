@@ -65,9 +65,9 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     assert len(runtimes) == len(json.loads(seeded("runtimes", "list", "--json").output))
     reference = runtimes["reference-0.1.0"]
     assert (reference["status"], reference["runnable"], reference["cells"], reference["runnable_cells"]) == (
-        "ready", "partly", 4, 3,
+        "ready", "partly", 6, 5,
     )  # fmt: skip
-    assert reference["reasons"] == ["1 of 4 case(s) need 1 GPU, host has 0"]
+    assert reference["reasons"] == ["1 of 6 case(s) need 1 GPU, host has 0"]
     dynamo = runtimes["dynamo-1.6.1"]
     assert (dynamo["status"], dynamo["runnable"], dynamo["cells"]) == ("not provisioned", "no", 3)
     assert dynamo["reasons"][0] == (
@@ -96,7 +96,7 @@ def test_table_view(seeded: Matrix, no_gpus_no_engine: None) -> None:
         "not provisioned",
         "matrix runtime provision --runtime dynamo=1.6.1",
         "is not installed on this host",
-        "3/4",
+        "5/6",
     ):
         assert text in result.output, text
 
@@ -121,13 +121,13 @@ def test_readiness_with_a_gpu_and_a_disabled_runtime(seeded: Matrix) -> None:
     }
     assert with_gpu["reference-0.1.0"].status == "disabled"
     assert with_gpu["reference-0.1.0"].reasons[0] == "disabled: `matrix runtime enable reference 0.1.0`"
-    assert with_gpu["reference-0.1.0"].cells == 4  # what it would run once enabled
+    assert with_gpu["reference-0.1.0"].cells == 6  # what it would run once enabled
     enabled = [replace(r, enabled=True) for r in runtimes]
     ready = {
         r.runtime: r
         for r in runtime_readiness(cases, enabled, known_markers=markers, known_backends=backends, gpu_count=1)
     }
-    assert (ready["reference-0.1.0"].runnable, ready["reference-0.1.0"].runnable_cells) == ("yes", 4)
+    assert (ready["reference-0.1.0"].runnable, ready["reference-0.1.0"].runnable_cells) == ("yes", 6)
     assert ready["reference-0.1.0"].reasons == ()
 
 

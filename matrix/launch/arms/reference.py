@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from matrix.case_launch import ReferenceLaunch, launch_as
+from matrix.case_launch import ReferenceLaunch, launch_as, topology_counts
 from matrix.cells import CaseInfo
-from matrix.check.specs import MetricsCheck
+from matrix.check.specs import MetricsCheck, TopologySpec, TopologyWorker
 from matrix.engines import ENGINES
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
@@ -26,7 +26,8 @@ class ReferenceArm:
     name = "reference"
 
     def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
-        return tuple(PortRequest(name) for name in PORTS)
+        extra = [f"{name}_{kind}" for name in worker_names(case)[2:] for kind in ("http", "side_channel")]
+        return tuple(PortRequest(name) for name in (*PORTS, *extra))
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
         return case.runs_on_cpu  # the arm table's word: `launch.device`, "cpu" by default (`arm_table.ARM_ROWS`)
@@ -47,13 +48,15 @@ class ReferenceArm:
             env["MATRIX_REFERENCE_STATE"] = str(ctx.work_dir.parent / f"{ctx.case.name}.reference-state")
         return env
 
-    def _worker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
+    def _worker(self, ctx: LaunchContext, role: str, env: dict[str, str], name: str = "") -> ProcessSpec:
+        """Worker `name` (its process role and ports: "decode", "decode_2"...) running as `role`."""
+        name = name or role
         launch = launch_as(ctx.case.launch, ReferenceLaunch)
         device = "cuda" if ctx.gpu_ids and launch.device == "cuda" else "cpu"
         argv = [
             ctx.python, "-m", "matrix.reference", "worker", "--role", role,
-            "--port", str(ctx.ports[f"{role}_http"]),
-            "--side-channel-port", str(ctx.ports[f"{role}_side_channel"]),
+            "--port", str(ctx.ports[f"{name}_http"]),
+            "--side-channel-port", str(ctx.ports[f"{name}_side_channel"]),
             *ENGINE.kv_argv(ctx.case.kv_bound),
             "--device", device,
         ]  # fmt: skip
@@ -61,8 +64,8 @@ class ReferenceArm:
             argv += ["--slow-start-s", str(launch.slow_start_s)]
         if launch.token_delay_ms is not None:
             argv += ["--token-delay-ms", str(launch.token_delay_ms)]
-        health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
-        return ProcessSpec(role=role, argv=tuple(argv), env=env, health=health)
+        health = (HealthProbe(loopback_url(ctx.ports[f"{name}_http"], "/health")),)
+        return ProcessSpec(role=name, argv=tuple(argv), env=env, health=health)
 
     def aggregated_plan(self, ctx: LaunchContext) -> LaunchPlan:
         """One `--role aggregated` worker (both phases, its own pool, no transfer) behind a frontend."""
@@ -91,7 +94,9 @@ class ReferenceArm:
     def plan(self, ctx: LaunchContext) -> LaunchPlan:
         env = self._env(ctx)
         base = (ctx.python, "-m", "matrix.reference")
-        workers = [self._worker(ctx, role, env) for role in ("prefill", "decode")]
+        names = worker_names(ctx.case)
+        workers = [self._worker(ctx, name.split("_")[0], env, name) for name in names]
+        upstreams = [(f"--{name.split('_')[0]}-url", loopback_url(ctx.ports[f"{name}_http"])) for name in names]
         frontend_port = ctx.ports["frontend"]
         frontend = ProcessSpec(
             role="frontend",
@@ -100,10 +105,7 @@ class ReferenceArm:
                 "frontend",
                 "--port",
                 str(frontend_port),
-                "--prefill-url",
-                loopback_url(ctx.ports["prefill_http"]),
-                "--decode-url",
-                loopback_url(ctx.ports["decode_http"]),
+                *(part for pair in upstreams for part in pair),
                 "--model",
                 ctx.case.model,
             ),
@@ -118,7 +120,31 @@ class ReferenceArm:
             metrics_checks=(decode_metrics(ctx),),
             oracle=oracle_spec(ctx, frontend_port),
             lifecycle=lifecycle(ctx),
+            topology=topology(ctx) if launch_as(ctx.case.launch, ReferenceLaunch).topology is not None else None,
         )
+
+
+def worker_names(case: CaseInfo) -> tuple[str, ...]:
+    """The workers of the case's topology, prefills first: "prefill", "decode", then "prefill_2", "decode_2"...
+    (the first of each role keeps the 1P1D pair's names, so its ports, logs and checks stay as they were)."""
+    prefills, decodes = topology_counts(launch_as(case.launch, ReferenceLaunch).topology)
+    first = ("prefill", "decode")
+    more = [f"prefill_{i}" for i in range(2, prefills + 1)] + [f"decode_{i}" for i in range(2, decodes + 1)]
+    return (*first, *more)
+
+
+def topology(ctx: LaunchContext) -> TopologySpec:
+    """Every worker of the xPyD topology, for the check that each served and moved KV (`check.topology`)."""
+    workers = tuple(
+        TopologyWorker(
+            name,
+            name.split("_")[0],
+            loopback_url(ctx.ports[f"{name}_http"], "/health"),
+            loopback_url(ctx.ports[f"{name}_http"], "/metrics"),
+        )
+        for name in worker_names(ctx.case)
+    )
+    return TopologySpec(launch_as(ctx.case.launch, ReferenceLaunch).topology or "1p1d", workers, str(ctx.work_dir))
 
 
 def lifecycle(ctx: LaunchContext) -> LifecycleSpec:

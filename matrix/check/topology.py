@@ -1,0 +1,161 @@
+"""The topology check ([M27]): an xPyD deployment passes only if every worker served and KV moved on every
+(prefill, decode) pair that was used.
+
+Several workers per role behind one frontend fail in ways one pair cannot: a router that never sends to one
+decode (its capacity paid for, never used), or a pair whose KV never moves because the decode fell back to
+prefilling itself. So before the primary request each worker's `/health` names its instance id and each
+decode's `/metrics` is scraped; after the traffic load the ids the frontend reported per choice
+(`nvext.worker_ids`, and the primary request's own pair) are matched against the workers, and each decode's
+KV transfers per prefill peer (`matrix_reference:kv_pair_transfers_total{prefill_worker_id=...}`) must have
+grown by at least the choices that pair served: a ledger per pair. Every stream passing the oracle is the
+traffic check's part (`matrix.check.traffic`). The record goes to `topology.json` in the cell's log directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from matrix.check.http import loopback_client
+from matrix.check.metrics import parse_counters
+from matrix.check.specs import CheckFailure, TopologySpec, TopologyWorker
+
+# The named classes a topology failure falls in (`CheckFailure.name`).
+WORKER_UNUSED = "topology_worker_unused"
+PAIR_KV = "topology_pair_kv"
+UNREADABLE = "topology_worker_unknown"
+CHECK_NAMES = (WORKER_UNUSED, PAIR_KV, UNREADABLE)
+PAIR_TRANSFERS = "matrix_reference:kv_pair_transfers_total"
+PAIR_BYTES = "matrix_reference:kv_pair_transfer_bytes_total"
+
+
+@dataclass(frozen=True)
+class TopologyLook:
+    """What the workers said before the request: each one's instance id (None: it did not say), and each
+    decode's Prometheus text (its ledger's starting point)."""
+
+    ids: dict[str, str | None]
+    metrics: dict[str, str]
+
+
+def _get(client: httpx.Client, url: str) -> httpx.Response | None:
+    try:
+        response = client.get(url)
+        response.raise_for_status()
+        return response
+    except httpx.HTTPError:
+        return None
+
+
+def _instance_id(client: httpx.Client, worker: TopologyWorker) -> str | None:
+    response = _get(client, worker.health_url)
+    try:
+        found = response.json().get("instance_id") if response is not None else None
+    except (ValueError, AttributeError):
+        return None
+    return None if found is None else str(found)
+
+
+def _scrape(client: httpx.Client, workers: Iterable[TopologyWorker]) -> dict[str, str]:
+    texts = {}
+    for worker in workers:
+        response = _get(client, worker.metrics_url)
+        if response is not None:
+            texts[worker.name] = response.text
+    return texts
+
+
+def _decodes(spec: TopologySpec) -> list[TopologyWorker]:
+    return [w for w in spec.workers if w.role == "decode"]
+
+
+def look(spec: TopologySpec) -> TopologyLook:
+    """Each worker's instance id and each decode's counters, before the request."""
+    with loopback_client(5.0) as client:
+        ids = {worker.name: _instance_id(client, worker) for worker in spec.workers}
+        return TopologyLook(ids, _scrape(client, _decodes(spec)))
+
+
+def served_pairs(entries: Iterable[Any]) -> Counter[tuple[str, str]]:
+    """(prefill id, decode id) -> choices served, from the frontend's per-choice worker ids."""
+    pairs: Counter[tuple[str, str]] = Counter()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        prefill, decode = entry.get("prefill_worker_id"), entry.get("decode_worker_id")
+        if prefill is not None and decode is not None:
+            pairs[str(prefill), str(decode)] += 1
+    return pairs
+
+
+def _pair_ledger(before: str, after: str, prefill_id: str) -> tuple[int, int]:
+    """(transfers, bytes) decode pulled from prefill `prefill_id` between the two scrapes."""
+    label = f'{{prefill_worker_id="{prefill_id}"}}'
+    names = (PAIR_TRANSFERS + label, PAIR_BYTES + label)
+    old, new = parse_counters(before, names), parse_counters(after, names)
+    return round(new[names[0]] - old[names[0]]), round(new[names[1]] - old[names[1]])
+
+
+def judge(
+    spec: TopologySpec, seen: TopologyLook, pairs: Counter[tuple[str, str]], traffic: bool
+) -> tuple[list[CheckFailure], dict[str, Any]]:
+    """The failures (one per class seen) and the record: every worker served, KV moved on every pair used."""
+    failures: list[CheckFailure] = []
+    unknown = [name for name, found in seen.ids.items() if found is None]
+    if unknown:
+        failures.append(CheckFailure(UNREADABLE, f"worker(s) {', '.join(unknown)} did not name their instance id "
+                                     "on /health, so what they served cannot be told apart"))  # fmt: skip
+    with loopback_client(5.0) as client:
+        after = _scrape(client, _decodes(spec))
+    served = Counter[str]()
+    for (prefill, decode), count in pairs.items():
+        served[prefill] += count
+        served[decode] += count
+    total = sum(pairs.values())
+    unused = [w for w in spec.workers if seen.ids.get(w.name) is not None and not served[seen.ids[w.name] or ""]]
+    if unused:
+        named = ", ".join(f"{w.role} worker {w.name} (instance {seen.ids[w.name]})" for w in unused)
+        hint = "" if traffic else "; a topology needs a `traffic` table to put every worker to work"
+        failures.append(CheckFailure(WORKER_UNUSED, f"{named} served none of the {total} choice(s) answered in "
+                                     f"topology {spec.topology}: every worker must serve{hint}"))  # fmt: skip
+    names = {found: name for name, found in seen.ids.items() if found is not None}
+    decode_of = {seen.ids[w.name]: w for w in _decodes(spec)}
+    rows, short = [], []
+    for (prefill, decode), count in sorted(pairs.items()):
+        worker = decode_of.get(decode)
+        transfers, size = (0, 0)
+        if worker is not None and worker.name in seen.metrics and worker.name in after:
+            transfers, size = _pair_ledger(seen.metrics[worker.name], after[worker.name], prefill)
+        where = f"{names.get(prefill, 'prefill ' + prefill)} -> {names.get(decode, 'decode ' + decode)}"
+        rows.append({"pair": where, "choices": count, "kv_transfers": transfers, "kv_bytes": size})
+        if transfers < count:
+            short.append(f"{where}: {transfers} KV transfer(s) for {count} choice(s)")
+    if short:
+        failures.append(CheckFailure(PAIR_KV, f"KV did not move on every pair used in topology {spec.topology} "
+                                     f"(decode's ledger per prefill peer): {'; '.join(short[:3])}"))  # fmt: skip
+    workers = [
+        {
+            "name": w.name,
+            "role": w.role,
+            "instance_id": seen.ids.get(w.name),
+            "served": served[seen.ids.get(w.name) or ""],
+        }
+        for w in spec.workers
+    ]
+    record = {
+        "topology": spec.topology,
+        "choices": total,
+        "workers": workers,
+        "pairs": rows,
+        "failures": [{"name": f.name, "message": f.message} for f in failures],
+    }
+    directory = Path(spec.record_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "topology.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return failures, record
