@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from matrix.arm_table import LAUNCH_TYPES, parse_launch
 from matrix.catalog.spec import (
     CHANNELS,
     MARKER_KINDS,
@@ -277,7 +278,7 @@ def _case(e: _Entry) -> CaseSpec:
         kv_bound = check_case_options(arm, launch, e.get("kv_bound", dict, {}), markers)
     except ConfigError as exc:
         raise e.fail(str(exc)) from None
-    traffic = _traffic(e, launch)
+    traffic = _traffic(e, arm, launch)
     startup = float(e.get("startup_timeout_s", (int, float), 300.0))
     request = float(e.get("request_timeout_s", (int, float), 60.0))
     if startup <= 0 or request <= 0:
@@ -303,7 +304,7 @@ def _case(e: _Entry) -> CaseSpec:
     )
 
 
-def _traffic(e: _Entry, launch: dict[str, Any]) -> TrafficProfile | None:
+def _traffic(e: _Entry, arm: str, launch: dict[str, Any]) -> TrafficProfile | None:
     """The case's `traffic` table typed; its streams are judged by the equivalence oracle's twin, so a case
     with traffic must ask for `launch.equivalence`."""
     raw = e.get("traffic", dict, None)
@@ -313,7 +314,8 @@ def _traffic(e: _Entry, launch: dict[str, Any]) -> TrafficProfile | None:
         profile = parse_traffic(raw)
     except TrafficProfileError as exc:
         raise e.fail(str(exc)) from None
-    if not launch.get("equivalence"):
+    # An unknown arm is refused where every case's arm is checked; its launch table has no type to read.
+    if arm in LAUNCH_TYPES and not parse_launch(arm, launch).equivalence:
         raise e.fail(
             "traffic needs launch.equivalence (every stream is compared with the aggregated twin's answer to "
             "its own prompt): add equivalence = true to the case's launch table"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from matrix.report import links
 from matrix.report.views import LISTED_FAILURES, SHOWN_ATTEMPTS
-from tests.conftest import Matrix
-from tests.unit.test_report_support import attempt, campaign, db, read, sync
+from tests.helpers.cli import Matrix
+from tests.helpers.reports import attempt, campaign, db, read, sync
 
 LOG_LINE = "engine says hello from a long history\n"
 
