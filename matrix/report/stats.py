@@ -159,15 +159,27 @@ def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95)
     The differences are never materialised: `_PairwiseDifferences.select` finds the k-th smallest in
     O((n + m) log(n m)) expected time, and returns the very float the sorted list would hold."""
     pairs = _PairwiseDifferences([math.log(x) for x in a], [math.log(y) for y in b])
-    n, m = len(a), len(b)
-    count = n * m
+    count = len(a) * len(b)
     # statistics.median's convention: the middle one, or the mean of the two middle ones.
     middle = count // 2
     estimate = pairs.select(middle) if count % 2 else (pairs.select(middle - 1) + pairs.select(middle)) / 2
+    low, high = _moses(pairs, len(a), len(b), z)
+    return math.exp(estimate), low, high
+
+
+def moses_interval(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """The (low, high) of `hodges_lehmann_ratio` without its estimate: what `compare_samples` reports.
+    Two selections instead of three or four (the estimate's median ranks are the costliest to reach)."""
+    pairs = _PairwiseDifferences([math.log(x) for x in a], [math.log(y) for y in b])
+    return _moses(pairs, len(a), len(b), z)
+
+
+def _moses(pairs: _PairwiseDifferences, n: int, m: int, z: float) -> tuple[float, float]:
+    count = n * m
     k = math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
     if k < 1:  # too few samples for a 95 % interval: the widest one there is
-        return math.exp(estimate), math.exp(pairs.select(0)), math.exp(pairs.select(count - 1))
-    return math.exp(estimate), math.exp(pairs.select(k - 1)), math.exp(pairs.select(count - k))
+        return math.exp(pairs.select(0)), math.exp(pairs.select(count - 1))
+    return math.exp(pairs.select(k - 1)), math.exp(pairs.select(count - k))
 
 
 class _PairwiseDifferences:
@@ -300,6 +312,6 @@ def compare_samples(
     median_a, median_b = statistics.median(a), statistics.median(b)
     if len(a) < 2 or len(b) < 2:
         return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, None, None, None)
-    _, low, high = hodges_lehmann_ratio(a, b)
+    low, high = moses_interval(a, b)
     p_value = float(_mannwhitneyu()(a, b, alternative="two-sided").pvalue) if need_p else None
     return MetricComparison(metric, len(a), len(b), median_a, median_b, median_b / median_a, low, high, p_value)
