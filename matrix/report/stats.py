@@ -179,7 +179,8 @@ def _moses(pairs: _PairwiseDifferences, n: int, m: int, z: float) -> tuple[float
     k = math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
     if k < 1:  # too few samples for a 95 % interval: the widest one there is
         return math.exp(pairs.select(0)), math.exp(pairs.select(count - 1))
-    return math.exp(pairs.select(k - 1)), math.exp(pairs.select(count - k))
+    low, high = pairs.select_two(k - 1, count - k)
+    return math.exp(low), math.exp(high)
 
 
 class _PairwiseDifferences:
@@ -227,7 +228,25 @@ class _PairwiseDifferences:
         picks.sort()
         return picks
 
-    def select(self, rank: int) -> float:
+    def select_two(self, first_rank: int, last_rank: int) -> tuple[float, float]:
+        """`select` of two ranks (first <= last), sharing the first narrowing: one sample brackets both
+        and two walks keep the candidates between, which hold both ranks with overwhelming probability
+        (when not, each rank is selected on its own; the answers are exact either way)."""
+        n, m = len(self.x), len(self.y)
+        left = n * m
+        if not 0 < first_rank <= last_rank < left - 1 or left <= self._SORT_BELOW:
+            return self.select(first_rank), self.select(last_rank)
+        sample = self._sample([0] * n, [m] * n, left, random.Random(first_rank ^ last_rank))
+        spread = 2 * math.sqrt(len(sample))
+        below = sample[max(0, int(first_rank * len(sample) / left - spread))]
+        above = sample[min(len(sample) - 1, int(last_rank * len(sample) / left + spread))]
+        less = self._below(below, strict=True)
+        at_most = self._below(above, strict=False)
+        if sum(less) <= first_rank and last_rank < sum(at_most):
+            return self.select(first_rank, less, at_most), self.select(last_rank, less, at_most)
+        return self.select(first_rank), self.select(last_rank)
+
+    def select(self, rank: int, low: list[int] | None = None, high: list[int] | None = None) -> float:
         """The difference at 0-based `rank` of the ascending sorted n*m differences.
 
         Floyd-Rivest style: a random sample of the candidates left brackets the rank between two of its
@@ -243,8 +262,10 @@ class _PairwiseDifferences:
             return y[0] - x[n - 1]
         if rank == n * m - 1:
             return y[m - 1] - x[0]
-        low = [0] * n  # per row, columns below low[i] are known to sort before the answer
-        high = [m] * n  # ... and columns from high[i] on, after it
+        # Per row, columns below low[i] are known to sort before the answer, and from high[i] on after it
+        # (given: bounds a caller has proved for this rank, as `select_two` does).
+        low = [0] * n if low is None else list(low)
+        high = [m] * n if high is None else list(high)
         chooser = random.Random(rank)
         while True:
             known = sum(low)
