@@ -69,3 +69,20 @@ def test_two_values_only_still_narrow() -> None:
     diffs = sorted(b - a for a in x for b in y)
     pairs = _NeverSorts(x, y)
     assert [pairs.select(r) for r in range(len(diffs))] == diffs
+
+
+class _SmallSample(_NeverSorts):
+    _SAMPLE = 16  # a sample this small often brackets wrongly: select_two's fallback runs too
+
+
+def test_two_ranks_sharing_one_narrowing() -> None:
+    """select_two (the interval's two ranks) returns what the sorted differences hold, ties included."""
+    rng = random.Random(11)
+    for _ in range(60):
+        x = [round(rng.gauss(0, 1), 1) for _ in range(rng.randint(2, 60))]
+        y = [round(rng.gauss(0.2, 1), 1) for _ in range(rng.randint(2, 60))]
+        diffs = sorted(b - a for a in x for b in y)
+        pairs = _SmallSample(x, y)
+        for _ in range(5):
+            first, last = sorted((rng.randrange(len(diffs)), rng.randrange(len(diffs))))
+            assert pairs.select_two(first, last) == (diffs[first], diffs[last]), (x, y, first, last)
