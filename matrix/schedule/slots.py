@@ -116,6 +116,14 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
     `absolute_memory` is the arm's word (`CaseInfo.absolute_memory`, from its row in `matrix.arm_table`) that
     every instance's memory is bounded absolutely; then the start-up may run concurrently with others, unless
     the case asks otherwise (`launch.exclusive_startup`).
+
+    Why the seed's sidecar cells (`vllm_disaggregated`, `sglang_disaggregated`) start exclusive although
+    their KV is bounded in absolute terms like the native pairs' (KV bytes with a 0.01 utilisation fraction,
+    a 2048-token pool with a 0.05 static fraction): the arm table's `_dynamo_vouched` refuses any case whose
+    launch table *names* a `workspace_script`, and both name one. That script only runs under
+    `matrix run --workspace DIR`; without it matrix's own plan starts the engines with exactly those bounds.
+    So the reason is not real for a run without `--workspace`. It is left as is until a GPU run shows two
+    sidecar start-ups overlapping safely; the gate's turns keep it from holding back the native cells.
     """
     case = cell.case
     gpus = case.gpus_needed
