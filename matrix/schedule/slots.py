@@ -16,6 +16,7 @@ Two engines on one GPU are only reliable with absolute memory caps (KV bytes or 
   memory bounds (`Demand.concurrent_startup`: explicit KV bytes or tokens with a tiny utilisation
   fraction, as the arm declares) measure nothing, so they share the gate and start together; a start-up
   that sizes memory from what is free still waits for every other start-up on its GPUs, and they for it.
+  Neither kind starves the other: a start-up waits for at most one turn of the other kind (`_GpuStartups`).
 """
 
 from __future__ import annotations
@@ -115,6 +116,14 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
     `absolute_memory` is the arm's word (`CaseInfo.absolute_memory`, from its row in `matrix.arm_table`) that
     every instance's memory is bounded absolutely; then the start-up may run concurrently with others, unless
     the case asks otherwise (`launch.exclusive_startup`).
+
+    Why the seed's sidecar cells (`vllm_disaggregated`, `sglang_disaggregated`) start exclusive although
+    their KV is bounded in absolute terms like the native pairs' (KV bytes with a 0.01 utilisation fraction,
+    a 2048-token pool with a 0.05 static fraction): the arm table's `_dynamo_vouched` refuses any case whose
+    launch table *names* a `workspace_script`, and both name one. That script only runs under
+    `matrix run --workspace DIR`; without it matrix's own plan starts the engines with exactly those bounds.
+    So the reason is not real for a run without `--workspace`. It is left as is until a GPU run shows two
+    sidecar start-ups overlapping safely; the gate's turns keep it from holding back the native cells.
     """
     case = cell.case
     gpus = case.gpus_needed
@@ -140,8 +149,18 @@ def _gib(n: int) -> str:
 class _GpuStartups:
     """Start-ups in progress on one GPU: any number of concurrent ones, or one exclusive one.
 
-    An exclusive start-up waits for the GPU to have none in progress; once one waits, new concurrent
-    start-ups wait behind it, so a stream of bounded cells cannot starve a cell that measures free memory.
+    Turns alternate so that neither kind starves the other (a phase-fair reader-writer lock):
+
+    * an exclusive start-up waits for the GPU to have none in progress; while one waits, concurrent
+      start-ups that arrive later wait behind it, so a stream of bounded cells cannot starve a cell that
+      measures free memory;
+    * concurrent start-ups that were already waiting when an exclusive start-up ended are *due*: they go
+      in together before any further exclusive start-up, which then waits for them to finish. So a queue
+      of exclusive start-ups (sidecar cells, one after another) holds a concurrent one back for at most
+      one of them, instead of for the whole queue.
+
+    `_epoch` counts the exclusive start-ups that ended; a waiting concurrent start-up that arrived in an
+    earlier epoch than the current one is due.
     """
 
     def __init__(self) -> None:
@@ -149,12 +168,27 @@ class _GpuStartups:
         self._shared = 0
         self._exclusive = False
         self._exclusive_waiting = 0
+        self._epoch = 0
+        self._shared_waiting: dict[int, int] = {}  # arrival epoch -> concurrent start-ups waiting since
         self.peers_seen: dict[int, int] = {}  # gate id -> most other start-ups in progress beside it
+
+    def _shared_due(self) -> bool:
+        return any(epoch < self._epoch for epoch in self._shared_waiting)
 
     def enter(self, gate_id: int, shared: bool) -> None:
         with self._cond:
             if shared:
-                self._cond.wait_for(lambda: not self._exclusive and not self._exclusive_waiting)
+                arrived = self._epoch
+                self._shared_waiting[arrived] = self._shared_waiting.get(arrived, 0) + 1
+                try:
+                    self._cond.wait_for(
+                        lambda: not self._exclusive and (not self._exclusive_waiting or self._epoch > arrived)
+                    )
+                finally:
+                    self._shared_waiting[arrived] -= 1
+                    if not self._shared_waiting[arrived]:
+                        del self._shared_waiting[arrived]
+                    self._cond.notify_all()  # the last due one in lets a waiting exclusive one re-check
                 self._shared += 1
                 for other in self.peers_seen:  # everyone in progress now sees one more peer
                     self.peers_seen[other] = max(self.peers_seen[other], self._shared - 1)
@@ -162,7 +196,7 @@ class _GpuStartups:
             else:
                 self._exclusive_waiting += 1
                 try:
-                    self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+                    self._cond.wait_for(lambda: not self._exclusive and not self._shared and not self._shared_due())
                 finally:
                     self._exclusive_waiting -= 1
                 self._exclusive = True
@@ -175,6 +209,7 @@ class _GpuStartups:
                 self._shared -= 1
             else:
                 self._exclusive = False
+                self._epoch += 1
             self._cond.notify_all()
             return self.peers_seen.pop(gate_id, 0)
 

@@ -8,6 +8,7 @@ second start-up begins before the first is ready, otherwise it begins only after
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,39 @@ def test_a_cell_that_sizes_from_free_memory_queues_its_startup(tmp_path: Path) -
     assert [g["startup_peers"] for g in gpu] == [0, 0]
     first, second = sorted((g["startup_window"] for g in gpu), key=lambda w: w[0])
     assert first[1] <= second[0]  # one after the other
+
+
+def test_a_queue_of_exclusive_startups_does_not_hold_back_the_concurrent_ones(tmp_path: Path) -> None:
+    """[M31] The packed seed matrix's queue: three cells that must start alone, then three that may start
+    together. The concurrent ones, already waiting when the first exclusive start-up ends, go in together
+    before the next exclusive one; before the fix they waited behind every exclusive start-up."""
+    gpu = Gpu(0, "GPU-fake", "Fake", 80 * GIB, 0)
+    pool = SlotPool([gpu], pack=True, cpu_slots=0)
+    executor = LocalExecutor(pool, PortAllocator(tmp_path / "ports.json"), max_workers=6, gpus=(gpu,))
+    exclusive = [_case(f"alone{i}", {"bytes": 1 << 20}, exclusive_startup=True, slow_start_s=2.0) for i in range(3)]
+    together = [_case(f"together{i}", {"bytes": 1 << 20}, slow_start_s=2.0) for i in range(3)]
+    futures = []
+    try:
+        for index, case in enumerate([*exclusive, *together]):
+            cell = Cell(case=case, runtime=REFERENCE)
+            arm = get_arm(case.arm)
+            demand = demand_for(cell, cpu_ok=arm.runs_on_cpu(case), absolute_memory=arm.absolute_memory(case))
+            lease = pool.try_acquire(demand)
+            assert lease is not None and lease.gpu_indices == (0,)
+            futures.append(executor.submit(Submission(cell, f"q{index}", 1, tmp_path / f"cell{index}", lease)))
+            if index == 0:  # the first exclusive start-up is in progress before the others queue
+                deadline = time.monotonic() + 60
+                while not pool._startups[0]._exclusive and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        outcomes = [future.result(timeout=180) for future in futures]
+    finally:
+        executor.shutdown()
+    assert [o.status for o in outcomes] == ["passed"] * 6, [o.message for o in outcomes]
+    records = sorted((o.gpu["startup_window"], o.gpu["startup_mode"], o.gpu["startup_peers"]) for o in outcomes)
+    modes = [mode for _, mode, _ in records]
+    assert modes[0] == "exclusive" and modes[1:4] == ["concurrent"] * 3, modes  # one exclusive turn, then all three
+    assert [peers for _, mode, peers in records if mode == "concurrent"] == [2, 2, 2]  # they started together
+    windows = [window for window, _, _ in records]
+    for (window, mode, _), later in zip(records, windows[1:], strict=False):
+        if mode == "exclusive":  # alone: the next start-up began only once it was ready
+            assert window[1] <= later[0], records

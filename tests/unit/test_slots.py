@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 
@@ -486,3 +487,68 @@ def test_a_waiting_exclusive_startup_is_not_starved_by_bounded_ones() -> None:
     tx.join(5)
     tb.join(5)
     assert order == ["x", "b"]
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert condition()
+
+
+def test_a_queue_of_exclusive_startups_holds_concurrent_ones_back_for_one_turn_only() -> None:
+    """[M31] The packed seed matrix: sidecar cells start exclusive one after another, native cells could
+    start together. Those already waiting go in as soon as the running exclusive start-up ends, before the
+    next exclusive one; a concurrent one arriving after that waits for the next exclusive turn."""
+    pool = SlotPool(_gpus(70), pack=True, cpu_slots=0)
+    names = ["x1", "x2", "x3", "n1", "n2", "n3"]
+    leases = [pool.try_acquire(replace(_demand(k, gib=1), concurrent_startup=k[0] == "n")) for k in names]
+    gates = dict(zip(names, (pool.startup_gate(lease) for lease in leases if lease is not None), strict=True))
+    gpu = pool._startups[0]
+    order: list[str] = []
+    guard = threading.Lock()
+    may_leave = {name: threading.Event() for name in names}
+
+    def start(name: str) -> None:
+        with gates[name]:
+            with guard:
+                order.append(name)
+            may_leave[name].wait(5)
+
+    threads: dict[str, threading.Thread] = {}
+
+    def launch(name: str) -> None:
+        threads[name] = threading.Thread(target=start, args=(name,))
+        threads[name].start()
+
+    launch("x1")
+    _wait_until(lambda: order == ["x1"])
+    for name in ("x2", "x3"):
+        launch(name)
+    _wait_until(lambda: gpu._exclusive_waiting == 2)
+    for name in ("n1", "n2"):
+        launch(name)
+    _wait_until(lambda: sum(gpu._shared_waiting.values()) == 2)
+    may_leave["x1"].set()
+    _wait_until(lambda: len(order) == 3)
+    time.sleep(0.05)  # a wrongly admitted exclusive start-up would show up now
+    assert order[0] == "x1" and sorted(order[1:]) == ["n1", "n2"], order  # both due ones in together
+    launch("n3")  # arrives while x2 and x3 wait: it waits for the next exclusive turn
+    time.sleep(0.05)
+    assert len(order) == 3, order
+    may_leave["n1"].set()
+    may_leave["n2"].set()
+    _wait_until(lambda: len(order) == 4)
+    time.sleep(0.05)
+    assert order[3] in ("x2", "x3") and len(order) == 4, order  # the exclusive one alone, n3 still waits
+    first_x = order[3]
+    may_leave[first_x].set()
+    _wait_until(lambda: len(order) == 5)
+    assert order[4] == "n3", order  # due now, before the last exclusive one
+    may_leave["n3"].set()
+    _wait_until(lambda: len(order) == 6)
+    may_leave["x2"].set()
+    may_leave["x3"].set()
+    for thread in threads.values():
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in threads.values())
