@@ -54,17 +54,32 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return workers if workers > 1 else 0
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under `--dist loadgroup` (pyproject's addopts) the workers take tests one at a time, except the tests
     of a file that use a module-, class- or package-scoped fixture: those form one group, run in one worker
-    in file order, so the fixture (a report of real runs, an environment later tests reuse) is made once."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() if defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    in file order, so the fixture (a report of real runs, an environment later tests reuse) is made once.
+    Marked as each item is collected, before any `pytest_collection_modifyitems` (pytest-xdist reads the
+    groups there, and the order of two `tryfirst` implementations is not pytest's promise)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return
+    if any(defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() if defs):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's worker has named each item's group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail loudly when the groups above were lost: pytest-xdist 3.8 names a group by rewriting the item's
+    `_nodeid`, which pytest 9.2 no longer reads, and a module's shared fixture then runs in two workers at once
+    (two runs of one cell id kill each other's processes). pyproject pins pytest below 9.1 for that reason."""
+    if not getattr(config.option, "loadgroup", False):  # not an xdist worker under --dist loadgroup
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} test(s) (first: {lost[0]}): this pytest and pytest-xdist "
+            "do not work together; install the versions pyproject.toml's dev extra names"
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

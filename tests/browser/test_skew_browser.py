@@ -10,7 +10,7 @@ from tests.helpers.cli import Matrix
 from tests.helpers.skew import NIXL, grid_campaign
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CLASSES = ("works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "not-run")
+CLASSES = ("works", "clean-reject", "hang", "error-answer", "healthy-but-wrong", "crash", "exposed", "not-run")
 
 
 def test_the_skew_page_has_a_legend_distinct_colours_and_the_reason_one_click_away(

