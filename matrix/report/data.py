@@ -96,7 +96,7 @@ class CaseView:
     info: CaseInfo
 
 
-def _raw(column: Any) -> Any:
+def raw_column(column: Any) -> Any:
     """Select a JSON or datetime column as the text it is stored as, and decode it here.
 
     SQLAlchemy's per-value result processing costs more than the report's own work at 100,000 rows;
@@ -140,7 +140,7 @@ _SUMMARY_COLUMNS = (
     CellRun.ready_s,
     CellRun.request_s,
     CellRun.total_s,
-    _raw(CellRun.checks),
+    raw_column(CellRun.checks),
 )
 
 
@@ -236,7 +236,7 @@ _JSON_FIELDS = tuple(name for name, types in STORED_COLUMNS.items() if types[0] 
 _DATETIME_FIELDS = ("started_at", "finished_at")
 _DETAIL_FIELDS = AttemptDetail._fields
 _DETAIL_COLUMNS = tuple(
-    _raw(getattr(CellRun, name)) if name in _JSON_FIELDS + _DATETIME_FIELDS else getattr(CellRun, name)
+    raw_column(getattr(CellRun, name)) if name in _JSON_FIELDS + _DATETIME_FIELDS else getattr(CellRun, name)
     for name in _DETAIL_FIELDS
 )
 _JSON_INDEX = tuple(_DETAIL_FIELDS.index(name) for name in _JSON_FIELDS)

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
 from matrix.outcome import PASSED
-from matrix.report.data import _raw
+from matrix.report.data import raw_column
 from matrix.report.stats import DEFAULT_ALPHA, DEFAULT_THRESHOLD, MetricComparison, compare_samples
 
 __all__ = [
@@ -110,7 +110,7 @@ def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int
     # at 10^5 attempts SQLAlchemy's per-row JSON processing was a quarter of a gate's time.
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
-               CellRun.completion_tokens, _raw(CellRun.kv_ledger), _raw(CellRun.peaks))
+               CellRun.completion_tokens, raw_column(CellRun.kv_ledger), raw_column(CellRun.peaks))
         .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
         .order_by(CellRun.id)
     )  # fmt: skip

@@ -171,8 +171,9 @@ def skew_cases(session: Session) -> list[str]:
     options (`launch.role_launch`: block sizes) with a finished attempt: each gets an N x N page."""
     stmt = select(Case.name).join(CellRun, CellRun.case_id == Case.id).where(CellRun.roles_key != "").distinct()
     names = set(session.scalars(stmt))
-    finished = (
-        select(Case).join(CellRun, CellRun.case_id == Case.id).where(CellRun.status.in_(FINISHED_STATUSES)).distinct()
+    # The ids in a subquery, not DISTINCT over the rows: PostgreSQL has no equality for the JSON columns.
+    finished = select(Case).where(
+        Case.id.in_(select(CellRun.case_id).where(CellRun.status.in_(FINISHED_STATUSES)))
     )
     names.update(case.name for case in session.scalars(finished) if _role_launch(case))
     return sorted(names)
