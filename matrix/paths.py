@@ -1,13 +1,15 @@
 """Where matrix keeps its files by default.
 
 Everything lives under one data directory: `$MATRIX_HOME` if set, else `$XDG_DATA_HOME/matrix`, else
-`~/.local/share/matrix`. It holds the default SQLite database (`matrix.db`), cell logs (`runs/`), the
-port registry (`ports.json`) and, later, provisioned environments (`envs/`).
+`~/.local/share/matrix`. It holds the default SQLite database (`matrix.db`), cell logs (`runs/`) and
+provisioned environments (`envs/`). The port registry is the host's, not the data directory's: ports are
+shared by every process on the host, whatever data directory it uses.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -30,6 +32,23 @@ def runs_dir() -> Path:
 
 
 def port_registry_path() -> Path:
+    """The registry of ports reserved by this user's runners on this host (`$MATRIX_PORT_REGISTRY` if set).
+
+    One per host, not per data directory: two runners with different data directories (two CI jobs, a test
+    worker each) otherwise each check only their own reservations, and a port one of them handed out but
+    whose server has not bound it yet looks free to the other. The directory is made private to this user;
+    should the shared name be unusable (someone else's, a link), the data directory's own file is used.
+    """
+    if override := os.environ.get("MATRIX_PORT_REGISTRY"):
+        return Path(override).expanduser()
+    shared = Path(tempfile.gettempdir()) / f"matrix-ports-{os.getuid()}"
+    try:
+        shared.mkdir(mode=0o700, exist_ok=True)
+        info = shared.lstat()
+    except OSError:
+        return data_dir() / "ports.json"
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+        return shared / "ports.json"
     return data_dir() / "ports.json"
 
 

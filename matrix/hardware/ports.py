@@ -4,9 +4,10 @@ Fixed ports collide as soon as two cells (or two runners) share a host, so every
 allocated here. A port is handed out only if
 
 * no allocator in this process holds it,
-* no live entry in the registry file holds it: the registry is shared by every runner on the host (and
-  by hosts sharing the directory), guarded by `fcntl.flock`, and its entries expire when their TTL
-  passes or their process is gone, so a crashed runner never leaks ports for long,
+* no live entry in the registry file holds it: the registry is shared by every runner on the host
+  (`matrix.paths.port_registry_path`, whatever their data directories), guarded by `fcntl.flock`, and its
+  entries expire when their TTL passes or their process is gone, so a crashed runner never leaks ports
+  for long,
 * binding it succeeds right now.
 
 Ports in the kernel's ephemeral range are avoided when the requested range allows it: an outgoing

@@ -21,6 +21,7 @@ from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.markers import parse_marker_use
 from matrix.outcome import CellOutcome
+from matrix.paths import port_registry_path
 from matrix.schedule import SlotPool, demand_for
 from matrix.schedule.executor import Submission
 
@@ -41,7 +42,7 @@ def _case(name: str, kv_bound: dict[str, int], **launch: object) -> CaseInfo:
 def _run_two(tmp_path: Path, cases: list[CaseInfo]) -> list[CellOutcome]:
     gpu = Gpu(0, "GPU-fake", "Fake", 80 * GIB, 0)
     pool = SlotPool([gpu], pack=True, cpu_slots=0)
-    allocator = PortAllocator(tmp_path / "ports.json")
+    allocator = PortAllocator(port_registry_path())
     executor = LocalExecutor(pool, allocator, max_workers=2, gpus=(gpu,))
     futures = []
     for index, case in enumerate(cases):
@@ -112,7 +113,7 @@ def test_a_queue_of_exclusive_startups_does_not_hold_back_the_concurrent_ones(tm
     before the next exclusive one; before the fix they waited behind every exclusive start-up."""
     gpu = Gpu(0, "GPU-fake", "Fake", 80 * GIB, 0)
     pool = SlotPool([gpu], pack=True, cpu_slots=0)
-    executor = LocalExecutor(pool, PortAllocator(tmp_path / "ports.json"), max_workers=6, gpus=(gpu,))
+    executor = LocalExecutor(pool, PortAllocator(port_registry_path()), max_workers=6, gpus=(gpu,))
     exclusive = [_case(f"alone{i}", {"bytes": 1 << 20}, exclusive_startup=True, slow_start_s=2.0) for i in range(3)]
     together = [_case(f"together{i}", {"bytes": 1 << 20}, slow_start_s=2.0) for i in range(3)]
     futures = []

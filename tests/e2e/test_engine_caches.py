@@ -19,6 +19,7 @@ from matrix.launch import caches
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.markers import parse_marker_use
+from matrix.paths import port_registry_path
 from matrix.runner import run_cell
 
 
@@ -107,7 +108,7 @@ def _reference_cell(version: str) -> Cell:
 
 
 def test_the_second_cell_of_a_runtime_finds_the_first_ones_cache(home: Path, tmp_path: Path) -> None:
-    allocator = PortAllocator(tmp_path / "ports.json")
+    allocator = PortAllocator(port_registry_path())
     logs = []
     for index, version in enumerate(["0.1.0", "0.1.0", "0.2.0"]):
         outcome = run_cell(_reference_cell(version), f"cache{index}", tmp_path / f"cell{index}", allocator)

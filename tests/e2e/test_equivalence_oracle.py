@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix.hardware.ports import port_is_free
 from tests.helpers.oracle import run_oracle_cells
-from tests.helpers.processes import cell_processes
+from tests.helpers.processes import cell_processes, port_still_held
 
 RUNS = 2
 
@@ -49,7 +48,9 @@ def test_a_healthy_pair_is_token_identical_to_aggregated(oracle_runs: tuple[Path
     # The aggregated instance's processes and ports went like the pair's.
     for run in runs:
         assert len(run.ports) == 8  # five of the pair, three of the aggregated deployment
-        assert all(port_is_free(p, reuse_addr=True) for p in run.ports)
+        assert not any(
+            port_still_held(p, *(f"oracle-{r.case}-{i}" for r in runs for i in range(RUNS))) for p in run.ports
+        )
     for i in range(RUNS):
         assert cell_processes(f"oracle-oracle_clean-{i}") == []
         logs = {p.name for p in (home / "runs" / f"oracle_clean-{i}").iterdir()}

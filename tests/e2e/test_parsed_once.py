@@ -19,6 +19,7 @@ from matrix.executors.hooks import LocalHooks
 from matrix.hardware.ports import PortAllocator
 from matrix.kv_bound import KvBound
 from matrix.launch.providers import prepare, recipe
+from matrix.paths import port_registry_path
 from matrix.runner import run_cell
 
 
@@ -57,6 +58,6 @@ def test_a_cell_parses_neither_its_launch_table_nor_its_provider(
     (cell,) = LocalHooks().with_specs([Cell(case=case, runtime=runtime)])
     assert isinstance(cell.runtime.spec, recipe.HostConfig) and calls["check_keys"] == 2  # parsed once, here
     calls.clear()
-    outcome = run_cell(cell, "parsed-once", tmp_path / "cell", PortAllocator(tmp_path / "ports.json"))
+    outcome = run_cell(cell, "parsed-once", tmp_path / "cell", PortAllocator(port_registry_path()))
     assert outcome.status == "passed", outcome.message
     assert calls == Counter(), f"the cell parsed again: {dict(calls)}"

@@ -181,7 +181,15 @@ def test_killed_build_leaves_no_half_environment_and_prune_cleans_up(venv_home: 
 
     assert not target.path.exists()
     assert isinstance(prepare(runtime), NotProvisioned)
-    assert [e.state for e in list_envs() if e.name == target.name] == ["stale"]
+    # Stale once the lock is free: a child the builder was starting may still hold it for a moment (between
+    # fork and exec it has every descriptor, and after setsid it is outside the killed group), until the
+    # build watchdog kills it.
+    deadline = time.monotonic() + 10
+    while (states := [e.state for e in list_envs() if e.name == target.name]) == ["building"]:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert states == ["stale"]
     report = prune({resolve_target(RuntimeInfo(**TOY)).name, target.name})
     assert [r.why for r in report.removed] == ["temporary directory of a build that did not finish"]
     assert _temps(venv_home) == []
@@ -253,5 +261,3 @@ def test_runtime_commands(venv_home: Path) -> None:
     doctor = {r["runtime"]: r for r in json.loads(m("doctor", "--json").output)["runtimes"]}
     assert doctor["toy-1.0"]["status"] == "ready"
     assert doctor["toy-4.0"]["status"] == "not provisioned"
-
-

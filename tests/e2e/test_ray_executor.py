@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from matrix.hardware.ports import port_is_free
 from matrix.launch.supervisor import find_cell_processes
 from tests.helpers.cli import DATA, Matrix
+from tests.helpers.processes import port_still_held
 
 pytest.importorskip("ray", reason="the Ray executor needs the ray extra (pip install -e '.[dev]' has it)")
 
@@ -161,7 +161,7 @@ def _assert_nothing_left(row: dict[str, object]) -> None:
     uid = str(row["uid"])
     assert find_cell_processes(uid) == [], f"processes of {uid} survived"
     for port in row["ports"].values():  # type: ignore[attr-defined]
-        assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
+        assert not port_still_held(int(port), uid), f"port {port} of {uid} still in use"
 
 
 def _visible_devices(log_dir: Path, role: str) -> str:

@@ -13,10 +13,12 @@ import pytest
 
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.executors.shared_engines import Acquired, GridPlan, SharedEngines
-from matrix.hardware.ports import PortAllocator, port_is_free
+from matrix.hardware.ports import PortAllocator
 from matrix.launch.providers import Environment
 from matrix.launch.supervisor import find_cell_processes
+from matrix.paths import port_registry_path
 from matrix.runner import LiveCells
+from tests.helpers.processes import port_still_held
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -28,7 +30,7 @@ DECODE = ("decode", RUNTIME.label)
 
 def _grid(tmp_path: Path, uses: int) -> SharedEngines:
     plan = GridPlan("ref", frozenset(), Counter({PREFILL: uses, DECODE: uses}), {PREFILL: RUNTIME, DECODE: RUNTIME})
-    return SharedEngines(plan, tmp_path / "engines", PortAllocator(tmp_path / "ports.json"), LiveCells())
+    return SharedEngines(plan, tmp_path / "engines", PortAllocator(port_registry_path()), LiveCells())
 
 
 def test_an_engine_is_reused_restarted_after_death_and_stopped_after_its_last_use(
@@ -58,7 +60,7 @@ def test_an_engine_is_reused_restarted_after_death_and_stopped_after_its_last_us
     (stopped,) = engines.release([PREFILL])  # the last use: stopped now, its teardown for that pair's row
     assert stopped[1].clean and engines.running() == []
     assert find_cell_processes(new_id) == []
-    assert all(port_is_free(port, reuse_addr=True) for port in ports.values())
+    assert not any(port_still_held(port, new_id) for port in ports.values())
     engines.close()
 
 

@@ -16,8 +16,7 @@ import pytest
 
 from matrix.case_launch import ReferenceLaunch, parse_typed
 from matrix.errors import ConfigError
-from matrix.hardware.ports import port_is_free
-from tests.helpers.processes import cell_processes
+from tests.helpers.processes import cell_processes, port_still_held
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = (
@@ -142,4 +141,4 @@ def test_a_malformed_topology_is_refused_at_sync(bad: str) -> None:
 def test_nothing_is_left_behind(runs: dict[str, Ran]) -> None:
     for name, ran in runs.items():
         assert cell_processes(f"topology-{name}") == []
-        assert all(port_is_free(p, reuse_addr=True) for p in ran.ports)
+        assert not any(port_still_held(p, f"topology-{name}") for p in ran.ports)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.hardware.ports import port_is_free
-from tests.helpers.processes import cell_processes
+from tests.helpers.processes import cell_processes, port_still_held
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = (
@@ -141,4 +140,4 @@ def test_the_hang_is_cut_within_its_bound_with_who_waited_on_what(runs: dict[str
 def test_nothing_is_left_behind(runs: dict[str, Ran]) -> None:
     for name, ran in runs.items():
         assert cell_processes(f"traffic-{name}") == []
-        assert all(port_is_free(p, reuse_addr=True) for p in ran.ports)
+        assert not any(port_still_held(p, f"traffic-{name}") for p in ran.ports)

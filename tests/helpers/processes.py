@@ -31,7 +31,33 @@ def assert_nothing_left(m: Matrix, uid: str) -> None:
     (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
     ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
     for port in ports.values():
-        assert port_is_free(int(port), reuse_addr=True), f"port {port} of {uid} still in use"
+        assert not port_still_held(int(port), uid), f"port {port} of {uid} still in use"
+
+
+def port_still_held(port: int, *uids: str) -> bool:
+    """Whether something the cells `uids` may have left still listens on `port`.
+
+    Test workers run cells side by side, so once a cell has released a port another worker's cell may be
+    handed it and listen there: a listener tagged with another cell's id is not a leftover. An untagged
+    listener, or one whose owner cannot be read, is counted as held (the strict reading).
+    """
+    if port_is_free(port, reuse_addr=True):
+        return False
+    listeners = 0
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        listeners += 1
+        try:
+            owner = psutil.Process(conn.pid).environ().get("MATRIX_CELL_ID") if conn.pid else None
+        except psutil.Error:
+            owner = None
+        if owner is None or owner in uids:
+            return True
+    if listeners:
+        return False  # every listener belongs to another cell
+    # No listener: a bound socket that does not listen, or one that closed since the bind failed: look again.
+    return not port_is_free(port, reuse_addr=True)
 
 
 def cell_processes(uid: str) -> list[psutil.Process]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from matrix.errors import MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest, port_is_free
+from matrix.paths import port_registry_path
 from tests.helpers.ports import free_block
 
 
@@ -97,3 +100,33 @@ def test_unreadable_registry_is_started_over(registry: Path) -> None:
 def test_invalid_max_port_is_rejected() -> None:
     with pytest.raises(ValueError):
         PortRequest("a", max_port=70000)
+
+
+def test_runners_with_different_data_directories_share_the_hosts_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two runners, each with its own data directory: the first reserves the range's only port before its
+    # server binds it; the second must not be handed it too (each used to check only its own registry).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own "host-wide" directory
+    monkeypatch.delenv("MATRIX_PORT_REGISTRY", raising=False)
+    port = free_block(1)
+    monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "first"))
+    first = PortAllocator(port_registry_path(), min_port=port)
+    assert first.allocate("cell-a", [PortRequest("http", max_port=port)]) == {"http": port}
+    monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "second"))
+    assert port_registry_path() == tmp_path / f"matrix-ports-{os.getuid()}" / "ports.json"
+    with pytest.raises(MatrixError, match="no free port"):
+        PortAllocator(port_registry_path(), min_port=port).allocate("cell-b", [PortRequest("http", max_port=port)])
+    first.release("cell-a")
+    assert PortAllocator(port_registry_path(), min_port=port).allocate("cell-b", [PortRequest("http", max_port=port)])
+
+
+def test_a_registry_directory_of_someone_else_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("MATRIX_PORT_REGISTRY", raising=False)
+    monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "home"))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"matrix-ports-{os.getuid()}").symlink_to(tmp_path / "elsewhere")  # planted by another user
+    assert port_registry_path() == tmp_path / "home" / "ports.json"
+    monkeypatch.setenv("MATRIX_PORT_REGISTRY", str(tmp_path / "chosen.json"))
+    assert port_registry_path() == tmp_path / "chosen.json"
