@@ -126,8 +126,17 @@ def fmt_peaks(peaks: Mapping[str, Any]) -> str:
     return fmt_pairs(peaks)
 
 
+def fmt_rate(gb_per_s: float) -> str:
+    """A transfer rate in the unit that keeps it short: ``12.4 GB/s``, ``897 MB/s``, ``5.9 MB/s``, ``640 kB/s``
+    (decimal units, as the ledger's; a CPU pair moves kilobytes, a GPU pair gigabytes)."""
+    for scale, unit in ((1.0, "GB/s"), (1e3, "MB/s")):
+        if gb_per_s * scale >= 1:
+            return f"{gb_per_s * scale:.3g} {unit}"
+    return f"{gb_per_s * 1e6:.3g} kB/s"
+
+
 def fmt_kv_ledger(ledger: Mapping[str, Any]) -> str:
-    """``1 transfer(s), 5.8 kB in 0.994 ms (0.0059 GB/s), from reference at ...``; "" without transfers."""
+    """``1 transfer(s), 5.8 kB in 0.994 ms (5.9 MB/s), from reference at ...``; "" without transfers."""
     transfers = ledger.get("transfers")
     if not transfers:
         return ""
@@ -140,6 +149,6 @@ def fmt_kv_ledger(ledger: Mapping[str, Any]) -> str:
     if isinstance(seconds, int | float):
         text += f" in {seconds * 1000:.3f} ms" if seconds < 1 else f" in {fmt_seconds(seconds)}"
     if isinstance(rate, int | float):
-        text += f" ({rate:.3g} GB/s)"
+        text += f" ({fmt_rate(rate)})"
     source = ledger.get("source")
     return text + (f", from {source}" if source else "")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from matrix.check.ledger import MIB, SOURCES, ledger, measure
+from matrix.report.fmt import fmt_kv_ledger, fmt_rate
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
 
@@ -65,3 +66,15 @@ def test_the_endpoint_that_saw_the_most_bytes_stands_for_the_attempt() -> None:
 def test_every_source_names_three_distinct_series() -> None:
     for source in SOURCES:
         assert len(set(source.series)) == 3, source
+
+
+@pytest.mark.parametrize(
+    ("gb_per_s", "shown"),
+    [(12.43, "12.4 GB/s"), (1.0, "1 GB/s"), (0.897, "897 MB/s"), (0.000897, "897 kB/s"), (0.0059, "5.9 MB/s")],
+)
+def test_a_rate_is_shown_in_the_unit_that_keeps_it_short(gb_per_s: float, shown: str) -> None:
+    # A CPU pair moves kilobytes: "0.000897 GB/s" was a raw-looking float in `show` and the report.
+    assert fmt_rate(gb_per_s) == shown
+    assert fmt_kv_ledger({"transfers": 1, "bytes": 5800, "seconds": 0.00649, "gb_per_s": gb_per_s}).endswith(
+        f"5.8 kB in 6.490 ms ({shown})"
+    )
