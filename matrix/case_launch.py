@@ -96,6 +96,10 @@ class ReferenceLaunch(CommonLaunch):
     # xPyD ([M27]): "1p2d" starts one prefill and two decode workers behind the one frontend, which routes
     # round robin across them; None is one of each (`topology_counts`).
     topology: str | None = _key("str")
+    # Seconds a worker keeps KV no decode took (the engine's own timeout; the worker's default is 60).
+    kv_ttl_s: float | None = _key("number")
+    # [M27] peer loss: true, or a table of `PEER_LOSS_DEFAULTS` keys (`peer_loss_options`).
+    peer_loss: object = _key("any")
 
 
 # The most workers of one role a topology may ask for (each is a process of its own on the host).
@@ -116,6 +120,47 @@ def topology_counts(topology: str | None) -> tuple[int, int]:
             f"(1 to {MAX_TOPOLOGY_WORKERS} workers per role)"
         )
     return counts
+
+
+# `launch.peer_loss`'s keys and their defaults (`check.specs.PeerLossSpec` says what each means).
+PEER_LOSS_DEFAULTS: Mapping[str, object] = {
+    "roles": ("prefill", "decode"),
+    "streams": 4,
+    "stream_tokens": 64,
+    "bound_s": 10.0,
+    "release_timeout_s": 60.0,
+    "rejoin_timeout_s": 60.0,
+}
+_PEER_LOSS_LIMITS = {"streams": (1, 64), "stream_tokens": (2, 4096)}
+
+
+def peer_loss_options(value: object) -> dict[str, Any] | None:
+    """`launch.peer_loss` with its defaults filled in; None when the case leaves it out (or says false).
+    ConfigError names the key and the fix, so a typo is refused at `matrix catalog sync`."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"launch.peer_loss must be true or a table, got {value!r}: write peer_loss = true")
+    unknown = sorted(set(value) - set(PEER_LOSS_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"launch.peer_loss has no key {unknown[0]!r}; its keys are {', '.join(PEER_LOSS_DEFAULTS)}")
+    options = {**PEER_LOSS_DEFAULTS, **value}
+    roles = options["roles"]
+    if not isinstance(roles, list | tuple) or not roles or not set(roles) <= set(OVERRIDE_ROLES):
+        raise ConfigError(f'launch.peer_loss.roles = {roles!r}: write roles = ["prefill", "decode"] (either or both)')
+    options["roles"] = tuple(dict.fromkeys(roles))
+    for key in ("streams", "stream_tokens"):
+        low, high = _PEER_LOSS_LIMITS[key]
+        if not isinstance(options[key], int) or isinstance(options[key], bool) or not low <= options[key] <= high:
+            raise ConfigError(f"launch.peer_loss.{key} = {options[key]!r}: write an integer from {low} to {high}")
+    for key in ("bound_s", "release_timeout_s", "rejoin_timeout_s"):
+        seconds = options[key]
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 < seconds <= 3600:
+            raise ConfigError(f"launch.peer_loss.{key} = {seconds!r}: write seconds above 0, at most 3600")
+        options[key] = float(seconds)
+    return options
 
 
 @dataclass(frozen=True)
@@ -258,6 +303,7 @@ def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, 
         _check_block_sizes(parsed)
     if isinstance(parsed, ReferenceLaunch):
         topology_counts(parsed.topology)
+        peer_loss_options(parsed.peer_loss)
     return parsed
 
 

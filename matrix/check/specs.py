@@ -126,3 +126,26 @@ class TopologySpec:
     topology: str
     workers: tuple[TopologyWorker, ...]
     record_dir: str
+
+
+@dataclass(frozen=True)
+class PeerLossSpec:
+    """The peer-loss check ([M27], `matrix.check.peer_loss`): for each role of `roles` in turn, its first
+    worker of `workers` is killed (-9) with `streams` streams in flight, then started again.
+
+    `bound_s`: how long a request in flight at the kill, or one sent while the worker is down, may take to end
+    (an error or an answer); past it, a hang. `release_timeout_s`: how long a survivor may hold work or KV
+    for the dead peer (the engine's own timeout for KV no one takes, plus a margin); `rejoin_timeout_s`: how
+    long the restarted worker may take to be ready. `gauges`: every worker's scheduler gauges (`role` names
+    the worker). `stream_tokens`: how long each in-flight answer is (long enough to be in flight at the kill).
+    """
+
+    record_dir: str
+    workers: tuple[TopologyWorker, ...]
+    gauges: tuple[EngineGauges, ...]
+    roles: tuple[str, ...] = ("prefill", "decode")
+    streams: int = 4
+    stream_tokens: int = 64
+    bound_s: float = 10.0
+    release_timeout_s: float = 60.0
+    rejoin_timeout_s: float = 60.0

@@ -53,7 +53,8 @@ def _get(client: httpx.Client, url: str) -> httpx.Response | None:
         return None
 
 
-def _instance_id(client: httpx.Client, worker: TopologyWorker) -> str | None:
+def instance_id(client: httpx.Client, worker: TopologyWorker) -> str | None:
+    """The instance id `worker`'s `/health` names (what the frontend reports per answer), None if it does not."""
     response = _get(client, worker.health_url)
     try:
         found = response.json().get("instance_id") if response is not None else None
@@ -78,7 +79,7 @@ def _decodes(spec: TopologySpec) -> list[TopologyWorker]:
 def look(spec: TopologySpec) -> TopologyLook:
     """Each worker's instance id and each decode's counters, before the request."""
     with loopback_client(5.0) as client:
-        ids = {worker.name: _instance_id(client, worker) for worker in spec.workers}
+        ids = {worker.name: instance_id(client, worker) for worker in spec.workers}
         return TopologyLook(ids, _scrape(client, _decodes(spec)))
 
 

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 
 # The request and the metrics checks are the check stage's own input; a plan carries them (re-exported here
 # for the arms that build plans).
-from matrix.check.specs import EngineGauges, LifecycleSpec, MetricsCheck, OracleSpec, RequestSpec, TopologySpec
+from matrix.check.specs import (
+    EngineGauges,
+    LifecycleSpec,
+    MetricsCheck,
+    OracleSpec,
+    PeerLossSpec,
+    RequestSpec,
+    TopologySpec,
+)
 
 __all__ = [
     "EngineGauges",
@@ -20,6 +28,7 @@ __all__ = [
     "LifecycleSpec",
     "MetricsCheck",
     "OracleSpec",
+    "PeerLossSpec",
     "ProcessSpec",
     "RequestSpec",
     "TopologySpec",
@@ -76,3 +85,5 @@ class LaunchPlan:
     lifecycle: LifecycleSpec | None = None
     # Several workers per role behind one frontend ([M27] xPyD): each must serve, KV must move on each pair used.
     topology: TopologySpec | None = None
+    # One worker per role killed (-9) under load, then started again ([M27] peer loss, `matrix.check.peer_loss`).
+    peer_loss: PeerLossSpec | None = None

@@ -212,8 +212,8 @@ class Supervisor:
                 raise MatrixError("cell cancelled before all its processes started")
             self._spawn(spec, self.log_paths()[spec.role])
 
-    def _spawn(self, spec: ProcessSpec, log_path: Path) -> None:
-        log = log_path.open("wb")
+    def _spawn(self, spec: ProcessSpec, log_path: Path, *, append: bool = False) -> None:
+        log = log_path.open("ab" if append else "wb")
         _write_line(log, f"[matrix] starting {spec.role}: {shlex.join(spec.argv)}")
         try:
             popen = subprocess.Popen(
@@ -234,20 +234,65 @@ class Supervisor:
         # Owned at once, so an interruption from here on still ends in this process's teardown.
         assert popen.stdout is not None  # stdout=PIPE
         fatal = _FatalWatch()
-        pump = threading.Thread(
-            target=_pump, args=(popen.stdout, log, fatal.see), name=f"log-{spec.role}", daemon=True
-        )
+        pump = threading.Thread(target=_pump, args=(popen.stdout, log, fatal.see), name=f"log-{spec.role}", daemon=True)
         self._children.append(_Child(spec, popen, log_path, pump, fatal))
         _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
         pump.start()
 
+    # -- one process lost and started again (the peer-loss check, `matrix.check.peer_loss`) ------------------
+
+    def kill_role(self, role: str) -> tuple[int, int | None]:
+        """SIGKILL the process group of `role`'s current process, as a crash would end it: (its pid, its exit
+        code once reaped, None if it was still not gone after the reap timeout)."""
+        child = self._current(role)
+        _signal_group(child.popen.pid, signal.SIGKILL)
+        try:
+            return child.popen.pid, child.popen.wait(timeout=_REAP_S)
+        except subprocess.TimeoutExpired:
+            return child.popen.pid, None
+
+    def restart_role(self, role: str) -> int:
+        """Start `role` again from its spec (its log continues in the same file); the new pid. The old process
+        stays in the teardown's list, so its exit is reported and its group swept like any other's."""
+        child = self._current(role)
+        with self._teardown_lock:
+            if self._report is not None:
+                raise MatrixError(f"cell torn down: {role} is not started again")
+            self._spawn(child.spec, child.log_path, append=True)
+        return self._children[-1].popen.pid
+
+    def wait_role_ready(self, role: str, timeout_s: float) -> str | None:
+        """Poll `role`'s own probes until they pass (None), or it dies or `timeout_s` passes (why not)."""
+        child = self._current(role)
+        pending: list[tuple[_Child | None, HealthProbe]] = [(child, probe) for probe in child.spec.health]
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        with loopback_client(_PROBE_TIMEOUT_S) as client:
+            while pending:
+                if (code := child.popen.poll()) is not None:
+                    return f"{role} exited with code {code} before it was ready again"
+                last = _advance(client, pending, deadline) or last
+                if not pending:
+                    break
+                if time.monotonic() >= deadline:
+                    return f"{role} not ready again after {timeout_s:g} s: {pending[0][1].url} last answered {last}"
+                time.sleep(_POLL_MAX_S)
+        return None
+
+    def _current(self, role: str) -> _Child:
+        found = [child for child in self._children if child.role == role]
+        if not found:
+            raise MatrixError(f"no started process has the role {role!r}")
+        return found[-1]
+
     def pids(self) -> dict[str, int]:
-        """The pid of every started process, by role (for telemetry)."""
+        """The pid of every started process, by role (for telemetry); a role started again: its newest."""
         return {child.role: child.popen.pid for child in self._children}
 
     def exited(self) -> dict[str, int]:
         """The exit code of every started process that has ended, by role (a shared engine's liveness)."""
-        return {child.role: code for child in self._children if (code := child.popen.poll()) is not None}
+        current = {child.role: child for child in self._children}.values()  # a role started again: its newest
+        return {child.role: code for child in current if (code := child.popen.poll()) is not None}
 
     def _child_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         # Python children block-buffer a piped stdout: lines would be timestamped late and lost on a

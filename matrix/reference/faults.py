@@ -61,6 +61,14 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "peer-loss-hang": "while another decode is in flight, the decode worker loses its prefill peer and waits for "
     "the KV forever, and the frontend waits on decode without a timeout (sgl-project/sglang #29482): a hang "
     "only concurrent traffic shows",
+    "dead-peer-hang": "the frontend, failing to reach a worker (a dead peer), waits forever instead of answering "
+    "an error: requests in flight and new ones hang (peer_loss_hang)",
+    "dead-peer-truncation": "the frontend ends a stream whose decode died mid-answer as if it were complete "
+    "(finish_reason 'length', no error): a truncated answer served as whole (peer_loss_truncated)",
+    "dead-peer-never-rejoins": "the frontend stops routing to a worker it once failed to reach, for good: a "
+    "worker started again never serves (peer_loss_rejoin)",
+    "dead-peer-kv-held": "the prefill worker never expires KV that no decode took (its decode died): a survivor "
+    "holds the dead peer's KV for good (peer_loss_kv_released)",
     "topology-decode-unused": "the frontend never routes to its last decode worker when it has several (an "
     "xPyD topology with a worker that never serves): topology_worker_unused fails",
     "hostile-output": "the prefill worker logs every token format, terminal escape and NUL at start, and the "
@@ -83,6 +91,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "ignore-sigterm",
     "hostile-output",
     "listen-everywhere",
+    "dead-peer-kv-held",
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",
@@ -113,6 +122,9 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "n-child-handoff-lost",
         "peer-loss-hang",
         "topology-decode-unused",
+        "dead-peer-hang",
+        "dead-peer-truncation",
+        "dead-peer-never-rejoins",
     }
 )
 # Faults under which the frontend waits on decode without a timeout, as a gateway without one of its own.

@@ -19,6 +19,7 @@ from matrix.reference.http import (
     JSONHandler,
     Route,
     StopSignal,
+    error_body,
     serve_until_stopped,
 )
 
@@ -131,6 +132,8 @@ class FrontendApp:
         self.log = log
         self._turn = 0
         self._turn_lock = threading.Lock()
+        # Fault dead-peer-never-rejoins: the workers this frontend once failed to reach, dropped for good.
+        self._dropped: set[Upstream] = set()
 
     def route(self) -> tuple[Upstream, Upstream]:
         """The (prefill, decode) workers of the next request (each child of an `n > 1` request is one):
@@ -141,7 +144,23 @@ class FrontendApp:
         prefills, decodes = self.cfg.prefills, self.cfg.decodes
         if "topology-decode-unused" in self.cfg.faults and len(decodes) > 1:
             decodes = decodes[:-1]
+        if self._dropped:
+            prefills = tuple(up for up in prefills if up not in self._dropped)
+            decodes = tuple(up for up in decodes if up not in self._dropped)
+            if not prefills or not decodes:
+                raise HTTPError(503, "no prefill or decode worker left to route to", "service_unavailable")
         return prefills[turn % len(prefills)], decodes[(turn // len(prefills)) % len(decodes)]
+
+    def unreachable(self, up: Upstream, exc: HTTPError) -> HTTPError:
+        """A worker could not be reached (a dead peer): the error to answer with, after the faults that make
+        a frontend handle it badly had their way (hang for good; drop the worker for good)."""
+        if "dead-peer-hang" in self.cfg.faults:
+            self.log(f"{up.role} worker at {up.url} unreachable: waiting for it forever (fault dead-peer-hang)")
+            threading.Event().wait()
+        if "dead-peer-never-rejoins" in self.cfg.faults:
+            self._dropped.add(up)
+            self.log(f"{up.role} worker at {up.url} dropped for good (fault dead-peer-never-rejoins)")
+        return exc
 
     def routes(self) -> dict[tuple[str, str], Route]:
         return {
@@ -262,7 +281,7 @@ class FrontendApp:
         timeout = self.cfg.worker_timeout_s
         pre, dec = self.route()
         prefill = _checked(
-            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+            pre, *self._call(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
         )
         body = json.dumps({"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens,
                            "stream": True}).encode("utf-8")  # fmt: skip
@@ -273,7 +292,8 @@ class FrontendApp:
                 conn.request("POST", "/decode", body=body, headers={"Content-Type": "application/json"})
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as exc:
-                raise HTTPError(503, f"decode worker at {dec.url} unreachable: {exc}", "service_unavailable") from exc
+                error = HTTPError(503, f"decode worker at {dec.url} unreachable: {exc}", "service_unavailable")
+                raise self.unreachable(dec, error) from exc
             if resp.status != 200:
                 raw = resp.read()
                 try:
@@ -281,12 +301,26 @@ class FrontendApp:
                 except (UnicodeDecodeError, json.JSONDecodeError):
                     obj = raw[:300]
                 _checked(dec, resp.status, obj)
-            self._relay(req, resp, request_id, prefill)
+            self._relay(req, resp, request_id, prefill, dec)
         finally:
             conn.close()
 
+    def _call(self, up: Upstream, method: str, path: str, body: Any, timeout_s: float | None) -> tuple[int, Any]:
+        """`call_worker`, with an unreachable worker handled as `unreachable` says."""
+        try:
+            return call_worker(up, method, path, body, timeout_s)
+        except HTTPError as exc:
+            if exc.kind != "service_unavailable":
+                raise
+            raise self.unreachable(up, exc) from exc
+
     def _relay(
-        self, req: JSONHandler, resp: http.client.HTTPResponse, request_id: str, prefill: dict[str, Any]
+        self,
+        req: JSONHandler,
+        resp: http.client.HTTPResponse,
+        request_id: str,
+        prefill: dict[str, Any],
+        dec: Upstream,
     ) -> None:
         created = int(time.time())
         req.send_response(200)
@@ -303,7 +337,7 @@ class FrontendApp:
         chunk({"role": "assistant", "content": ""})
         end: dict[str, Any] = {}
         first = True
-        while line := resp.readline():
+        while line := _read_line(resp):
             event = json.loads(line)
             if event.get("done"):
                 end = event
@@ -311,6 +345,16 @@ class FrontendApp:
             chunk({"content": str(event.get("text", "")) if first else " " + str(event.get("text", ""))})
             first = False
         faults = self.cfg.faults
+        if not end and "dead-peer-truncation" not in faults:
+            # Decode's stream ended before its last event (the worker died): say so in the stream, as an
+            # engine's frontend does, instead of finishing the answer as if it were whole.
+            self.unreachable(dec, HTTPError(503, "", "service_unavailable"))
+            message = f"decode worker at {dec.url} ended the stream before the answer was complete"
+            req.wfile.write(b"data: " + json.dumps(error_body(503, message, "service_unavailable")).encode() + b"\n\n")
+            req.wfile.write(b"data: [DONE]\n\n")
+            req.wfile.flush()
+            self.log(f"chat id={request_id} stream=live error: {message}")
+            return
         prefill_id = prefill.get("prefill_worker_id")
         decode_id = prefill_id if "same-worker-id" in faults else end.get("decode_worker_id")
         prompt_tokens, completion_tokens = int(prefill.get("prompt_tokens", 0)), int(end.get("completion_tokens", 0))
@@ -332,13 +376,17 @@ class FrontendApp:
         handle decode is given instead of a prefill of its own, fault n-child-handoff-lost)."""
         timeout = self.cfg.worker_timeout_s
         pre, dec = self.route()
-        prefill = {"kv": kv} if kv is not None else _checked(
-            pre, *call_worker(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+        prefill = (
+            {"kv": kv}
+            if kv is not None
+            else _checked(
+                pre, *self._call(pre, "POST", "/prefill", {"request_id": request_id, "prompt": prompt}, timeout)
+            )
         )
         decode_req = {"request_id": request_id, "kv": prefill.get("kv"), "max_tokens": max_tokens}
         # kv-transfer-stall: a gateway without a timeout of its own waits for decode as long as decode waits.
         wait = None if self.cfg.faults & UNBOUNDED_WAIT_FAULTS else timeout
-        return prefill, _checked(dec, *call_worker(dec, "POST", "/decode", decode_req, wait))
+        return prefill, _checked(dec, *self._call(dec, "POST", "/decode", decode_req, wait))
 
     def completions(self, req: JSONHandler) -> None:
         """A plain-text completion in vLLM's shape, with `logprobs` (top-N per token, N <= 2 here) and
@@ -410,7 +458,7 @@ class FrontendApp:
         """One child's prefill (unless `kv` is given) and its decode stream, open; errors as HTTPError."""
         pre, dec = self.route()
         request = {"request_id": child, "prompt": prompt}
-        kv = kv or _checked(pre, *call_worker(pre, "POST", "/prefill", request, self.cfg.worker_timeout_s))["kv"]
+        kv = kv or _checked(pre, *self._call(pre, "POST", "/prefill", request, self.cfg.worker_timeout_s))["kv"]
         body = json.dumps({"request_id": child, "kv": kv, "max_tokens": max_tokens, "stream": True}).encode("utf-8")
         conn = http.client.HTTPConnection(dec.host, dec.port, timeout=wait)
         try:
@@ -538,6 +586,14 @@ class FrontendApp:
         for start in range(0, len(body), _WRITE_CHUNK):
             req.wfile.write(view[start : start + _WRITE_CHUNK])
         req.wfile.flush()
+
+
+def _read_line(resp: http.client.HTTPResponse) -> bytes:
+    """The next line of a worker's stream; b"" once it ended, however it ended (a worker that died resets it)."""
+    try:
+        return resp.readline()
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _worker_ids(index: int, kv: Any, decode_id: Any) -> dict[str, Any]:

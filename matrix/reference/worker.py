@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import socket
@@ -482,7 +483,9 @@ def run_worker(cfg: WorkerConfig) -> int:
     except DeviceUnavailableError as exc:
         log(f"error: {exc}")
         return 2
-    pool = KVPool(storage, cfg.kv_cache_bytes, cfg.block_bytes, cfg.kv_ttl_s, log)
+    # Fault dead-peer-kv-held: KV no decode took is never expired, so a dead decode's share stays for good.
+    ttl_s = math.inf if "dead-peer-kv-held" in cfg.faults else cfg.kv_ttl_s
+    pool = KVPool(storage, cfg.kv_cache_bytes, cfg.block_bytes, ttl_s, log)
     instance_id = secrets.randbits(64)
     app = WorkerApp(cfg, pool, instance_id, log)
     try:

@@ -22,6 +22,7 @@ from typing import Any
 from matrix.check import ledger, metrics, oracle, topology
 from matrix.check.client import send_chat
 from matrix.check.lifecycle import run_lifecycle
+from matrix.check.peer_loss import judge_peer_loss
 from matrix.check.specs import CheckFailure
 from matrix.check.traffic import TrafficSession
 from matrix.check.validate import validate_chat_response
@@ -174,6 +175,18 @@ def _topology(exchange: Exchange) -> None:
     exchange.failures += failures
 
 
+def _peer_loss(exchange: Exchange) -> None:
+    """[M27] peer loss: one worker per role killed under load and started again (`matrix.check.peer_loss`); last
+    before the oracle's prompts, which the deployment it rejoined then answers."""
+    spec, supervisor = exchange.plan.peer_loss, exchange.supervisor
+    if spec is None or exchange.failures:
+        return
+    pids, logs = supervisor.pids, supervisor.log_paths
+    exchange.failures += judge_peer_loss(
+        spec, exchange.plan.request, supervisor, lambda asked, waited: waiting_on(pids(), logs(), asked, waited)
+    )
+
+
 def _oracle_prompts(exchange: Exchange) -> None:
     """The pair served correctly: now the prompts the oracle compares (judged after teardown)."""
     spec = exchange.plan.oracle
@@ -187,6 +200,7 @@ CHECK_STEPS: tuple[CheckStep, ...] = (
     CheckStep("lifecycle", _lifecycle),
     CheckStep("traffic", _traffic),
     CheckStep("topology", _topology, look=_topology_look),
+    CheckStep("peer_loss", _peer_loss),
     CheckStep("oracle_prompts", _oracle_prompts),
 )
 

@@ -63,6 +63,11 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     # Leaves out a decode only where there are several: a 1P1D pair passes (test_topology_reference runs it
     # on 1p2d, where it fails topology_worker_unused).
     "topology-decode-unused": ("passed", None, None),
+    # Act only when a worker dies: a pair whose workers all live passes (test_peer_loss_reference kills them).
+    "dead-peer-hang": ("passed", None, None),
+    "dead-peer-truncation": ("passed", None, None),
+    "dead-peer-never-rejoins": ("passed", None, None),
+    "dead-peer-kv-held": ("passed", None, None),
 }
 
 

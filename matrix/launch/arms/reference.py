@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from matrix.case_launch import ReferenceLaunch, launch_as, topology_counts
+from matrix.case_launch import ReferenceLaunch, launch_as, peer_loss_options, topology_counts
 from matrix.cells import CaseInfo
-from matrix.check.specs import MetricsCheck, TopologySpec, TopologyWorker
+from matrix.check.specs import MetricsCheck, PeerLossSpec, TopologySpec, TopologyWorker
 from matrix.engines import ENGINES
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms.base import (
@@ -64,6 +64,8 @@ class ReferenceArm:
             argv += ["--slow-start-s", str(launch.slow_start_s)]
         if launch.token_delay_ms is not None:
             argv += ["--token-delay-ms", str(launch.token_delay_ms)]
+        if launch.kv_ttl_s is not None:
+            argv += ["--kv-ttl-s", str(launch.kv_ttl_s)]
         health = (HealthProbe(loopback_url(ctx.ports[f"{name}_http"], "/health")),)
         return ProcessSpec(role=name, argv=tuple(argv), env=env, health=health)
 
@@ -121,6 +123,7 @@ class ReferenceArm:
             oracle=oracle_spec(ctx, frontend_port),
             lifecycle=lifecycle(ctx),
             topology=topology(ctx) if launch_as(ctx.case.launch, ReferenceLaunch).topology is not None else None,
+            peer_loss=peer_loss(ctx),
         )
 
 
@@ -145,6 +148,16 @@ def topology(ctx: LaunchContext) -> TopologySpec:
         for name in worker_names(ctx.case)
     )
     return TopologySpec(launch_as(ctx.case.launch, ReferenceLaunch).topology or "1p1d", workers, str(ctx.work_dir))
+
+
+def peer_loss(ctx: LaunchContext) -> PeerLossSpec | None:
+    """The case's peer-loss check over every worker of its topology (`check.peer_loss`), or None."""
+    options = peer_loss_options(launch_as(ctx.case.launch, ReferenceLaunch).peer_loss)
+    if options is None:
+        return None
+    workers = topology(ctx).workers
+    gauges = tuple(EngineGauges(w.name, w.metrics_url, *REFERENCE_GAUGES) for w in workers)
+    return PeerLossSpec(str(ctx.work_dir), workers, gauges, **options)
 
 
 def lifecycle(ctx: LaunchContext) -> LifecycleSpec:

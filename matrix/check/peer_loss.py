@@ -1,0 +1,330 @@
+"""The peer-loss check ([M27]): a worker killed under load must not turn into a hang, and must rejoin.
+
+How P/D fails when a peer dies is rarely an error: requests hang at 0 % load (sglang #29482), a survivor holds
+KV for the dead peer for good (smg #2464), a stream is cut and handed over as if whole. So for each role of
+the spec in turn, the role's first worker is the victim:
+
+1. `streams` streaming requests are opened and read to their first token (in flight), then the victim's
+   process group is killed (SIGKILL). The kill must prove it took effect (the pid reaped), and at least one
+   stream must still have been in flight at it: otherwise the check was not exercised, which fails the cell
+   (`peer_loss_not_exercised`), never passes it.
+2. Every stream must end within `bound_s` of the kill, served whole or with an error: one still open is a hang
+   (`peer_loss_hang`, with who waited on what); one that ended as if complete, with fewer tokens than it
+   asked for and no error, is a truncated answer served as whole (`peer_loss_truncated`).
+3. While the victim is down, new requests (one per worker of its role) must each end within `bound_s`
+   (`peer_loss_hang` again); with no other worker of the role left this is the fail-fast rule. Whether they
+   were served by a survivor or refused is recorded (routing around a dead worker is a router's policy; a
+   200 with no worker of a role is a decode-only fallback, recorded as such).
+4. The survivors must release what they held for the dead peer (requests running or waiting, KV above its
+   level before the streams) within `release_timeout_s`, the engine's own timeout for KV nobody takes
+   (`peer_loss_kv_released`); the time it took is recorded.
+5. The victim is started again: it must be ready within `rejoin_timeout_s` and serve a request under its new
+   instance id within a few turns of the router (`peer_loss_rejoin`).
+
+Everything seen goes to `peer_loss.json` in the cell's log directory: pids, exit codes, each stream's end,
+the probes, the gauges and the times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from matrix.check.client import build_payload, send_chat
+from matrix.check.http import loopback_client
+from matrix.check.lifecycle import Reading, read_gauges, released
+from matrix.check.specs import CheckFailure, EngineGauges, PeerLossSpec, RequestSpec
+from matrix.check.topology import instance_id
+from matrix.check.validate import validate_chat_response
+from matrix.text import excerpt
+
+NOT_EXERCISED = "peer_loss_not_exercised"
+HANG = "peer_loss_hang"
+TRUNCATED = "peer_loss_truncated"
+KV_RELEASED = "peer_loss_kv_released"
+REJOIN = "peer_loss_rejoin"
+CHECK_NAMES = (NOT_EXERCISED, HANG, TRUNCATED, KV_RELEASED, REJOIN)
+POLL_S = 0.1
+# Requests sent after the restart, per worker of the role, until the new instance serves one.
+REJOIN_TURNS = 4
+
+
+class Peers(Protocol):
+    """What the check needs of the cell's processes (the supervisor has it)."""
+
+    def kill_role(self, role: str) -> tuple[int, int | None]: ...
+
+    def restart_role(self, role: str) -> int: ...
+
+    def wait_role_ready(self, role: str, timeout_s: float) -> str | None: ...
+
+
+# Who waited on what, for a hang's message: (the request that hung, seconds it waited) -> text.
+WaitedOn = Callable[[RequestSpec, float], str]
+
+
+@dataclass
+class StreamEnd:
+    """How one stream ended: "served" (whole), "error", "truncated" or "hang" (still open at the bound);
+    `before_kill` when it ended before the kill (it was not in flight, so it proves nothing)."""
+
+    outcome: str = "hang"
+    before_kill: bool = False
+    status_code: int | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_s: float | None = None
+    ended_s: float | None = None  # seconds after the kill (negative: before it)
+
+
+@dataclass
+class _Stream:
+    request: RequestSpec
+    max_tokens: int
+    stop: threading.Event
+    first: threading.Event = field(default_factory=threading.Event)
+    end: StreamEnd = field(default_factory=StreamEnd)
+    kill_at: list[float] = field(default_factory=list)  # set once the kill happened (monotonic time)
+
+    def run(self, bound_s: float) -> None:
+        started = time.monotonic()
+        payload = {**build_payload(self.request, stream=True), "max_tokens": self.max_tokens}
+        # No byte for the bound ends the read: after the kill that is the hang the caller names.
+        timeout = httpx.Timeout(self.request.timeout_s, read=max(bound_s, self.request.timeout_s))
+        try:
+            with (
+                loopback_client(self.request.timeout_s) as client,
+                client.stream("POST", self.request.url, json=payload, timeout=timeout) as response,
+            ):
+                self.end.status_code = response.status_code
+                if response.status_code != 200:
+                    self.end.outcome, self.end.error = "error", excerpt(response.read().decode(errors="replace"), 300)
+                    return
+                for line in response.iter_lines():
+                    if self.stop.is_set():
+                        return  # cut as a hang: the outcome stays "hang"
+                    self._see(line, started)
+                    if self.end.outcome != "hang":
+                        return
+                self.end.outcome = "error"
+                self.end.error = self.end.error or "the stream closed without [DONE]"
+        except httpx.ReadTimeout:
+            pass  # silent for the whole read timeout: the outcome stays "hang"
+        except httpx.HTTPError as exc:
+            self.end.outcome, self.end.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.end.outcome != "hang":
+                self.end.before_kill = not self.kill_at
+                self.end.ended_s = round(time.monotonic() - (self.kill_at[0] if self.kill_at else started), 3)
+            self.first.set()  # last: a stream that ended before its first token is not waited for
+
+    def _see(self, line: str, started: float) -> None:
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            whole = self.end.finish_reason == "stop" or (
+                self.end.finish_reason == "length" and self.end.tokens >= self.max_tokens
+            )
+            if self.end.error is not None:
+                self.end.outcome = "error"
+            else:
+                self.end.outcome = "served" if whole else "truncated"
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            self.end.error = excerpt(json.dumps(event["error"]), 300)
+            return
+        for choice in event.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                self.end.tokens += 1
+                if not self.first.is_set():
+                    self.end.first_token_s = round(time.monotonic() - started, 3)
+                    self.first.set()
+            self.end.finish_reason = choice.get("finish_reason") or self.end.finish_reason
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.end.tokens = max(self.end.tokens, usage["completion_tokens"])
+
+
+@dataclass
+class _Round:
+    """One victim's kill and restart, as `peer_loss.json` records it."""
+
+    victim: str
+    role: str
+    pid: int | None = None
+    exit_code: int | None = None
+    streams: list[dict[str, Any]] = field(default_factory=list)
+    down_probes: list[dict[str, Any]] = field(default_factory=list)
+    survivors_before: dict[str, Reading] = field(default_factory=dict)
+    survivors_after: dict[str, Reading] = field(default_factory=dict)
+    released_s: float | None = None
+    new_pid: int | None = None
+    new_instance_id: str | None = None
+    rejoined_s: float | None = None
+    served_after_rejoin: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def judge_peer_loss(spec: PeerLossSpec, request: RequestSpec, peers: Peers, waited_on: WaitedOn) -> list[CheckFailure]:
+    """Kill and restart one worker of each role of `spec` in turn (see the module docstring)."""
+    failures: list[CheckFailure] = []
+    rounds: list[_Round] = []
+    for role in spec.roles:
+        victims = [w for w in spec.workers if w.role == role]
+        if not victims:
+            continue
+        record = _Round(victims[0].name, role)
+        rounds.append(record)
+        found = _one_round(spec, request, peers, waited_on, record, len(victims))
+        record.failures = [f"{f.name}: {f.message}" for f in found]
+        failures += found
+        if any(f.name in (NOT_EXERCISED, REJOIN) for f in found):
+            break  # the deployment is not whole again: a next round would judge a broken one
+    _write(spec, rounds)
+    return failures
+
+
+def _one_round(
+    spec: PeerLossSpec, request: RequestSpec, peers: Peers, waited_on: WaitedOn, record: _Round, of_role: int
+) -> list[CheckFailure]:
+    victim = record.victim
+    survivors = tuple(g for g in spec.gauges if g.role != victim)
+    with loopback_client(5.0) as client:
+        record.survivors_before = read_gauges(survivors, client)
+    stop = threading.Event()
+    streams = [_Stream(request, spec.stream_tokens, stop) for _ in range(spec.streams)]
+    threads = [threading.Thread(target=s.run, args=(spec.bound_s,), name=f"peer-loss-{i}", daemon=True)
+               for i, s in enumerate(streams)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + spec.bound_s
+    for stream in streams:
+        stream.first.wait(max(0.0, deadline - time.monotonic()))
+    killed = time.monotonic()  # marked first: a stream ending during the kill counts as in flight
+    for stream in streams:
+        stream.kill_at.append(killed)
+    record.pid, record.exit_code = peers.kill_role(victim)
+    for thread in threads:
+        thread.join(max(0.0, killed + spec.bound_s - time.monotonic()))
+    stop.set()
+    hung = [s for s in streams if s.end.outcome == "hang"]
+    evidence = waited_on(request, spec.bound_s) if hung else ""
+    for thread in threads:
+        thread.join(timeout=2.0)
+    record.streams = [asdict(s.end) for s in streams]
+    failures: list[CheckFailure] = []
+    if record.exit_code is None:
+        failures.append(CheckFailure(NOT_EXERCISED, f"{victim} (pid {record.pid}) was still not gone after SIGKILL"))
+        return failures
+    in_flight = [s for s in streams if not s.end.before_kill]
+    if not in_flight:
+        failures.append(CheckFailure(NOT_EXERCISED, (
+            f"none of the {len(streams)} stream(s) was still in flight when {victim} was killed (each ended first): "
+            "ask for longer answers (launch.peer_loss.stream_tokens) or a slower engine")))  # fmt: skip
+        return failures
+    if hung:
+        failures.append(CheckFailure(HANG, (
+            f"{len(hung)} of {len(in_flight)} stream(s) in flight when {victim} (pid {record.pid}) was killed had not "
+            f"ended {spec.bound_s:g} s later\n--- who waited on what ---\n{evidence}")))  # fmt: skip
+    truncated = [s.end for s in in_flight if s.end.outcome == "truncated"]
+    if truncated:
+        cut = truncated[0]
+        failures.append(CheckFailure(TRUNCATED, (
+            f"{len(truncated)} stream(s) in flight when {victim} was killed ended as if complete (finish_reason "
+            f"{cut.finish_reason!r}, no error) after {cut.tokens} of {spec.stream_tokens} tokens")))  # fmt: skip
+    failures += _while_down(spec, request, record, of_role, waited_on)
+    failures += _survivors_release(spec, survivors, record)
+    failures += _rejoin(spec, request, peers, record, of_role)
+    return failures
+
+
+def _while_down(
+    spec: PeerLossSpec, request: RequestSpec, record: _Round, of_role: int, waited_on: WaitedOn
+) -> list[CheckFailure]:
+    """One request per worker of the victim's role (so a round robin reaches the dead one): each must end in
+    the bound; what it was (served, refused, served with no worker of the role left) is recorded."""
+    bounded = RequestSpec(request.url, request.model, request.prompt, request.max_tokens, spec.bound_s,
+                          request.max_response_bytes)  # fmt: skip
+    for _ in range(of_role):
+        response = send_chat(bounded)
+        probe: dict[str, Any] = {"status_code": response.status_code, "request_s": response.request_s,
+                                 "error": response.error}  # fmt: skip
+        record.down_probes.append(probe)
+        if response.error_kind == "timeout":
+            evidence = waited_on(bounded, response.request_s or spec.bound_s)
+            return [CheckFailure(HANG, (
+                f"a request sent while {record.victim} was down got no answer within {spec.bound_s:g} s"
+                + (f" (no other {record.role} worker was left: it must fail fast)" if of_role == 1 else "")
+                + f"\n--- who waited on what ---\n{evidence}"))]  # fmt: skip
+        if response.status_code == 200 and of_role == 1:
+            probe["note"] = f"served with no {record.role} worker up (a fallback that does without it)"
+    return []
+
+
+def _survivors_release(spec: PeerLossSpec, survivors: tuple[EngineGauges, ...], record: _Round) -> list[CheckFailure]:
+    started = time.monotonic()
+    with loopback_client(5.0) as client:
+        while True:
+            record.survivors_after = read_gauges(survivors, client)
+            held = released(record.survivors_before, record.survivors_after)
+            if not held:
+                record.released_s = round(time.monotonic() - started, 3)
+                return []
+            if time.monotonic() - started >= spec.release_timeout_s:
+                return [CheckFailure(KV_RELEASED, (
+                    f"{spec.release_timeout_s:g} s after {record.victim} was killed and the requests to it ended, the "
+                    f"survivors still hold work or KV: {'; '.join(held)}"))]  # fmt: skip
+            time.sleep(POLL_S)
+
+
+def _rejoin(spec: PeerLossSpec, request: RequestSpec, peers: Peers, record: _Round, of_role: int) -> list[CheckFailure]:
+    victim = record.victim
+    started = time.monotonic()
+    record.new_pid = peers.restart_role(victim)
+    why = peers.wait_role_ready(victim, spec.rejoin_timeout_s)
+    if why is not None:
+        return [CheckFailure(REJOIN, f"{victim} started again (pid {record.new_pid}) but {why}")]
+    worker = next(w for w in spec.workers if w.name == victim)
+    with loopback_client(5.0) as client:
+        record.new_instance_id = instance_id(client, worker)
+    key = "prefill_worker_id" if record.role == "prefill" else "decode_worker_id"
+    for _ in range(REJOIN_TURNS * of_role):
+        response = send_chat(request)
+        validation = validate_chat_response(response.status_code, response.body) if response.body else None
+        served_by = getattr(validation, key, None)
+        record.served_after_rejoin.append({"status_code": response.status_code, key: served_by,
+                                           "error": response.error})  # fmt: skip
+        if response.status_code == 200 and served_by is not None and str(served_by) == record.new_instance_id:
+            record.rejoined_s = round(time.monotonic() - started, 3)
+            return []
+    answered = sorted({str(s.get(key)) for s in record.served_after_rejoin})
+    return [CheckFailure(REJOIN, (
+        f"{victim} started again (pid {record.new_pid}, instance {record.new_instance_id}) and was ready, but none of "
+        f"{len(record.served_after_rejoin)} request(s) after it was served by it (statuses "
+        f"{sorted({str(s['status_code']) for s in record.served_after_rejoin})}, {key}s {answered})"))]  # fmt: skip
+
+
+def _write(spec: PeerLossSpec, rounds: list[_Round]) -> None:
+    document = {
+        "check": "peer_loss", "bound_s": spec.bound_s, "release_timeout_s": spec.release_timeout_s,
+        "rejoin_timeout_s": spec.rejoin_timeout_s, "streams": spec.streams, "stream_tokens": spec.stream_tokens,
+        "rounds": [asdict(r) for r in rounds],
+    }  # fmt: skip
+    with contextlib.suppress(OSError):  # evidence only: a write error is not a check failure
+        (Path(spec.record_dir) / "peer_loss.json").write_text(json.dumps(document, indent=1) + "\n", "utf-8")
