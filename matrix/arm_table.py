@@ -101,7 +101,16 @@ def _dynamo_cpu(launch: CommonLaunch, engine: str) -> bool:
 
 
 def _dynamo_vouched(launch: CommonLaunch) -> bool:
-    return not (getattr(launch, "script", None) or getattr(launch, "workspace_script", None))
+    # A `script` always runs and may start the engines any way it likes. A `workspace_script` runs only under
+    # `matrix run --workspace`, so the run decides that one (`workspace_unvouched`): without the option matrix
+    # starts the engines itself, with the case's bounds.
+    return not getattr(launch, "script", None)
+
+
+def workspace_unvouched(launch: CommonLaunch, workspace: object) -> bool:
+    """Whether this run hands the case's engines to an upstream launch script (`launch.workspace_script`
+    with `--workspace`), which matrix cannot vouch bounds its memory: then its start-up runs alone."""
+    return workspace is not None and bool(getattr(launch, "workspace_script", None))
 
 
 ARM_ROWS: dict[str, ArmRow] = {

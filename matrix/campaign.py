@@ -25,6 +25,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
+from matrix.arm_table import workspace_unvouched
 from matrix.catalog.queries import plan_from_db
 from matrix.cells import ROLES, Cell, RuntimeInfo
 from matrix.db.engine import transaction
@@ -503,7 +504,8 @@ def _plan_jobs(run: _Run) -> int | None:
     run.jobs = []
     for cell, attempt, failed_before in run.selected:
         # The memory facts came with the cell (`CaseInfo`, computed from its arm's row when it was made).
-        demand = demand_for(cell, cpu_ok=cell.case.runs_on_cpu, absolute_memory=cell.case.absolute_memory)
+        absolute = cell.case.absolute_memory and not workspace_unvouched(cell.case.launch, options.workspace)
+        demand = demand_for(cell, cpu_ok=cell.case.runs_on_cpu, absolute_memory=absolute)
         expected = run.durations.get(cell.case.id or -1, cell.case.startup_timeout_s + cell.case.request_timeout_s)
         run.jobs.append(Job(cell, attempt, expected, demand, failed_before))
     return None

@@ -117,13 +117,12 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
     every instance's memory is bounded absolutely; then the start-up may run concurrently with others, unless
     the case asks otherwise (`launch.exclusive_startup`).
 
-    Why the seed's sidecar cells (`vllm_disaggregated`, `sglang_disaggregated`) start exclusive although
-    their KV is bounded in absolute terms like the native pairs' (KV bytes with a 0.01 utilisation fraction,
-    a 2048-token pool with a 0.05 static fraction): the arm table's `_dynamo_vouched` refuses any case whose
-    launch table *names* a `workspace_script`, and both name one. That script only runs under
-    `matrix run --workspace DIR`; without it matrix's own plan starts the engines with exactly those bounds.
-    So the reason is not real for a run without `--workspace`. It is left as is until a GPU run shows two
-    sidecar start-ups overlapping safely; the gate's turns keep it from holding back the native cells.
+    The seed's sidecar cells (`vllm_disaggregated`, `sglang_disaggregated`) bound their KV in absolute terms
+    like the native pairs' (KV bytes with a 0.01 utilisation fraction, a 2048-token pool with a 0.05 static
+    fraction) and name a `workspace_script`, which runs only under `matrix run --workspace DIR`. They used to
+    start exclusive for naming it at all (10.8x one cell on the H200); now only a run that hands the engines
+    to that script makes them exclusive (`arm_table.workspace_unvouched`, applied by the campaign), since
+    without the option matrix's own plan starts the engines with exactly those bounds.
     """
     case = cell.case
     gpus = case.gpus_needed

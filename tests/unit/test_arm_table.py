@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from matrix import pdproxy
-from matrix.arm_table import AGGREGATED_ARMS, ARM_ROWS, ARMS, LAUNCH_TYPES, PROTOCOLS, SHARED_ENGINE_ARMS
+from matrix.arm_table import (
+    AGGREGATED_ARMS,
+    ARM_ROWS,
+    ARMS,
+    LAUNCH_TYPES,
+    PROTOCOLS,
+    SHARED_ENGINE_ARMS,
+    workspace_unvouched,
+)
 from matrix.campaign import HostHooks
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.errors import ConfigError
@@ -67,7 +75,8 @@ FACTS = [
     ("dynamo", {"engine": "vllm"}, {"bytes": 1 << 28}, False, True),
     ("dynamo", {"engine": "vllm", "cpu": True}, {"bytes": 1 << 28}, True, True),
     ("dynamo", {"engine": "vllm", "script": "launch.sh"}, {"bytes": 1 << 28}, False, False),
-    ("dynamo", {"engine": "sglang", "workspace_script": "a.sh"}, {"tokens": 2048}, False, False),
+    # A workspace script runs only under `run --workspace`: the run decides (`workspace_unvouched`).
+    ("dynamo", {"engine": "sglang", "workspace_script": "a.sh"}, {"tokens": 2048}, False, True),
     ("dynamo", {"engine": "sglang"}, {"tokens": 2048}, False, True),
     ("dynamo", {"engine": "trtllm", "script": "t.sh"}, {"tokens": 2048}, False, False),
 ]
@@ -99,3 +108,13 @@ def test_a_replaced_case_gets_its_own_facts_and_an_unknown_engine_the_cautious_o
 def test_the_scheduler_asks_the_launch_floor_for_no_memory_fact() -> None:
     for hooks in (HostHooks, LocalHooks):
         assert not hasattr(hooks, "runs_on_cpu") and not hasattr(hooks, "absolute_memory")
+
+
+def test_a_workspace_script_is_unvouched_only_when_the_run_hands_it_the_engines() -> None:
+    # The seed's sidecar cells started one at a time (10.8x one cell on the H200) for a script that runs
+    # only under --workspace; without the option matrix starts the engines with the case's own bounds.
+    case = _case("dynamo", {"engine": "sglang", "workspace_script": "a.sh"}, {"tokens": 2048})
+    assert case.absolute_memory
+    assert workspace_unvouched(case.launch, Path("/checkout"))
+    assert not workspace_unvouched(case.launch, None)
+    assert not workspace_unvouched(_case("dynamo", {"engine": "sglang"}, {"tokens": 2048}).launch, Path("/checkout"))
