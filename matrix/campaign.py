@@ -45,6 +45,7 @@ from matrix.plan import Selection
 from matrix.progress import Event, Reporter, make_reporter
 from matrix.schedule.claims import add_pending_rows, cell_ids, latest_statuses, leave_campaign, pending_attempts
 from matrix.schedule.executor import CellExecutor
+from matrix.schedule.makespan import Forecast, PlannedJob, forecast
 from matrix.schedule.scheduler import Job, Scheduler, SchedulerOptions, Tally
 from matrix.schedule.slots import SlotPool, demand_for
 from matrix.schedule.start import Start
@@ -217,6 +218,41 @@ def expected_durations(session: Session, case_ids: Collection[int] | None = None
         if total is not None:
             samples.setdefault(case_id, []).append(float(total))
     return {case_id: statistics.median(values) for case_id, values in samples.items()}
+
+
+def expected_phases(session: Session, case_ids: Collection[int]) -> dict[int, tuple[float, float]]:
+    """(median seconds to ready, median seconds from ready to the end) of each case of `case_ids` over its
+    earlier finished attempts that have both: what the makespan forecast replays (`schedule.makespan`)."""
+    samples: dict[int, tuple[list[float], list[float]]] = {}
+    query = select(CellRun.case_id, CellRun.ready_s, CellRun.total_s).where(
+        CellRun.case_id.in_(sorted(case_ids)),
+        CellRun.ready_s.is_not(None),
+        CellRun.total_s.is_not(None),
+        CellRun.status.in_(("passed", "failed", "timeout")),
+    )
+    for case_id, ready, total in session.execute(query):
+        if ready is None or total is None:  # excluded by the query; typed as optional columns
+            continue
+        startups, runs = samples.setdefault(case_id, ([], []))
+        startups.append(float(ready))
+        runs.append(max(0.0, float(total) - float(ready)))
+    return {case_id: (statistics.median(s), statistics.median(r)) for case_id, (s, r) in samples.items()}
+
+
+def forecast_cells(
+    session: Session, cells: Sequence[Cell], gpus: Sequence[Gpu], *, pack: bool, jobs: int | None
+) -> Forecast:
+    """The makespan `matrix run` would take for `cells` on this host with these options, predicted from the
+    cases' earlier attempts (a case without one counts its start-up and request timeouts)."""
+    phases = expected_phases(session, {cell.case.id for cell in cells if cell.case.id is not None})
+    pool = SlotPool(gpus, pack=pack, cpu_slots=jobs or max(1, os.cpu_count() or 1))
+    planned = []
+    for cell in cells:
+        startup, run = phases.get(cell.case.id or -1, (cell.case.startup_timeout_s, cell.case.request_timeout_s))
+        demand = demand_for(cell, cpu_ok=cell.case.runs_on_cpu, absolute_memory=cell.case.absolute_memory)
+        planned.append(PlannedJob(demand, startup, run))
+    known = sum(1 for cell in cells if cell.case.id in phases)
+    return forecast(planned, pool, workers=jobs or pool.slots, from_history=known)
 
 
 def _latest_campaign(session: Session) -> Campaign:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from matrix.cli.app import App, json_option, make_selection, pass_app, selection
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from matrix.schedule.makespan import Forecast
     from matrix.schedule.start import Start
 
 
@@ -24,6 +26,12 @@ if TYPE_CHECKING:
 @click.option("--resolve", is_flag=True,
               help="First resolve each planned venv runtime's recipe for its own target with uv (metadata only) "
                    "and refuse, naming what is missing, when no index has a requirement.")  # fmt: skip
+@click.option("--makespan", is_flag=True,
+              help="Also predict how long `matrix run` of these cells takes on this host, from the cases' earlier "
+                   "attempts (medians; a case without one counts its timeouts) and the scheduler's own rules.")
+@click.option("--gpus", "gpus", metavar="LIST", help="With --makespan: only these GPUs, as `run --gpus`.")
+@click.option("--pack", is_flag=True, help="With --makespan: share a GPU between cells, as `run --pack`.")
+@click.option("-j", "--jobs", type=int, help="With --makespan: cells at once, as `run -j` (default: the slots).")
 @json_option
 @click.option(
     "--format", "output_format", type=click.Choice(["table", "json", "github-matrix"]),
@@ -36,7 +44,7 @@ if TYPE_CHECKING:
 @with_session
 def plan_cmd(
     session: Session, explain: bool, resolve: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
-    with_components: tuple[str, ...], **kw: Any,
+    with_components: tuple[str, ...], makespan: bool, gpus: str | None, pack: bool, jobs: int | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Expand cases x runtimes into cells and print them.
 
@@ -54,6 +62,12 @@ def plan_cmd(
         raise click.UsageError("--max-jobs applies to --format github-matrix")
     if explain and output_format == "github-matrix":
         raise click.UsageError("--explain applies to --format table or json")
+    if not makespan and (gpus is not None or pack or jobs is not None):
+        raise click.UsageError("--gpus, --pack and -j go with --makespan in `plan` (they are `run`'s options)")
+    if makespan and output_format == "github-matrix":
+        raise click.UsageError("--makespan applies to --format table or json")
+    if jobs is not None and jobs < 1:
+        raise click.UsageError("-j/--jobs must be at least 1")
     selection = make_selection(**kw)
     if with_components:
         from matrix.component_sources import parse_changes
@@ -72,8 +86,12 @@ def plan_cmd(
 
         print_github_matrix(session, plan, 256 if max_jobs is None else max_jobs)
         return
+    predicted = _forecast(session, plan.cells, gpus, pack, jobs) if makespan else None
     if output_format == "json":
-        print_json(plan.as_dict(explain=explain))
+        document = plan.as_dict(explain=explain)
+        if predicted is not None:
+            document["makespan"] = asdict(predicted)
+        print_json(document)
         return
     rows = [(c.case.name, c.runtime.backend, _versions(c), c.case.arm, c.case.gpus_needed, c.expected_failure)
             for c in plan.cells]  # fmt: skip
@@ -81,6 +99,8 @@ def plan_cmd(
     click.echo(
         f"{len(plan.cells)} cells ({len({c.case.name for c in plan.cells})} cases), {len(plan.excluded)} excluded"
     )
+    if predicted is not None:
+        click.echo(_forecast_line(predicted))
     if with_components:
         click.echo("the variants are previewed, not stored: `matrix run --with` with these options makes and runs them")
     if explain and plan.excluded:
@@ -90,6 +110,28 @@ def plan_cmd(
 
         print_table(("cell", "id", *ROLES), [(c.key, cell_id(c.key), *(c.runtime_of(r).version for r in ROLES))
                                              for c in plan.cells])  # fmt: skip
+
+
+def _forecast(session: Session, cells: Any, gpus: str | None, pack: bool, jobs: int | None) -> Forecast:
+    from matrix.campaign import forecast_cells
+    from matrix.hardware.gpus import inventory, parse_gpu_list
+
+    restrict = parse_gpu_list(gpus) if gpus is not None else None
+    return forecast_cells(session, cells, inventory(restrict=restrict), pack=pack, jobs=jobs)
+
+
+def _forecast_line(f: Forecast) -> str:
+    from matrix.report.fmt import fmt_seconds
+
+    line = (
+        f"predicted makespan on this host: {fmt_seconds(f.makespan_s)} for {f.cells} cell(s), {f.workers} at once "
+        f"(one after another: {fmt_seconds(f.sum_s)}; the slowest cell {fmt_seconds(f.slowest_s)})"
+    )
+    if f.cells > f.from_history:
+        line += f"; {f.cells - f.from_history} without an earlier attempt count their timeouts"
+    if f.cannot_run:
+        line += f"; {f.cannot_run} this host cannot run are left out"
+    return line
 
 
 def _versions(cell: Any) -> str:

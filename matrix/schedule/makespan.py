@@ -109,3 +109,32 @@ def predict_makespan(jobs: Sequence[PlannedJob], pool: SlotPool, *, workers: int
             pool.release(leases.pop(i))
         admit_at_gates()
     return now
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What `matrix plan --makespan` prints: the predicted makespan of the cells this host can run, with what
+    it rests on."""
+
+    makespan_s: float
+    cells: int  # predicted (those the host can run)
+    sum_s: float  # the cells one after another
+    slowest_s: float  # the longest single cell
+    from_history: int  # cells whose durations are medians of earlier attempts (the others: their timeouts)
+    cannot_run: int  # cells this host can never run (a GPU cell on a CPU host...)
+    workers: int
+
+
+def forecast(jobs: Sequence[PlannedJob], pool: SlotPool, *, workers: int, from_history: int) -> Forecast:
+    """Predict `jobs` on `pool` (used up); a job the pool can never fit is counted, not placed."""
+    placeable = [job for job in jobs if pool.can_ever_fit(job.demand) is None]
+    makespan = predict_makespan(placeable, pool, workers=workers) if placeable else 0.0
+    return Forecast(
+        makespan_s=makespan,
+        cells=len(placeable),
+        sum_s=sum(job.expected_s for job in placeable),
+        slowest_s=max((job.expected_s for job in placeable), default=0.0),
+        from_history=from_history,
+        cannot_run=len(jobs) - len(placeable),
+        workers=workers,
+    )
