@@ -15,6 +15,11 @@ A metric *regresses* when B is worse than A by more than the threshold (ratio of
 1 + threshold for lower-is-better, below 1 - threshold for higher-is-better) AND the Mann-Whitney test
 says the difference is significant (p < alpha). Either alone is not enough: a 3 % drop on one sample is
 noise, and a significant 0.5 % change is not worth blocking a release for.
+
+Each side's samples are the newest `SAMPLE_WINDOW` passed attempts of each cell (a line of output says
+"the newest a side" where a side reached it): a year of nightlies holds thousands per cell, more than any
+test needs and with the older ones describing a host and a release long gone, and the window keeps `gate`
+and `compare` from growing with the history. Exports keep every sample.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun
@@ -37,10 +42,14 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_THRESHOLD",
     "METRICS",
+    "SAMPLE_WINDOW",
     "MetricVerdict",
     "compare_metrics",
     "load_samples",
 ]
+
+# The newest passed attempts per cell and runtime that a comparison reads (see the module docstring).
+SAMPLE_WINDOW = 200
 
 # Metric -> which way is better: "lower", "higher", or "" (reported, never a regression).
 METRICS: Mapping[str, str] = {
@@ -100,21 +109,28 @@ def _decoded(value: Any, key: str) -> Any:
     return value
 
 
-def load_samples(session: Session, runtime_ids: Iterable[int]) -> dict[tuple[int, int], Samples]:
-    """(case id, runtime id) -> metric -> values of every passed attempt, oldest first."""
+def load_samples(
+    session: Session, runtime_ids: Iterable[int], *, window: int | None = SAMPLE_WINDOW
+) -> dict[tuple[int, int], Samples]:
+    """(case id, runtime id) -> metric -> values of its newest `window` passed attempts (None: every one),
+    oldest first. The window is chosen in SQL, so a year of nightlies costs what `window` attempts do."""
     ids = sorted(set(runtime_ids))
     out: dict[tuple[int, int], Samples] = defaultdict(lambda: defaultdict(list))
     if not ids:
         return {}
     # The JSON columns come as their stored text and are decoded only when they hold what a metric reads:
     # at 10^5 attempts SQLAlchemy's per-row JSON processing was a quarter of a gate's time.
-    stmt = (
-        select(CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
-               CellRun.completion_tokens, raw_column(CellRun.kv_ledger), raw_column(CellRun.peaks))
-        .where(CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
-        .order_by(CellRun.id)
-    )  # fmt: skip
-    for case_id, runtime_id, ready, ttft, request, tokens, raw_ledger, raw_peaks in session.execute(stmt):
+    columns = (CellRun.id, CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
+               CellRun.completion_tokens, raw_column(CellRun.kv_ledger), raw_column(CellRun.peaks))  # fmt: skip
+    passed = (CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
+    if window is None:
+        stmt = select(*columns).where(*passed).order_by(CellRun.id)
+    else:
+        newest = func.row_number().over(partition_by=(CellRun.case_id, CellRun.runtime_id), order_by=CellRun.id.desc())
+        ranked = select(*columns, newest.label("newest")).where(*passed).subquery()
+        stmt = select(*(c for c in ranked.c if c.name != "newest")).where(ranked.c.newest <= window)
+        stmt = stmt.order_by(ranked.c.id)
+    for _id, case_id, runtime_id, ready, ttft, request, tokens, raw_ledger, raw_peaks in session.execute(stmt):
         ledger = _decoded(raw_ledger, '"transfers"')
         peaks = _decoded(raw_peaks, '"traffic"')
         traffic = peaks.get("traffic") if isinstance(peaks, dict) else None
@@ -151,7 +167,8 @@ class MetricVerdict:
         else:
             p = ", p=n/a (significance needs scipy: the [stats] extra)"
         mark = " REGRESSION" if self.regression else " improved" if self.improvement else ""
-        return f"{c.metric} x{c.ratio:.3f}{interval}{p} (n={c.n_a}/{c.n_b}){mark}"
+        newest = ", the newest a side" if max(c.n_a, c.n_b) >= SAMPLE_WINDOW else ""
+        return f"{c.metric} x{c.ratio:.3f}{interval}{p} (n={c.n_a}/{c.n_b}{newest}){mark}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.comparison.as_dict(), "better": self.direction or None, "regression": self.regression,
