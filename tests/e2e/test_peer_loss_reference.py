@@ -23,9 +23,9 @@ from tests.helpers.processes import cell_processes, port_still_held
 
 REPO = Path(__file__).resolve().parents[2]
 TRAFFIC = "{ streams = 4, rounds = 1, shared_prefix_tokens = 8, max_prompt_tokens = 32, bound_s = 20 }"
-BOTH = "{ streams = 4, stream_tokens = 32, bound_s = 4, release_timeout_s = 4, rejoin_timeout_s = 20 }"
-DECODE = '{ roles = ["decode"], streams = 4, stream_tokens = 32, bound_s = 4, release_timeout_s = 4 }'
-PREFILL = '{ roles = ["prefill"], streams = 4, stream_tokens = 32, bound_s = 4, release_timeout_s = 4 }'
+BOTH = "{ streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8, rejoin_timeout_s = 30 }"
+DECODE = '{ roles = ["decode"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8 }'
+PREFILL = '{ roles = ["prefill"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8 }'
 # case -> (topology, faults, peer_loss table, token delay in ms)
 CASES = {
     # Even 2 tokens without any delay were caught in flight (the kill follows the first token at once), so
@@ -162,7 +162,7 @@ def test_kv_held_for_a_dead_decode_past_the_engines_timeout_fails(runs: dict[str
     assert "prefill: KV usage" in ran.checks["peer_loss_kv_released"]
     # The same cell without the fault released it within the worker's 1 s TTL.
     (_, decode_round) = _rounds(runs["peer_1p1d"])
-    assert isinstance(decode_round["released_s"], float) and decode_round["released_s"] < 4
+    assert isinstance(decode_round["released_s"], float) and decode_round["released_s"] < 8
 
 
 @pytest.mark.parametrize(
