@@ -153,8 +153,11 @@ import datetime as dt, sqlite3, statistics, sys
 db = sqlite3.connect(sys.argv[1])
 t = lambda s: dt.datetime.fromisoformat(s).replace(tzinfo=dt.timezone.utc).timestamp() if s else None
 for cid, c0, c1, status in db.execute("SELECT id, started_at, finished_at, status FROM campaign ORDER BY id"):
+    # Finished cells only: an attempt cut by the host's command limit (`interrupted`) is resumed as another
+    # row, and counting both made the 2026-12-04 run's cell count and sum too large.
     rows = db.execute("SELECT r.started_at, r.finished_at, r.total_s FROM cell_run r WHERE r.campaign_id = ? "
-                      "AND r.status != 'skipped' AND r.finished_at IS NOT NULL", (cid,)).fetchall()
+                      "AND r.status IN ('passed', 'failed', 'error', 'timeout') AND r.finished_at IS NOT NULL",
+                      (cid,)).fetchall()
     if not rows:
         continue
     total = [r[2] or t(r[1]) - t(r[0]) for r in rows]
