@@ -357,9 +357,49 @@ _export_command("csv", "One row per cell: pass rate with its Wilson 95 % interva
                 "median timings and KV-transfer figures of its passed attempts.", _csv)  # fmt: skip
 
 
+@click.command("episodes")
+@click.option("--open", "open_only", is_flag=True, help="Only the episodes no pass has closed yet.")
+@json_option
+@with_session
+def episodes_cmd(session: Session, open_only: bool, as_json: bool) -> None:
+    """Failure episodes: a cell's failures from the first to the pass that closes it, open ones first.
+
+    An episode stays open across repeats, shards, imports and reruns, and closes only on an observed pass of
+    the same cell (case, runtime, roles); skips and interruptions neither open nor close one. Each names its
+    first bad attempt, the last good one before it, its class and signature (`matrix show UID` shows one).
+    """
+    import datetime as dt
+
+    from matrix.episodes import load_episodes
+    from matrix.output import print_json, print_table
+    from matrix.report.fmt import fmt_seconds
+    from matrix.text import clean, clean_data
+
+    now = dt.datetime.now(dt.UTC)
+    found = [e for e in load_episodes(session) if e.open or not open_only]
+    if as_json:
+        print_json({"episodes": [clean_data(e.as_dict(now)) for e in found]})
+        return
+    rows = []
+    for e in found:
+        age = e.age_s(now)
+        good = f"{e.last_good.uid} (campaign {e.last_good.campaign_id})" if e.last_good else "never passed before"
+        closed = f"{e.closed_by.uid} (campaign {e.closed_by.campaign_id})" if e.closed_by else ""
+        rows.append((
+            "open" if e.open else "closed", f"{e.case}@{e.runtime}",
+            f"{e.first_bad.uid} (campaign {e.first_bad.campaign_id})", good, closed,
+            fmt_seconds(age) if age is not None else "-", e.failures, e.first_bad.failure_kind or "-",
+            clean(e.first_bad.signature),
+        ))  # fmt: skip
+    print_table(("state", "cell", "first bad", "last good", "closed by", "age", "failures", "class", "signature"),
+                rows)  # fmt: skip
+    opened = sum(1 for e in found if e.open)
+    click.echo(f"{len(found)} episode(s), {opened} open" + ("" if found else ": no cell has failed"))
+
+
 def register(cli: click.Group) -> None:
-    """Add `campaigns`, `report`, `compare`, `gate` and `export` to the `matrix` group."""
-    for command in (campaigns, report_cmd, compare_cmd, gate_cmd, export):
+    """Add `campaigns`, `report`, `compare`, `gate`, `export` and `episodes` to the `matrix` group."""
+    for command in (campaigns, report_cmd, compare_cmd, gate_cmd, export, episodes_cmd):
         cli.add_command(command)
 
 
