@@ -98,7 +98,8 @@ class _Stream:
     def run(self, bound_s: float) -> None:
         started = time.monotonic()
         payload = {**build_payload(self.request, stream=True), "max_tokens": self.max_tokens}
-        # No byte for the bound ends the read: after the kill that is the hang the caller names.
+        # The caller names a hang at the bound after the kill; the read itself gives up only after the
+        # request's own timeout, so a slow first token before the kill is not cut short.
         timeout = httpx.Timeout(self.request.timeout_s, read=max(bound_s, self.request.timeout_s))
         try:
             with (
