@@ -454,8 +454,13 @@ class Supervisor:
         for child in stubborn:
             _signal_group(child.popen.pid, signal.SIGKILL)
         exits = tuple(_reap(child, killed=child in stubborn) for child in self._children)
-        # Whatever left its group (setsid, MPI daemons) is found by its tag.
-        escaped = tuple(kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S))
+        # Whatever left its group (setsid, MPI daemons) is found by its tag. What is still finishing on its own
+        # gets the grace the children got first: vllm-rs runs its Python engine in a process group of its own,
+        # whose multiprocessing resource tracker outlives the engine by a second or two while it cleans up. Only
+        # what is still there after the grace is killed and counted as escaped.
+        escaped: tuple[int, ...] = ()
+        if _let_finish(self._plan.cell_id, self._plan.teardown_grace_s):
+            escaped = tuple(kill_cell_processes(self._plan.cell_id, timeout_s=_SWEEP_WAIT_S))
         # A child that could not be reaped counts even if its environment cannot be read. The sweep above
         # read every process's environment; when it found nothing (and every child was reaped) nothing of
         # the cell can be left to fork, so a second full scan would only cost time.
@@ -544,6 +549,15 @@ def find_cell_processes(cell_id: str) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+def _let_finish(cell_id: str, grace_s: float) -> bool:
+    """Wait up to `grace_s` for the cell's tagged processes that are still alive to end by themselves; whether
+    there were any (then the caller sweeps again: one may have started another meanwhile)."""
+    left = find_cell_processes(cell_id)
+    if left:
+        _wait_until(lambda: not any(_is_alive(proc) for proc in left), grace_s)
+    return bool(left)
 
 
 def kill_cell_processes(cell_id: str, timeout_s: float = 5.0) -> list[int]:

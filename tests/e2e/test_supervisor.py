@@ -157,6 +157,19 @@ def test_setsid_grandchild_is_found_by_the_sweep(tmp_path: Path, ports: list[int
     assert "orphan up" in log
 
 
+def test_a_grandchild_ending_by_itself_within_the_grace_has_not_escaped(tmp_path: Path, ports: list[int]) -> None:
+    # vllm-rs runs its Python engine in a group of its own, whose resource tracker outlives the engine by a
+    # second or two while it cleans up: it ends by itself, so the sweep must not kill it and call it escaped.
+    plan = make_plan((engine("prefill", ports[0], "--orphan", "--orphan-linger", "0.3"),), ports, teardown_grace_s=3)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        assert sup.wait_ready().ok
+    report = sup.teardown()
+    orphan_pid = int(re.search(r"orphan pid (\d+)", sup.log_paths()["prefill"].read_text()).group(1))  # type: ignore[union-attr]
+    assert report.escaped_pids == () and report.clean, report
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_logs_are_timestamped_and_carry_the_environment(tmp_path: Path, ports: list[int]) -> None:
     code = "import os; print(os.environ['MATRIX_CELL_ID'], os.environ['FROM_BASE'], os.environ['FROM_SPEC'])"
     spec = ProcessSpec(role="decode", argv=(sys.executable, "-c", code), env={"FROM_SPEC": "spec"})

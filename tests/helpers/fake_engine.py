@@ -16,14 +16,22 @@ import tempfile
 import time
 from pathlib import Path
 
-# The grandchild of --orphan: leaves the session (like an MPI daemon), ignores SIGTERM, lives forever.
-# It keeps the engine's stdout, as such children do, and touches argv[1] once it is up.
+# The grandchild of --orphan: leaves the session (like an MPI daemon), ignores SIGTERM, lives forever; with
+# --orphan-linger S it ends S seconds after the engine is gone instead (like multiprocessing's resource tracker
+# of an engine run in a group of its own, which cleans up after it). It keeps the engine's stdout, as such
+# children do, and touches argv[1] once it is up.
 ORPHAN_CODE = (
-    "import pathlib, signal, sys, time\n"
+    "import os, pathlib, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "parent = os.getppid()\n"
     "print('orphan up', flush=True)\n"
     "pathlib.Path(sys.argv[1]).touch()\n"
-    "time.sleep(3600)\n"
+    "linger = float(sys.argv[2])\n"
+    "if linger < 0:\n"
+    "    time.sleep(3600)\n"
+    "while os.getppid() == parent:\n"
+    "    time.sleep(0.02)\n"
+    "time.sleep(linger)\n"
 )
 
 
@@ -48,11 +56,12 @@ def make_handler(models: list[dict[str, str]]) -> type[http.server.BaseHTTPReque
     return Handler
 
 
-def spawn_orphan() -> None:
+def spawn_orphan(linger_s: float) -> None:
     """Start the orphan and wait until it runs, so a test never races its start-up."""
     with tempfile.TemporaryDirectory() as scratch:
         marker = Path(scratch) / "up"
-        orphan = subprocess.Popen([sys.executable, "-c", ORPHAN_CODE, str(marker)], start_new_session=True)
+        argv = [sys.executable, "-c", ORPHAN_CODE, str(marker), str(linger_s)]
+        orphan = subprocess.Popen(argv, start_new_session=True)
         while not marker.exists():
             time.sleep(0.005)
     print(f"orphan pid {orphan.pid}", flush=True)
@@ -65,6 +74,7 @@ def main() -> None:
     parser.add_argument("--no-models", action="store_true", help="answer /v1/models with an empty list")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--orphan", action="store_true", help="spawn a setsid grandchild ignoring SIGTERM")
+    parser.add_argument("--orphan-linger", type=float, default=-1.0, help="the orphan ends S s after the engine")
     parser.add_argument("--ready-file", help="write the wall-clock time at which the port listens")
     args = parser.parse_args()
 
@@ -72,7 +82,7 @@ def main() -> None:
         # Ignored, but said: a test sees that SIGTERM came (and was outlived) before the SIGKILL.
         signal.signal(signal.SIGTERM, lambda _sig, _frame: print("ignoring SIGTERM", flush=True))
     if args.orphan:
-        spawn_orphan()
+        spawn_orphan(args.orphan_linger)
     print("loading weights", flush=True)
     time.sleep(args.delay)
     models = [] if args.no_models else [{"id": "fake-model", "object": "model"}]
