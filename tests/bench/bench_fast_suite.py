@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main() -> None:
     finally:
         for tree in trees.values():
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+        shutil.rmtree(parent, ignore_errors=True)  # the worktrees' parent, empty by now
 
     load = os.getloadavg()
     rows = []
