@@ -130,7 +130,7 @@ def fmt_rate(gb_per_s: float) -> str:
     """A transfer rate in the unit that keeps it short: ``12.4 GB/s``, ``897 MB/s``, ``5.9 MB/s``, ``640 kB/s``
     (decimal units, as the ledger's; a CPU pair moves kilobytes, a GPU pair gigabytes)."""
     for scale, unit in ((1.0, "GB/s"), (1e3, "MB/s")):
-        if gb_per_s * scale >= 1:
+        if gb_per_s * scale >= 0.9995:  # what rounds to 1 at 3 digits: "1 GB/s", never "1e+03 MB/s"
             return f"{gb_per_s * scale:.3g} {unit}"
     return f"{gb_per_s * 1e6:.3g} kB/s"
 

@@ -70,7 +70,8 @@ def test_every_source_names_three_distinct_series() -> None:
 
 @pytest.mark.parametrize(
     ("gb_per_s", "shown"),
-    [(12.43, "12.4 GB/s"), (1.0, "1 GB/s"), (0.897, "897 MB/s"), (0.000897, "897 kB/s"), (0.0059, "5.9 MB/s")],
+    [(12.43, "12.4 GB/s"), (1.0, "1 GB/s"), (0.897, "897 MB/s"), (0.000897, "897 kB/s"), (0.0059, "5.9 MB/s"),
+     (0.9996, "1 GB/s"), (0.0009996, "1 MB/s"), (0.99949, "999 MB/s")],
 )
 def test_a_rate_is_shown_in_the_unit_that_keeps_it_short(gb_per_s: float, shown: str) -> None:
     # A CPU pair moves kilobytes: "0.000897 GB/s" was a raw-looking float in `show` and the report.
