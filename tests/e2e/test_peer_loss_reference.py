@@ -12,16 +12,14 @@ same cells without the fault pass.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from matrix.case_launch import ReferenceLaunch, parse_typed
 from matrix.errors import ConfigError
 from tests.helpers.processes import cell_processes, port_still_held
+from tests.helpers.reference_cells import Ran, run_reference_cases
 
-REPO = Path(__file__).resolve().parents[2]
 TRAFFIC = "{ streams = 4, rounds = 1, shared_prefix_tokens = 8, max_prompt_tokens = 32, bound_s = 20 }"
 BOTH = "{ streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8, rejoin_timeout_s = 30 }"
 DECODE = '{ roles = ["decode"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8 }'
@@ -39,16 +37,9 @@ CASES = {
 }
 
 
-@dataclass(frozen=True)
-class Ran:
-    status: str
-    checks: dict[str, str]
-    message: str
-    ports: tuple[int, ...]
-    log_dir: Path
 
 
-def _catalog(directory: Path) -> list[Path]:
+def _catalog() -> str:
     lines = []
     for name, (topology, faults, peer_loss, delay_ms) in CASES.items():
         shape = f'topology = "{topology}", ' if topology else ""
@@ -63,41 +54,12 @@ def _catalog(directory: Path) -> list[Path]:
             f"traffic = {TRAFFIC}" if topology else "",
             "",
         ]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "peer_loss.toml").write_text("\n".join(lines))
-    data = REPO / "data"
-    return [directory / "peer_loss.toml", *(data / n for n in ("backends.toml", "markers.toml", "fixes.toml",
-                                                                "runtimes.toml"))]  # fmt: skip
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
-    home = tmp_path_factory.mktemp("peer-loss")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MATRIX_HOME", str(home))
-        from matrix.catalog.load import load_catalog
-        from matrix.catalog.queries import plan_from_db
-        from matrix.catalog.sync import sync_catalog
-        from matrix.db.engine import create_db_engine, session_factory, transaction
-        from matrix.db.migrate import ensure_schema
-        from matrix.hardware.ports import PortAllocator
-        from matrix.paths import port_registry_path
-        from matrix.plan import Selection
-        from matrix.runner import run_cell
-
-        engine = create_db_engine(f"sqlite:///{home / 'peer-loss.db'}")
-        ensure_schema(engine)
-        with transaction(session_factory(engine)) as session:
-            sync_catalog(session, load_catalog(_catalog(home / "catalog")))
-            cells = {c.case.name: c for c in plan_from_db(session, Selection(cases=tuple(CASES))).cells}
-        allocator = PortAllocator(port_registry_path())
-        out = {}
-        for name, cell in cells.items():
-            log_dir = home / "runs" / name
-            outcome = run_cell(cell, f"peer-{name}", log_dir, allocator)
-            out[name] = Ran(outcome.status, {c.name: c.message for c in outcome.checks}, outcome.message,
-                            tuple(outcome.ports.values()), log_dir)  # fmt: skip
-        return out
+    return run_reference_cases(tmp_path_factory.mktemp("peer-loss"), _catalog(), CASES, "peer")
 
 
 def _rounds(ran: Ran) -> list[dict[str, object]]:

@@ -9,14 +9,12 @@ cell, and every stream of it matched the aggregated twin's answer to its own pro
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.processes import cell_processes, port_still_held
+from tests.helpers.reference_cells import Ran, run_reference_cases
 
-REPO = Path(__file__).resolve().parents[2]
 PROFILE = (
     "{ streams = 8, rounds = 3, shared_prefix_tokens = 24, max_prompt_tokens = 200, n = 2, n_every = 4, "
     'stream = "mixed", logprobs = 2, bound_s = BOUND, kv_handoff_per_choice = true }'
@@ -31,17 +29,9 @@ CASES = {
 }
 
 
-@dataclass(frozen=True)
-class Ran:
-    status: str
-    checks: dict[str, str]
-    message: str
-    ports: tuple[int, ...]
-    peaks: dict[str, object]
-    log_dir: Path
 
 
-def _catalog(directory: Path) -> list[Path]:
+def _catalog() -> str:
     lines = []
     for name, (faults, bound) in CASES.items():
         lines += [
@@ -56,41 +46,12 @@ def _catalog(directory: Path) -> list[Path]:
             f"traffic = {PROFILE.replace('BOUND', str(bound))}",
             "",
         ]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "traffic.toml").write_text("\n".join(lines))
-    data = REPO / "data"
-    return [directory / "traffic.toml", *(data / n for n in ("backends.toml", "markers.toml", "fixes.toml",
-                                                              "runtimes.toml"))]  # fmt: skip
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
-    home = tmp_path_factory.mktemp("traffic")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MATRIX_HOME", str(home))
-        from matrix.catalog.load import load_catalog
-        from matrix.catalog.queries import plan_from_db
-        from matrix.catalog.sync import sync_catalog
-        from matrix.db.engine import create_db_engine, session_factory, transaction
-        from matrix.db.migrate import ensure_schema
-        from matrix.hardware.ports import PortAllocator
-        from matrix.paths import port_registry_path
-        from matrix.plan import Selection
-        from matrix.runner import run_cell
-
-        engine = create_db_engine(f"sqlite:///{home / 'traffic.db'}")
-        ensure_schema(engine)
-        with transaction(session_factory(engine)) as session:
-            sync_catalog(session, load_catalog(_catalog(home / "catalog")))
-            cells = {c.case.name: c for c in plan_from_db(session, Selection(cases=tuple(CASES))).cells}
-        allocator = PortAllocator(port_registry_path())
-        out = {}
-        for name, cell in cells.items():
-            log_dir = home / "runs" / name
-            outcome = run_cell(cell, f"traffic-{name}", log_dir, allocator)
-            out[name] = Ran(outcome.status, {c.name: c.message for c in outcome.checks}, outcome.message,
-                            tuple(outcome.ports.values()), dict(outcome.peaks), log_dir)  # fmt: skip
-        return out
+    return run_reference_cases(tmp_path_factory.mktemp("traffic"), _catalog(), CASES, "traffic")
 
 
 def test_a_healthy_pair_serves_every_stream_its_own_answer(runs: dict[str, Ran]) -> None:
