@@ -122,6 +122,21 @@ def topology_counts(topology: str | None) -> tuple[int, int]:
     return counts
 
 
+def table_option(where: str, raw: object, defaults: Mapping[str, object]) -> dict[str, Any] | None:
+    """A launch key that is `true` (every default) or a table of `defaults`' keys, with the defaults filled in;
+    None when left out or false. ConfigError names a value of the wrong kind or an unknown key."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return dict(defaults)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be true or a table with keys {', '.join(defaults)}")
+    unknown = sorted(set(raw) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(defaults)}")
+    return {**defaults, **raw}
+
+
 # `launch.peer_loss`'s keys and their defaults (`check.specs.PeerLossSpec` says what each means).
 PEER_LOSS_DEFAULTS: Mapping[str, object] = {
     "roles": ("prefill", "decode"),
@@ -137,16 +152,9 @@ _PEER_LOSS_LIMITS = {"streams": (1, 64), "stream_tokens": (2, 4096)}
 def peer_loss_options(value: object) -> dict[str, Any] | None:
     """`launch.peer_loss` with its defaults filled in; None when the case leaves it out (or says false).
     ConfigError names the key and the fix, so a typo is refused at `matrix catalog sync`."""
-    if value is None or value is False:
+    options = table_option("launch.peer_loss", value, PEER_LOSS_DEFAULTS)
+    if options is None:
         return None
-    if value is True:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"launch.peer_loss must be true or a table, got {value!r}: write peer_loss = true")
-    unknown = sorted(set(value) - set(PEER_LOSS_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"launch.peer_loss has no key {unknown[0]!r}; its keys are {', '.join(PEER_LOSS_DEFAULTS)}")
-    options = {**PEER_LOSS_DEFAULTS, **value}
     roles = options["roles"]
     if not isinstance(roles, list | tuple) or not roles or not set(roles) <= set(OVERRIDE_ROLES):
         raise ConfigError(f'launch.peer_loss.roles = {roles!r}: write roles = ["prefill", "decode"] (either or both)')

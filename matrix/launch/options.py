@@ -19,7 +19,7 @@ from typing import Any, overload
 
 from matrix import arm_table as _arm_table
 from matrix.arm_table import ARM_ROWS, LAUNCH_TYPES, parse_launch
-from matrix.case_launch import CommonLaunch, keys_of
+from matrix.case_launch import CommonLaunch, keys_of, table_option
 from matrix.check.specs import DEFAULT_NEAR_TIE_GAP
 from matrix.engines import ENGINES, UNBOUNDED_ENGINES, Engine
 from matrix.errors import ConfigError
@@ -127,17 +127,10 @@ def check_equivalence(name: str, raw: object) -> dict[str, int | float] | None:
     """The case's `launch.equivalence` value `raw` (true, or a table of `EQUIVALENCE_DEFAULTS` keys), checked;
     None when the case does not opt in. Raises ConfigError naming the bad key and the fix. Catalog sync checks
     it from a case's name and typed launch table; the arms read it through `equivalence_options`."""
-    if raw is None or raw is False:
-        return None
-    if raw is True:
-        return dict(EQUIVALENCE_DEFAULTS)
     where = f"case {name}: launch.equivalence"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be true or a table with keys {', '.join(EQUIVALENCE_DEFAULTS)}")
-    unknown = sorted(set(raw) - set(EQUIVALENCE_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(EQUIVALENCE_DEFAULTS)}")
-    options = {**EQUIVALENCE_DEFAULTS, **raw}
+    options = table_option(where, raw, EQUIVALENCE_DEFAULTS)
+    if options is None:
+        return None
     for key in ("prompts", "tokens"):
         value = options[key]
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:

@@ -133,7 +133,7 @@ def test_kv_held_for_a_dead_decode_past_the_engines_timeout_fails(runs: dict[str
         ({"roles": ["frontend"]}, "roles"),
         ({"streams": 0}, "streams"),
         ({"bound_s": -1}, "bound_s"),
-        ({"bound": 3}, "has no key 'bound'"),
+        ({"bound": 3}, r"has unknown key\(s\) bound"),
         ("yes", "must be true or a table"),
     ],
 )
