@@ -31,6 +31,10 @@
 #            stdout goes to) while ONE `matrix run --pack -j 12` runs the 12 cells, under
 #            `timeout -s INT $RUN_TIMEOUT` (matrix tears the pairs down on SIGINT; `resume` finishes).
 #   resume   `matrix run --resume` of the latest campaign when it was cut; nothing when it finished.
+#   again    the SGLang cells once more, packed: does a runtime's engine cache (`matrix/launch/caches.py`)
+#            make the second start of a version warm? (the first took ~137 s on 2026-12-04, later ones 38-46 s)
+#   traffic  [M27]'s traffic cell on CUDA (`vllm_native_traffic`, tests/gpu/catalog-traffic-cuda.toml) on
+#            $TRAFFIC_RUNTIME, GPU 0 sampled as in `packed`.
 #   collect  rows (campaign_h200.sh's query), makespan / median / sum per campaign, gates, report, `ps`,
 #            `nvidia-smi`, tarballs of the report and the cells' logs.
 set -uo pipefail
@@ -42,8 +46,12 @@ WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse}
 DEPS=${DEPS:-/tmp/matrix-deps}
 WORK=${WORK:-/tmp/seed-work}
 RUN_TIMEOUT=${RUN_TIMEOUT:-520}
-RUNTIMES="vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 sglang=0.5.18 sglang=0.5.19 sglang=0.5.21"
+# The seed's six runtimes, plus (since [M31] item 4) the seed's own combination: Python vLLM 0.29.0 with the
+# vllm-rs of the 0.30.0 wheel (tests/gpu/catalog-vllm-rs-skew.toml), so 14 cells; RUNTIMES overrides.
+RUNTIMES=${RUNTIMES:-"vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 vllm=0.29.0+vllm.rs.0.30.0 sglang=0.5.18 sglang=0.5.19 sglang=0.5.21"}
 CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_native_disaggregated"
+CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml"
+TRAFFIC_RUNTIME=${TRAFFIC_RUNTIME:-vllm=0.31.0}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # shellcheck source=tests/gpu/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -79,7 +87,8 @@ for phase in $PHASES; do
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$DEPS" \
       "$WHEELHOUSE"/sqlalchemy-*.whl "$WHEELHOUSE"/alembic-*.whl "$WHEELHOUSE"/mako-*.whl || exit 1
     stamp "GPU before"; smi; df -h /tmp | tail -n 1
-    m catalog sync data/*.toml > /dev/null || exit 1
+    # shellcheck disable=SC2086
+    m catalog sync $CATALOGS > /dev/null || exit 1
     m gpus
     stamp "provision the six runtimes offline, side by side"
     for r in $RUNTIMES; do
@@ -142,6 +151,24 @@ print(sqlite3.connect(sys.argv[1]).execute("SELECT id, status FROM campaign ORDE
       ;;
     esac
     ;;
+  again)
+    sel=(--case sglang_disaggregated --case sglang_native_disaggregated)
+    for r in $RUNTIMES; do [ "${r%%=*}" = sglang ] && sel+=(--runtime "$r"); done
+    stamp "the SGLang cells again (warm caches?)"; smi
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${sel[@]}" "${offline[@]}" --gpus 0 --pack -j 12 --no-report
+    echo "matrix run (again): exit $?"
+    stamp "GPU after"; smi; left
+    ;;
+  traffic)
+    stamp "the traffic cell on $TRAFFIC_RUNTIME"; smi
+    sample_gpu > "$OUT/gpu-trace-traffic.txt" 2>&1 &
+    sampler=$!
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run --case vllm_native_traffic --runtime "$TRAFFIC_RUNTIME" \
+      "${offline[@]}" --gpus 0 --no-report
+    echo "matrix run (traffic): exit $?"
+    sleep 3; kill "$sampler"; wait "$sampler" 2>/dev/null
+    stamp "GPU after"; smi; left
+    ;;
   collect)
     stamp "rows (the query of campaign_h200.sh's collect phase)"
     awk '/<<.PYEOF./ {on = 1; next} /^PYEOF/ {on = 0} on' "$HERE/campaign_h200.sh" > "$WORK/rows.py"
@@ -177,7 +204,7 @@ PYEOF
     tar -czf "$OUT/logs.tgz" -C "$MATRIX_HOME" $(cd "$MATRIX_HOME" && ls -d runs envs/*/provision.log 2>/dev/null)
     ls -l "$OUT"
     ;;
-  *) echo "unknown phase $phase (prepare, packed, resume, collect)"; exit 2 ;;
+  *) echo "unknown phase $phase (prepare, packed, resume, again, traffic, collect)"; exit 2 ;;
   esac
 done
 stamp "done"
