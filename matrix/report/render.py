@@ -22,7 +22,7 @@ from matrix.plan import Selection
 from matrix.redact import redact_pair
 from matrix.report import links
 from matrix.report.compare import Comparison, Holding, Side, compare
-from matrix.report.data import CampaignView, Results, RuntimeView, load_details, load_results, load_skip_reasons
+from matrix.report.data import CampaignView, Results, RuntimeView, load_details_of, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, evaluate_gate
 from matrix.report.perf import load_samples
@@ -33,6 +33,7 @@ from matrix.report.views import (
     backend_sections,
     campaign_summaries,
     cell_views,
+    page_attempt_ids,
     status_counts,
     status_label,
 )
@@ -208,7 +209,7 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
 
     for runtime in results.runtimes:
         cells = results.cells_of_runtime(runtime.id)
-        details = load_details(session, runtime.id, case_ids=[c.case.id for c in cells])
+        details = load_details_of(session, page_attempt_ids(cells))
         _write(env, "runtime.html", out_dir / links.runtime_page(runtime.backend, runtime.version), {
             "runtime": runtime,
             "components": sorted(runtime.components.items()),

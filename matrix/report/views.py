@@ -48,6 +48,7 @@ __all__ = [
     "backend_sections",
     "campaign_summaries",
     "cell_views",
+    "page_attempt_ids",
     "group_attempts",
     "status_counts",
     "status_label",
@@ -465,8 +466,9 @@ def _missing(cell: ResultCell) -> tuple[MissingFix, ...]:
     return tuple(found)
 
 
-def _older(attempts: list[AttemptDetail]) -> OlderAttempts | None:
-    """The summary of `attempts` (oldest first), or None for none."""
+def _older(attempts: list[AttemptRow], details: Mapping[int, AttemptDetail]) -> OlderAttempts | None:
+    """The summary of `attempts` (oldest first; summaries only: counts and trend need no message or log), with
+    the newest LISTED_FAILURES failures whole from `details`; None for none."""
     if not attempts:
         return None
     history = pass_rate([a.status for a in attempts]).history
@@ -476,23 +478,44 @@ def _older(attempts: list[AttemptDetail]) -> OlderAttempts | None:
         counts=counts_text(shown_status(a) for a in attempts),
         trend=history[-TREND_LIMIT:],
         trend_cut=len(history) > TREND_LIMIT,
-        failures=tuple(attempt_view(a) for a in failed[:LISTED_FAILURES]),
+        failures=tuple(attempt_view(details[a.id]) for a in failed[:LISTED_FAILURES]),
         more_failures=max(0, len(failed) - LISTED_FAILURES),
     )
 
 
-def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail]]) -> Iterator[CellView]:
-    """The cells of one runtime page, built one at a time as the template streams them."""
+def _split(cell: ResultCell) -> tuple[list[AttemptRow], list[AttemptRow]]:
+    """(shown whole, newest first; older, oldest first): the newest SHOWN_ATTEMPTS, plus the attempt that
+    decides the cell wherever it is in the history (it is always shown whole)."""
+    attempts, last = cell.attempts, cell.latest
+    shown = attempts[-SHOWN_ATTEMPTS:]
+    older = attempts[: max(0, len(attempts) - SHOWN_ATTEMPTS)]
+    if last is not None and all(a.id != last.id for a in shown):
+        older = [a for a in older if a.id != last.id]
+        shown = [last, *shown]
+    return list(reversed(shown)), older
+
+
+def page_attempt_ids(cells: Iterable[ResultCell]) -> set[int]:
+    """The attempts a runtime page shows whole (every column, log tails too): per cell its newest
+    SHOWN_ATTEMPTS, the one that decides it and the newest LISTED_FAILURES older failures. The rest of a long
+    history is counted from the summaries the report already holds, so a page reads what it prints."""
+    wanted: set[int] = set()
     for cell in cells:
-        attempts = details.get(cell.case.id, [])
-        last = standing_attempt(attempts)
+        shown, older = _split(cell)
+        wanted.update(a.id for a in shown)
+        failed = [a for a in reversed(older) if a.status in FAILED_STATUSES]
+        wanted.update(a.id for a in failed[:LISTED_FAILURES])
+    return wanted
+
+
+def cell_views(cells: list[ResultCell], details: Mapping[int, AttemptDetail]) -> Iterator[CellView]:
+    """The cells of one runtime page, built one at a time as the template streams them; `details` holds
+    every attempt of `page_attempt_ids(cells)` by id."""
+    for cell in cells:
+        last = cell.latest
         status = shown_status(last) if last else "none"
-        shown = attempts[-SHOWN_ATTEMPTS:]
-        older = attempts[: max(0, len(attempts) - SHOWN_ATTEMPTS)]
-        if last is not None and all(a.id != last.id for a in shown):  # the attempt that decides is always whole
-            older = [a for a in older if a is not last]
-            shown = [last, *shown]
-        views = tuple(attempt_view(a) for a in reversed(shown))
+        shown, older = _split(cell)
+        views = tuple(attempt_view(details[a.id]) for a in shown)
         yield CellView(
             anchor=links.cell_anchor(cell.case.name),
             case=cell.case,
@@ -503,7 +526,7 @@ def cell_views(cells: list[ResultCell], details: Mapping[int, list[AttemptDetail
             missing=_missing(cell),
             attempts=views,
             groups=group_attempts(views),
-            older=_older(older),
+            older=_older(older, details),
         )
 
 
