@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,14 +267,15 @@ def run_cmd(
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
     if report and exit_code != 2:
-        _refresh_report(app, report_dir, exit_code, err=json_events)
+        _refresh_report(app, report_dir, exit_code, ran, err=json_events)
     raise SystemExit(exit_code)
 
 
-def _refresh_report(app: App, report_dir: Path | None, exit_code: int, *, err: bool) -> None:
+def _refresh_report(app: App, report_dir: Path | None, exit_code: int, ran: list[int], *, err: bool) -> None:
     """The report of the whole database, whatever this run selected: an index of only the last selection
-    would drop the links to every other runtime's pages. Not after an interruption: whoever pressed Ctrl-C
-    wants the prompt back, and writing every page took seconds after the pairs were already down."""
+    would drop the links to every other runtime's pages. Only the pages this run's campaigns reach are
+    rewritten when the report there came from the same inputs (a year of nightlies is thousands of pages).
+    Not after an interruption: whoever pressed Ctrl-C wants the prompt back."""
     from matrix.campaign import EXIT_INTERRUPTED
 
     if exit_code == EXIT_INTERRUPTED:
@@ -281,11 +283,13 @@ def _refresh_report(app: App, report_dir: Path | None, exit_code: int, *, err: b
         return
     from matrix.db.engine import transaction
     from matrix.paths import data_dir
-    from matrix.report import write_report
+    from matrix.report import refresh_report
 
+    started = time.perf_counter()
     with transaction(app.sessions()) as session:
-        index = write_report(session, report_dir or data_dir() / "report")
-    click.echo(f"report: {index}", err=err)
+        written = refresh_report(session, report_dir or data_dir() / "report", ran)
+    how = f"{written.pages} pages refreshed" if written.partial else f"{written.pages} pages written"
+    click.echo(f"report: {written.index} ({how} in {time.perf_counter() - started:.1f} s)", err=err)
 
 
 def _with_variants(app: App, selection: Any, values: tuple[str, ...]) -> Any:

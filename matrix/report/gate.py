@@ -51,7 +51,8 @@ and shown as such (a failure excused by a waiver still ran: that NO-GO is measur
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,14 +82,14 @@ from matrix.report.data import (
     load_runtimes,
 )
 from matrix.report.gate_skew import SKEW_KIND, SKEW_NOT_RUN, judge_skew
-from matrix.report.perf import DEFAULT_ALPHA, compare_metrics, load_samples
+from matrix.report.perf import DEFAULT_ALPHA, Samples, compare_metrics, load_samples
 from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
 
 __all__ = [
-    "EXIT_CODES", "KNOWN_RULES", "GateCell", "GateResult", "Policy", "Reason", "WaiverView", "evaluate_gate",
-    "gate_text",
+    "EXIT_CODES", "KNOWN_RULES", "GateCell", "GateResult", "Known", "Policy", "Reason", "WaiverView",
+    "evaluate_gate", "gate_text",
 ]  # fmt: skip
 
 NO_RATE = PassRate(0, 0, "")
@@ -463,10 +464,27 @@ def _failure_text(attempt: AttemptRow) -> str:
     return f"{attempt.status}{kind}" + (f": {checks}" if checks else "")
 
 
+@dataclass(frozen=True)
+class Known:
+    """What the report already holds when it judges every runtime: every attempt summary by (case id, runtime
+    id), oldest first, as the gate would read them (`iter_attempt_rows`), and a reader of the perf samples
+    that reads each pair of runtimes once (the comparison of a release with the one before reads the same)."""
+
+    history: Mapping[tuple[int, int], Sequence[AttemptRow]] | None  # None: read them (a scoped report lacks some)
+    samples: Callable[[Sequence[int]], Mapping[tuple[int, int], Samples]]
+
+
 def evaluate_gate(
-    session: Session, backend: str, version: str, policy_name: str = "release", *, today: dt.date | None = None
+    session: Session,
+    backend: str,
+    version: str,
+    policy_name: str = "release",
+    *,
+    today: dt.date | None = None,
+    known: Known | None = None,
 ) -> GateResult:
-    """Judge `backend` `version` under the policy `policy_name`; see the module docstring for the rules."""
+    """Judge `backend` `version` under the policy `policy_name`; see the module docstring for the rules.
+    `known`: what a caller judging many runtimes (the report) has already read."""
     today = today or dt.datetime.now(dt.UTC).date()
     policy = _policy(session, policy_name)
     runtimes = load_runtimes(session)
@@ -476,8 +494,13 @@ def evaluate_gate(
     ids = {c.id for c in required}
     runtime_ids = [runtime.id] + ([previous.id] if previous else [])
     history: dict[tuple[int, int], list[AttemptRow]] = {}
-    for attempt in iter_attempt_rows(session, [CellRun.runtime_id.in_(runtime_ids), CellRun.case_id.in_(ids)]):
-        history.setdefault((attempt.case_id, attempt.runtime_id), []).append(attempt)
+    if known is not None and known.history is not None:
+        for key, attempts in known.history.items():
+            if key[0] in ids and key[1] in runtime_ids:
+                history[key] = list(attempts)
+    else:
+        for attempt in iter_attempt_rows(session, [CellRun.runtime_id.in_(runtime_ids), CellRun.case_id.in_(ids)]):
+            history.setdefault((attempt.case_id, attempt.runtime_id), []).append(attempt)
     waivers: dict[int, list[WaiverView]] = {}
     for w in session.scalars(
         select(Waiver).where(Waiver.retired.is_(False), Waiver.case_id.in_(ids)).options(selectinload(Waiver.case))
@@ -485,7 +508,8 @@ def evaluate_gate(
         waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
 
     skips = _skip_messages(session, history.values())
-    samples = load_samples(session, runtime_ids) if policy.max_slowdown is not None else {}
+    load = known.samples if known is not None else functools.partial(load_samples, session)
+    samples = load(runtime_ids) if policy.max_slowdown is not None else {}
     reasons: list[Reason] = []
     cells: list[GateCell] = []
     for case in required:

@@ -44,6 +44,7 @@ __all__ = [
     "METRICS",
     "SAMPLE_WINDOW",
     "MetricVerdict",
+    "Samples",
     "compare_metrics",
     "load_samples",
 ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,12 @@ from sqlalchemy.orm import Session
 from matrix import __version__
 from matrix.plan import Selection
 from matrix.redact import redact_pair
-from matrix.report import links
+from matrix.report import links, refresh
 from matrix.report.compare import Comparison, Holding, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details_of, load_results, load_skip_reasons
 from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
-from matrix.report.gate import GateResult, evaluate_gate
-from matrix.report.perf import load_samples
+from matrix.report.gate import GateResult, Known, evaluate_gate, previous_release
+from matrix.report.perf import Samples, load_samples
 from matrix.report.views import (
     STATUS_LABELS,
     CampaignSummary,
@@ -40,7 +41,7 @@ from matrix.report.views import (
 from matrix.resources import resource_dir
 from matrix.text import clean, log_tails, printable
 
-__all__ = ["environment", "render_compare", "render_gate", "write_report"]
+__all__ = ["Written", "environment", "refresh_report", "render_compare", "render_gate", "write_report"]
 
 
 def environment() -> Environment:
@@ -114,18 +115,27 @@ def _scope_text(results: Results) -> str:
     return "Selection " + (", ".join(parts) if parts else "(everything)")
 
 
-def default_comparisons(results: Results, session: Session | None = None) -> list[Comparison]:
-    """Per backend, the newest runtime with results against the one before it (PEP 440 order); with a
-    `session`, its metrics too (a `slower` verdict needs them)."""
+def default_comparisons(
+    results: Results, session: Session | None = None, backends: set[str] | None = None, known: Known | None = None
+) -> list[Comparison]:
+    """Per backend (of `backends`, default all), the newest runtime with results against the one before it
+    (PEP 440 order); with a `session`, its metrics too (a `slower` verdict needs them), read through `known`
+    when given."""
     found = []
     cases = {c.id: c for c in results.cases}
     for backend in results.backends():
+        if backends is not None and backend not in backends:
+            continue
         with_results = [r for r in results.runtimes_of(backend) if _has_results(results, r)]
         if len(with_results) < 2:
             continue
         older, newer = with_results[-2], with_results[-1]
         attempts = sorted((a for a in results.attempts() if a.runtime_id in (older.id, newer.id)), key=lambda a: a.id)
-        samples = load_samples(session, [older.id, newer.id]) if session is not None else None
+        samples = None
+        if known is not None:
+            samples = known.samples([older.id, newer.id])
+        elif session is not None:
+            samples = load_samples(session, [older.id, newer.id])
         found.append(compare(cases, Side(older.spec, (older,)), Side(newer.spec, (newer,)), attempts, samples))
     return found
 
@@ -179,12 +189,35 @@ def _campaign_context(campaign: CampaignView) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Written:
+    """What a report write did: the index page, how many pages it wrote, and whether it was a refresh that
+    left the pages the new campaigns do not reach as they were."""
+
+    index: Path
+    pages: int
+    partial: bool
+
+
 def write_report(session: Session, out_dir: Path, selection: Selection | None = None) -> Path:
     """Write the whole report into `out_dir` and return the index page's path.
 
     Reads the database in a handful of queries (catalog, attempt summaries, campaigns) plus one query per
-    runtime page, so it stays quick for the small databases `matrix run` refreshes it for.
+    runtime page for the attempts it shows whole.
     """
+    return _report(session, out_dir, selection, None).index
+
+
+def refresh_report(session: Session, out_dir: Path, campaigns: Sequence[int]) -> Written:
+    """After `matrix run` of `campaigns`: when `out_dir` holds a whole-database report written from the same
+    inputs (`matrix.report.refresh`), rewrite only the pages those campaigns' attempts reach (their runtimes,
+    the campaigns, the gates and comparisons that read those runtimes, the index); else write every page."""
+    return _report(session, out_dir, None, campaigns)
+
+
+def _report(
+    session: Session, out_dir: Path, selection: Selection | None, campaigns: Sequence[int] | None
+) -> Written:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
     # The report allocates hundreds of thousands of small objects that live until it ends and form no
@@ -193,24 +226,68 @@ def write_report(session: Session, out_dir: Path, selection: Selection | None = 
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _write_pages(session, env, out_dir, load_results(session, selection))
+        results = load_results(session, selection)
+        if selection is not None:  # a scoped report: a later refresh must not build on it
+            refresh.remove_state(out_dir)
+            return _write_pages(session, env, out_dir, results, None, None)
+        stamp = refresh.fingerprint(session, results, dt.datetime.now(dt.UTC).date())
+        state = refresh.read_state(out_dir) if campaigns is not None else None
+        partial = None
+        if state is not None and campaigns is not None and state.fingerprint == stamp:
+            partial = _Partial(state, set(campaigns), refresh.reached(results, campaigns))
+        return _write_pages(session, env, out_dir, results, partial, stamp)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _write_pages(session: Session, env: Environment, out_dir: Path, results: Results) -> Path:
+@dataclass(frozen=True)
+class _Partial:
+    """A refresh: the state of the last full write, the new campaigns and the runtimes they reached."""
+
+    state: refresh.ReportState
+    campaigns: set[int]
+    runtimes: set[int]
+
+
+class _Pages:
+    """Writes pages through one Jinja environment and counts them."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.count = 0
+
+    def write(self, template: str, path: Path, context: Mapping[str, Any]) -> None:
+        _write(self.env, template, path, context)
+        self.count += 1
+
+
+def _write_pages(
+    session: Session, env: Environment, out_dir: Path, results: Results, partial: _Partial | None, stamp: str | None
+) -> Written:
     selection = results.selection
-    comparisons = default_comparisons(results, session)
+    counter = _Pages(env)
+    every_runtime = {r.id for r in results.runtimes}
+    touched = partial.runtimes if partial else every_runtime
+    # A gate reads its runtime and the release before it: both kinds of gate must be judged again.
+    judged = {r.id for r in results.runtimes if r.id in touched or
+              ((before := previous_release(results.runtimes, r)) is not None and before.id in touched)}  # fmt: skip
+    backends = {r.backend for r in results.runtimes if r.id in touched}
+    known = _known(session, results)
+    comparisons = default_comparisons(results, session, backends if partial else None, known)
     reasons = load_skip_reasons(session, results)
     summaries = campaign_summaries(results, reasons)
-    gates = _write_gates(session, env, out_dir, results)
+    gates = dict(partial.state.badges) if partial else {}
+    gates.update(_write_gates(session, counter, out_dir, results, judged, known))
     campaigns = [c for c in results.campaigns if c.id in summaries or selection is None]
+    new_campaigns = partial.campaigns if partial else None
 
     for runtime in results.runtimes:
+        if runtime.id not in touched:
+            continue
         cells = results.cells_of_runtime(runtime.id)
         details = load_details_of(session, page_attempt_ids(cells))
-        _write(env, "runtime.html", out_dir / links.runtime_page(runtime.backend, runtime.version), {
+        counter.write("runtime.html", out_dir / links.runtime_page(runtime.backend, runtime.version), {
             "runtime": runtime,
             "components": sorted(runtime.components.items()),
             # Names and values are shown apart, so the name decides too: env.HF_TOKEN hides its whole value.
@@ -220,9 +297,11 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
             "gates": gates.get(runtime.id, ()),
         })  # fmt: skip
     for campaign in campaigns:
+        if new_campaigns is not None and campaign.id not in new_campaigns:
+            continue
         summary = summaries.get(campaign.id) or CampaignSummary()
         statuses = [st for st in STATUS_LABELS if summary.counts[st]]
-        _write(env, "campaign.html", out_dir / links.campaign_page(campaign.id), {
+        counter.write("campaign.html", out_dir / links.campaign_page(campaign.id), {
             **_campaign_context(campaign),
             "selection": [(k, clean(redact_pair(k, str(v)))) for k, v in flatten(campaign.selection)
                           if k != "cells" and not k.startswith("bisect.result")],  # the line below shows it
@@ -233,36 +312,71 @@ def _write_pages(session: Session, env: Environment, out_dir: Path, results: Res
             "rows": summary.rows,
             "bisect": bisect_line(campaign.selection),
         })  # fmt: skip
-    compare_links = []
+    compare_links = {b: link for b, link in (partial.state.comparisons if partial else {}).items() if b not in backends}
     for comparison in comparisons:
         name = links.compare_page(comparison.a.label, comparison.b.label)
-        _write(env, "compare.html", out_dir / name, {"comparison": comparison, "holding": None})
-        compare_links.append({"href": name, "title": comparison.title, "counts": comparison.counts()})
+        counter.write("compare.html", out_dir / name, {"comparison": comparison, "holding": None})
+        backend = comparison.b.runtimes[0].backend
+        compare_links[backend] = {"href": name, "title": comparison.title, "counts": comparison.counts()}
     from matrix.report.skew import load_skew_grid, skew_cases, skew_page
 
     skews = skew_cases(session)
     for case in skews:  # version-skew grids, one page per case (matrix/report/skew.py)
-        _write(env, "skew.html", out_dir / skew_page(case), {"grid": load_skew_grid(session, case),
-                                                              "anchor": links.slug})  # fmt: skip
+        if partial is None or not (out_dir / skew_page(case)).is_file() or _skew_touched(session, new_campaigns):
+            counter.write("skew.html", out_dir / skew_page(case), {"grid": load_skew_grid(session, case),
+                                                                   "anchor": links.slug})  # fmt: skip
     index = out_dir / links.INDEX
-    _write(env, "index.html", index, {
+    counter.write("index.html", index, {
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
         "sections": backend_sections(results, reasons, gates),
-        "comparisons": compare_links,
+        "comparisons": [compare_links[b] for b in sorted(compare_links)],
         "skews": [{"case": case, "href": skew_page(case)} for case in skews],
         "campaigns": [
             {**_campaign_context(c), "href": links.campaign_page(c.id), "attempts": _attempts(summaries, c.id)}
             for c in reversed(campaigns)
         ],
     })  # fmt: skip
-    return index
+    if stamp is not None:
+        refresh.write_state(out_dir, refresh.ReportState(stamp, gates, compare_links))
+    return Written(index, counter.count, partial is not None)
+
+
+def _skew_touched(session: Session, campaigns: set[int] | None) -> bool:
+    """Whether `campaigns` (None: a full write) ran a version-skew pair, whose grid page must be redrawn."""
+    if campaigns is None:
+        return True
+    from sqlalchemy import select
+
+    from matrix.db.models import CellRun
+
+    found = session.execute(
+        select(CellRun.id).where(CellRun.campaign_id.in_(sorted(campaigns)), CellRun.roles_key != "").limit(1)
+    )
+    return found.first() is not None
+
+
+def _known(session: Session, results: Results) -> Known:
+    """The attempt summaries the report holds, by (case, runtime), and a reader of perf samples that reads
+    each set of runtimes once: what the gates and comparisons of one report share."""
+    history = None
+    if results.selection is None:  # a scoped report holds only its selection's attempts: the gate reads its own
+        history = {(c.case.id, c.runtime.id): c.attempts for c in results.cells.values() if c.attempts}
+    read: dict[tuple[int, ...], Mapping[tuple[int, int], Samples]] = {}
+
+    def samples(runtime_ids: Sequence[int]) -> Mapping[tuple[int, int], Samples]:
+        key = tuple(sorted(set(runtime_ids)))
+        if key not in read:
+            read[key] = load_samples(session, key)
+        return read[key]
+
+    return Known(history, samples)
 
 
 def _write_gates(
-    session: Session, env: Environment, out_dir: Path, results: Results
+    session: Session, pages: _Pages, out_dir: Path, results: Results, judged: set[int], known: Known
 ) -> dict[int, tuple[GateBadge, ...]]:
-    """Each runtime's verdict under every gate policy of the catalog, each with its page of reasons.
+    """Each runtime's (of `judged`) verdict under every gate policy of the catalog, each with its page of reasons.
 
     The badge shows the verdict the gate gives, whatever it is (GO, NO-GO, INCOMPLETE), so the index needs
     no change when the gate learns a new verdict; only its colour falls back to neutral.
@@ -277,15 +391,17 @@ def _write_gates(
     )
     badges: dict[int, tuple[GateBadge, ...]] = {}
     for runtime in results.runtimes:
+        if runtime.id not in judged:
+            continue
         found = []
         for policy in policies:
             href = links.gate_page(runtime.backend, runtime.version, policy)
             try:
-                result = evaluate_gate(session, runtime.backend, runtime.version, policy)
+                result = evaluate_gate(session, runtime.backend, runtime.version, policy, known=known)
             except MatrixError as exc:  # a policy the gate refuses (an unknown rule): say so, link nothing
                 found.append(GateBadge(policy, "error", "verdict-error", "", clean(str(exc))))
                 continue
-            _write(env, "gate.html", out_dir / href, {"result": result})
+            pages.write("gate.html", out_dir / href, {"result": result})
             blocking = [r for r in result.reasons if r.blocking]
             title = (
                 f"{len(blocking)} blocking reason(s); first: {blocking[0].message}"

@@ -14,9 +14,8 @@ what their measured error rates are.
 
 from __future__ import annotations
 
-import bisect
+import functools
 import importlib.util
-import itertools
 import math
 import random
 import statistics
@@ -201,6 +200,13 @@ def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], z: float = Z95)
 def moses_interval(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float]:
     """The (low, high) of `hodges_lehmann_ratio` without its estimate: what `compare_samples` reports.
     Two selections instead of three or four (the estimate's median ranks are the costliest to reach)."""
+    return _cached_moses(tuple(a), tuple(b), z)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_moses(a: tuple[float, ...], b: tuple[float, ...], z: float) -> tuple[float, float]:
+    # A report asks for the same interval twice (a release's gate and the comparison with the release
+    # before it read the same samples); hashing 2 x 200 floats costs microseconds, the interval milliseconds.
     pairs = _PairwiseDifferences([math.log(x) for x in a], [math.log(y) for y in b])
     return _moses(pairs, len(a), len(b), z)
 
@@ -248,14 +254,18 @@ class _PairwiseDifferences:
         return counts
 
     def _sample(self, low: list[int], high: list[int], left: int, chooser: random.Random) -> list[float]:
-        """_SAMPLE candidates drawn uniformly (with replacement) among the `left` still possible, sorted."""
+        """_SAMPLE candidates drawn uniformly (with replacement) among the `left` still possible, sorted.
+        The draws are sorted first, so one walk down the rows places them all (a bisect and a `randrange`
+        per draw were most of a gate's time at 10^5 attempts)."""
         x, y = self.x, self.y
-        cumulative = list(itertools.accumulate(h - lo for h, lo in zip(high, low, strict=True)))
+        draws = sorted(min(left - 1, int(chooser.random() * left)) for _ in range(self._SAMPLE))
         picks = []
-        for _ in range(self._SAMPLE):
-            pick = chooser.randrange(left)
-            i = bisect.bisect_right(cumulative, pick)  # the row holding it (empty rows never match)
-            picks.append(y[low[i] + pick - (cumulative[i - 1] if i else 0)] - x[i])
+        row, before = 0, 0  # before: the candidates of the rows above `row`
+        for pick in draws:
+            while pick >= before + high[row] - low[row]:
+                before += high[row] - low[row]
+                row += 1
+            picks.append(y[low[row] + pick - before] - x[row])
         picks.sort()
         return picks
 

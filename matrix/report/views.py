@@ -23,7 +23,6 @@ from matrix.outcome import (
     beyond_loopback,
     describe_listeners,
     exposure_only,
-    standing_attempt,
 )
 from matrix.report import links
 from matrix.report.data import AttemptDetail, AttemptRow, CaseView, ResultCell, Results, RuntimeView
@@ -48,8 +47,8 @@ __all__ = [
     "backend_sections",
     "campaign_summaries",
     "cell_views",
-    "page_attempt_ids",
     "group_attempts",
+    "page_attempt_ids",
     "status_counts",
     "status_label",
 ]
