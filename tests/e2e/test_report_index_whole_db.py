@@ -10,48 +10,10 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.cli import DATA, Matrix
+from tests.helpers.two_backends import CATALOG
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-CATALOG = """
-[[backend]]
-name = "synth"
-
-[[runtime]]
-backend = "reference"
-version = "0.1.0"
-provider = { kind = "builtin" }
-components = { matrix-reference = "0.1.0" }
-
-[[runtime]]
-backend = "reference"
-version = "0.2.0"
-provider = { kind = "builtin" }
-components = { matrix-reference = "0.2.0" }
-
-[[runtime]]
-backend = "synth"
-version = "1.0.0"
-provider = { kind = "builtin" }
-
-[[case]]
-name = "ref_quick"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-launch = { teardown_grace_s = 0.5, lifecycle = false }
-
-[[case]]
-name = "synth_quick"
-backend = "synth"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-launch = { teardown_grace_s = 0.5, lifecycle = false }
-"""
 PAGES = ("runtime-reference-0.1.0.html", "runtime-reference-0.2.0.html", "runtime-synth-1.0.0.html",
          "campaign-1.html", "campaign-2.html", "compare-reference_0.1.0-vs-reference_0.2.0.html")  # fmt: skip
 
