@@ -37,7 +37,15 @@ class Receiver:
             return [p for p in self.posts if 200 <= p.status < 300]
 
     def events(self) -> list[tuple[str, str]]:
+        """(event, case) of every accepted post, duplicates included."""
         return [(p.body["event"], p.body["case"]) for p in self.accepted]
+
+    def deduped(self) -> list[tuple[str, str]]:
+        """What a receiver that honours `Idempotency-Key` shows: each key's first accepted post."""
+        seen: dict[str, tuple[str, str]] = {}
+        for p in self.accepted:
+            seen.setdefault(p.headers["Idempotency-Key"], (p.body["event"], p.body["case"]))
+        return list(seen.values())
 
 
 @contextmanager
