@@ -219,6 +219,8 @@ def deliver(
             .order_by(Notification.id)
         ).all()
     done = Delivery()
+    if not rows:
+        return done
     deadline = time.monotonic() + budget_s
     with httpx.Client(timeout=timeout or timeout_s(), follow_redirects=False) as client:
         for index, (row_id, key, body) in enumerate(rows):

@@ -53,6 +53,7 @@ def _notify_line(stdout: str) -> str:
     return lines[0]
 
 
+@pytest.mark.all_databases
 def test_an_episode_posts_its_opening_once_and_its_closing_once(
     matrix: Matrix, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,6 +103,7 @@ def _verdicts(m: Matrix) -> list[tuple[object, ...]]:
     return m.sql("SELECT status, failure_kind FROM cell_run ORDER BY id")
 
 
+@pytest.mark.all_databases
 def test_a_failing_or_slow_receiver_changes_no_verdict(matrix: Matrix, monkeypatch: pytest.MonkeyPatch) -> None:
     _sync(matrix, broken=True)
     monkeypatch.setenv("MATRIX_NOTIFY_TIMEOUT_S", "0.5")
