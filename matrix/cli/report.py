@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from matrix.cli.app import MatrixGroup, json_option, make_selection, selection_options, with_session
+from matrix.cli.app import App, MatrixGroup, json_option, make_selection, pass_app, selection_options, with_session
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -397,9 +397,25 @@ def episodes_cmd(session: Session, open_only: bool, as_json: bool) -> None:
     click.echo(f"{len(found)} episode(s), {opened} open" + ("" if found else ": no cell has failed"))
 
 
+@click.command("notify")
+@click.option("--url", "url", envvar="MATRIX_NOTIFY_URL", metavar="URL", required=True,
+              help="The webhook (http or https). Default: $MATRIX_NOTIFY_URL.")
+@click.option("--campaign", "campaign_ids", type=int, multiple=True, metavar="N",
+              help="Also record the episode events of campaign N (e.g. one `matrix import` made); repeatable.")
+@pass_app
+def notify_cmd(app: App, /, url: str, campaign_ids: tuple[int, ...]) -> None:
+    """Post the failure-episode events not yet sent: those an earlier run failed to post, or recorded after an
+    interruption (`matrix run --notify` does this at its end too). Exit 0 whatever the receiver answers;
+    the line says what was posted and what failed."""
+    from matrix.notify import check_url, notify, summary_line
+
+    recorded, done = notify(app.sessions(), check_url(url, "--url"), campaign_ids)
+    click.echo(summary_line(url, recorded, done))
+
+
 def register(cli: click.Group) -> None:
-    """Add `campaigns`, `report`, `compare`, `gate`, `export` and `episodes` to the `matrix` group."""
-    for command in (campaigns, report_cmd, compare_cmd, gate_cmd, export, episodes_cmd):
+    """Add `campaigns`, `report`, `compare`, `gate`, `export`, `episodes` and `notify` to the `matrix` group."""
+    for command in (campaigns, report_cmd, compare_cmd, gate_cmd, export, episodes_cmd, notify_cmd):
         cli.add_command(command)
 
 

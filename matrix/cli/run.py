@@ -203,6 +203,9 @@ def _versions(cell: Any) -> str:
                    "everything else held equal; repeatable.")
 @click.option("--new", "new_only", is_flag=True,
               help="Only the cells of runtimes nobody has run yet (e.g. just added by `matrix discover`).")
+@click.option("--notify", "notify_url", envvar="MATRIX_NOTIFY_URL", metavar="URL",
+              help="After the run, post each failure episode this run opened or closed to this webhook (JSON, "
+              "Slack-compatible), and retry events earlier runs failed to post. Default: $MATRIX_NOTIFY_URL.")
 @click.option("--per-cell-engines", is_flag=True,
               help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
               "(role, runtime) engine once per grid and routing each pair through its own proxy.")
@@ -213,7 +216,7 @@ def run_cmd(
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
     offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], per_cell_engines: bool,
-    **kw: Any,
+    notify_url: str | None, **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -230,6 +233,10 @@ def run_cmd(
 
     start = _start(resume, rerun_failed, join, cells=bool(cell_args), new_only=new_only,
                    variants=bool(with_components), repeat=repeat, kw=kw)  # fmt: skip
+    if notify_url:
+        from matrix.notify import check_url
+
+        check_url(notify_url)  # before a campaign exists: a bad URL is exit 2 with nothing written
     from matrix.executors.shared_engines import start_slots
 
     start_slots()  # MATRIX_GRID_START_SLOTS, read again by each grid: a bad value stops here, nothing run
@@ -266,9 +273,37 @@ def run_cmd(
         from matrix.cli.fanout import write_results_file
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
+    if notify_url and exit_code != 2:
+        _notify(app, notify_url, ran, exit_code, err=json_events)
     if report and exit_code != 2:
         _refresh_report(app, report_dir, exit_code, ran, err=json_events)
     raise SystemExit(exit_code)
+
+
+def _notify(app: App, url: str, ran: list[int], exit_code: int, *, err: bool) -> None:
+    """Record the episode events of this run's campaigns and post what is not yet sent (`matrix.notify`).
+
+    Whatever happens here leaves the exit code alone: a notification reports verdicts, it is not one. After an
+    interruption the events are only recorded: whoever pressed Ctrl-C wants the prompt back, and the next run
+    (or `matrix notify`) posts them."""
+    from matrix.campaign import EXIT_INTERRUPTED
+    from matrix.db.engine import transaction
+    from matrix.notify import notify, record_events, summary_line
+    from matrix.text import clean
+
+    try:
+        if exit_code == EXIT_INTERRUPTED:
+            with transaction(app.sessions()) as session:
+                recorded = record_events(session, ran)
+            click.echo(f"notify: {recorded} event(s) recorded, not posted (run interrupted): "
+                       "`matrix notify` or the next run posts them", err=err)  # fmt: skip
+            return
+        recorded, done = notify(app.sessions(), url, ran)
+    except Exception as exc:  # a broken notification must not turn a verdict into a traceback
+        click.echo(f"notify: not posted ({type(exc).__name__}: {clean(str(exc))[:300]}); the next run retries",
+                   err=err)  # fmt: skip
+        return
+    click.echo(summary_line(url, recorded, done), err=err)
 
 
 def _refresh_report(app: App, report_dir: Path | None, exit_code: int, ran: list[int], *, err: bool) -> None:

@@ -312,3 +312,27 @@ class CellRun(Base):
         return skew_cell_key(self.case.name, self.runtime.backend.name, self.runtime.version, self.roles or {})
 
 
+
+
+class Notification(Base):
+    """One episode event (`matrix.notify`) and its delivery to the webhook: recorded before it is posted, so a
+    failed post is retried by the next run and a sent one is never posted again."""
+
+    __tablename__ = "notification"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # sha256 of (case, runtime, event, attempt uid): the same event gets the same key in every run, and it is
+    # the Idempotency-Key header, so a receiver can drop a post two racing runners both made.
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    # opened | closed
+    event: Mapped[str] = mapped_column(String(16))
+    # The attempt that opened or closed the episode.
+    attempt_uid: Mapped[str] = mapped_column(String(64))
+    # The JSON body as built when the event was recorded (redacted): a retry posts the same body.
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # pending | sent | failed
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
