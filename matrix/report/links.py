@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "INDEX",
+    "SINCE_LAST",
     "campaign_page",
     "cell_anchor",
     "cell_href",
@@ -24,6 +25,8 @@ __all__ = [
 ]
 
 INDEX = "index.html"
+# The newest campaign against the one before it (`matrix.report.diff`), rewritten on every refresh.
+SINCE_LAST = "since-last.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

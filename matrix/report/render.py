@@ -325,8 +325,10 @@ def _write_pages(
         if partial is None or not (out_dir / skew_page(case)).is_file() or _skew_touched(session, new_campaigns):
             counter.write("skew.html", out_dir / skew_page(case), {"grid": load_skew_grid(session, case),
                                                                    "anchor": links.slug})  # fmt: skip
+    since_last = _write_since_last(session, counter, out_dir, results)
     index = out_dir / links.INDEX
     counter.write("index.html", index, {
+        "since_last": since_last,
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
         "sections": backend_sections(results, reasons, gates),
@@ -340,6 +342,28 @@ def _write_pages(
     if stamp is not None:
         refresh.write_state(out_dir, refresh.ReportState(stamp, gates, compare_links))
     return Written(index, counter.count, partial is not None)
+
+
+def _write_since_last(session: Session, pages: _Pages, out_dir: Path, results: Results) -> dict[str, Any] | None:
+    """The "since the last campaign" page: the newest campaign against the one before it. Written on every
+    write, a refresh's too, since each new campaign changes it; None (and no page) before a second campaign."""
+    from matrix.report.diff import diff_campaigns, latest_pair
+
+    pair = latest_pair(c.id for c in results.campaigns)
+    path = out_dir / links.SINCE_LAST
+    if pair is None:
+        path.unlink(missing_ok=True)  # a page left by an older database must not outlive it
+        return None
+    diff = diff_campaigns(session, *pair)
+    pages.write("since-last.html", path, {
+        "diff": diff, "href_a": links.campaign_page(diff.a), "href_b": links.campaign_page(diff.b),
+        "member_href": _member_href,
+    })  # fmt: skip
+    return {"href": links.SINCE_LAST, "title": diff.title, "counts": diff.counts()}
+
+
+def _member_href(member: Any) -> str:
+    return links.cell_href(member.backend, member.version, member.case)
 
 
 def _skew_touched(session: Session, campaigns: set[int] | None) -> bool:
