@@ -81,7 +81,8 @@ def main() -> None:
         load_s = statistics.median(float(t["wall_s"]) for t in traffic) if traffic else None
         rate = statistics.median(float(t["tokens_per_second"]) for t in traffic) if traffic else None
         shown = "n/a" if load_s is None else f"{load_s:.1f}"
-        return f"| `{case}` | {len(mine)} | {statuses} | {total:.1f} | {ready:.1f} | {shown} | {rate or 'n/a'} |"
+        speed = "n/a" if rate is None else f"{rate:.1f}"
+        return f"| `{case}` | {len(mine)} | {statuses} | {total:.1f} | {ready:.1f} | {shown} | {speed} |"
 
     ratio = statistics.median(r[2] for r in of(TRAFFIC)) / statistics.median(r[2] for r in of(SINGLE))
     report = (
