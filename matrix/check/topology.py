@@ -9,6 +9,11 @@ decode's `/metrics` is scraped; after the traffic load the ids the frontend repo
 KV transfers per prefill peer (`matrix_reference:kv_pair_transfers_total{prefill_worker_id=...}`) must have
 grown by at least the choices that pair served: a ledger per pair. Every stream passing the oracle is the
 traffic check's part (`matrix.check.traffic`). The record goes to `topology.json` in the cell's log directory.
+
+On vLLM's own pair (`vllm_native`) the ids come from matrix's proxy (`/workers/NAME/health`: the id it names
+that instance by in each answer), and a decode's NIXL counters name no prefill peer (`decode_counters`): each
+decode's own transfers must then cover the choices of every pair it served, exact per pair where a decode has
+one prefill peer (1pMd), per decode where it has several.
 """
 
 from __future__ import annotations
