@@ -246,7 +246,7 @@ class ProxyApp:
                 req.wfile.flush()
             self.log(f"chat stream{named} prefill_engine={prefill_engine} events={events}")
         except (BrokenPipeError, ConnectionResetError):
-            self.log(f"chat stream client went away; closed decode's stream (prefill_engine={prefill_engine})")
+            self.log(f"chat stream{named} client went away; closed decode's stream (prefill_engine={prefill_engine})")
         finally:
             conn.close()
 

@@ -7,6 +7,7 @@ verdicts on them."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -171,9 +172,8 @@ def test_2p2d_round_robin_uses_every_pair_and_names_it_per_choice(make: Any) -> 
     # A streamed answer names its pair too (the fifth request: the first pair again).
     assert [(w["prefill_worker_id"], w["decode_worker_id"]) for w in t.ask(1, stream=True)] == _ids(t, order[:1])
     # Each request's pair is in the proxy's own log.
-    logged = [line.split(" chat ")[1].split(" prefill_engine")[0].replace("stream ", "")
-              for line in t.log.read_text().splitlines() if " chat " in line]  # fmt: skip
-    assert logged == [f"prefill={p} decode={d}" for p, d in (*order, order[0])]
+    logged = re.findall(r" chat (?:stream )?prefill=(\S+) decode=(\S+)", t.log.read_text())
+    assert logged == [*order, order[0]]
 
 
 def test_each_instance_names_its_id_on_the_proxy(make: Any) -> None:
