@@ -103,10 +103,12 @@ def test_a_runner_killed_with_the_topology_up_leaves_nothing(topo: Matrix) -> No
         listening = _listening(topo)
         os.kill(runner.pid, signal.SIGKILL)
         runner.wait()
-        deadline = time.monotonic() + 120
+        killed = time.monotonic()
+        deadline = killed + 120
         while home_cell_processes(topo.home) and time.monotonic() < deadline:  # the watchdog's work
             time.sleep(0.5)
         left = [(p.pid, p.name()) for p in home_cell_processes(topo.home)]
+        gone_s = time.monotonic() - killed
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -115,10 +117,19 @@ def test_a_runner_killed_with_the_topology_up_leaves_nothing(topo: Matrix) -> No
             proc.kill()
     assert left == [], f"left after the runner's kill -9: {left}"
     # Every port the deployment's processes listened on is free again (the row's ports are written at the end,
-    # never here): at least the three engines' HTTP ports and the proxy's.
+    # never here): at least the three engines' HTTP ports and the proxy's. The kernel may hold a killed server's
+    # port a moment longer than its process lives (seen once: both decodes' HTTP ports busy right after the
+    # last process went, free seconds later), so the ports get the watchdog's bound too.
     (uid,) = topo.sql('SELECT r.uid FROM cell_run r JOIN "case" c ON c.id = r.case_id WHERE c.name = ? '
                       "ORDER BY r.id DESC LIMIT 1", case)[0]  # fmt: skip
-    assert len(listening) >= 4 and not [p for p in listening if port_still_held(p, str(uid))], listening
+    assert len(listening) >= 4, listening
+    held = sorted(listening)
+    while held and time.monotonic() < deadline:
+        held = [p for p in held if port_still_held(p, str(uid))]
+        time.sleep(0.5)
+    assert not [p for p in held if port_still_held(p, str(uid))], f"ports still held after the kill: {held}"
+    print(f"after kill -9: processes gone in {gone_s:.1f} s, ports {sorted(listening)} free in "
+          f"{time.monotonic() - killed:.1f} s")  # fmt: skip
 
 
 def _listening(m: Matrix) -> set[int]:
