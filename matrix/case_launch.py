@@ -198,6 +198,9 @@ class VllmNativeLaunch(_ServedLaunch):
     # Per-role overrides of the keys in ROLE_KEYS: `{ decode = { block_size = 64 } }` runs decode with 64
     # and prefill with the case's value (a skew of launch options instead of versions).
     role_launch: Mapping[str, Mapping[str, object]] | None = _key("role_launch")
+    # xPyD ([M27]): "2p1d" starts two prefill and one decode `vllm serve` behind matrix's proxy, which routes
+    # round robin across them; None is one of each (`topology_counts`).
+    topology: str | None = _key("str")
 
     ROLE_KEYS: ClassVar[frozenset[str]] = frozenset({"block_size", "enforce_handshake_compat"})
 
@@ -309,6 +312,7 @@ def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, 
     parsed = launch_type(**values)
     if isinstance(parsed, VllmNativeLaunch):
         _check_block_sizes(parsed)
+        topology_counts(parsed.topology)
     if isinstance(parsed, ReferenceLaunch):
         topology_counts(parsed.topology)
         peer_loss_options(parsed.peer_loss)

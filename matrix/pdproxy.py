@@ -13,6 +13,13 @@ writes its KV into them, decode generates. Both must be in flight together: each
 The answer is the decode instance's, plus `nvext.worker_id` naming the instance that served each phase as
 a stable u64 (a hash of its role and address), so the same validation as every other arm applies.
 
+xPyD ([M27], `vllm` protocol): `--prefill-url` and `--decode-url` repeated name several instances, "prefill",
+"prefill_2"... in order; each request takes the next (prefill, decode) pair round robin as the reference
+frontend does (over the prefills, and over the decodes once per full turn of them), so P x D requests use
+every pair. With `--worker-ids` the answer also carries `nvext.worker_ids` (the pair per choice, as the
+reference frontend reports it), `GET /workers/NAME/health` names each instance's id, and the event log
+records each request's pair: what `matrix.check.topology` reads.
+
 A streaming request (`vllm` protocol) is relayed chunk by chunk from decode's own stream, with one chunk
 carrying `nvext.worker_id` before `[DONE]`. When the client goes away mid-stream the proxy closes its
 connection to decode at once, so the engine sees the disconnect and aborts the request, as it would behind
@@ -25,37 +32,24 @@ any frontend: that is what the `cancel_recovers` check then reads from the engin
 from __future__ import annotations
 
 import argparse
-import copy
-import hashlib
+import functools
 import http.client
+import itertools
 import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from matrix.arm_table import PROTOCOLS
+from matrix.pdproxy_requests import decode_request, instance_id, prefill_request, sglang_request
 from matrix.reference.eventlog import EventLog
 from matrix.reference.frontend import Upstream, call_worker, parse_upstream
 from matrix.reference.http import AppServer, HTTPError, JSONHandler, Route, StopSignal, serve_until_stopped
 from matrix.text import excerpt
 
-# The fields vLLM's connector expects on a prefill-only request (the decode side fills them in).
-PREFILL_KV_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
-
-def instance_id(role: str, url: str, engine_id: object = None) -> int:
-    """A stable unsigned 64-bit id for an instance: the same instance always maps to the same id."""
-    key = f"{role}|{url}|{engine_id or ''}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-
+# The request builders and ids live in `matrix.pdproxy_requests`; importers of this module still find them here.
+__all__ = ["ProxyApp", "ProxyConfig", "decode_request", "instance_id", "main", "prefill_request", "sglang_request"]
 
 # The protocols of the arm table's rows (`arm_table.PROTOCOLS`, vLLM's first: the default). The proxy speaks
 # vLLM's (the request as is) and SGLang's (a bootstrap room shared by both); a unit test holds the table to these.
@@ -70,38 +64,19 @@ class ProxyConfig:
     protocol: str = "vllm"
     # SGLang only: the prefill server's disaggregation bootstrap port.
     bootstrap_port: int | None = None
+    # xPyD: the instances after the first of each role ("prefill_2"...), and whether answers name the pair
+    # per choice (`nvext.worker_ids`; ids of address alone, so the check knows them before any request).
+    more_prefills: tuple[Upstream, ...] = ()
+    more_decodes: tuple[Upstream, ...] = ()
+    worker_ids: bool = False
 
+    @property
+    def prefills(self) -> tuple[Upstream, ...]:
+        return (self.prefill, *self.more_prefills)
 
-def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
-    request = copy.deepcopy(body)
-    request.pop("nvext", None)
-    request.pop("stream_options", None)
-    request["stream"] = False
-    request["max_tokens"] = 1
-    if "max_completion_tokens" in request:
-        request["max_completion_tokens"] = 1
-    request["kv_transfer_params"] = dict(PREFILL_KV_PARAMS)
-    return request
-
-
-def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
-    request = copy.deepcopy(body)
-    request.pop("nvext", None)
-    request["stream"] = stream
-    if not stream:
-        request.pop("stream_options", None)
-    request["kv_transfer_params"] = kv_transfer_params
-    return request
-
-
-def sglang_request(body: dict[str, Any], bootstrap_host: str, bootstrap_port: int, room: int) -> dict[str, Any]:
-    """The request both SGLang instances get: the client's, non-streaming, with the pairing fields."""
-    request = copy.deepcopy(body)
-    request.pop("nvext", None)
-    request.pop("stream_options", None)
-    request["stream"] = False
-    request |= {"bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port, "bootstrap_room": room}
-    return request
+    @property
+    def decodes(self) -> tuple[Upstream, ...]:
+        return (self.decode, *self.more_decodes)
 
 
 def _status(up: Upstream, path: str) -> int:
@@ -128,8 +103,14 @@ def _ok(up: Upstream, status: int, obj: Any) -> dict[str, Any]:
 class ProxyApp:
     def __init__(self, cfg: ProxyConfig, log: EventLog) -> None:
         self.cfg, self.log = cfg, log
+        self._turn = itertools.count()
 
     def routes(self) -> dict[tuple[str, str], Route]:
+        workers: dict[tuple[str, str], Route] = {
+            ("GET", f"/workers/{up.role}/health"): functools.partial(self.worker_health, up)
+            for up in (*self.cfg.prefills, *self.cfg.decodes)
+            if self.cfg.worker_ids
+        }
         return {
             ("GET", "/live"): lambda req: req.send_json(200, {"status": "live"}),
             ("GET", "/health"): self.health,
@@ -137,10 +118,30 @@ class ProxyApp:
             ("POST", "/v1/chat/completions"): self.chat,
             # Plain completions take the same path (the equivalence oracle asks them for token ids).
             ("POST", "/v1/completions"): self.chat,
+            **workers,
         }
 
+    def route(self) -> tuple[Upstream, Upstream]:
+        """The next request's (prefill, decode): round robin over the prefills, over the decodes once per full
+        turn of the prefills (the reference frontend's order), so P x D requests use every pair."""
+        turn, prefills, decodes = next(self._turn), self.cfg.prefills, self.cfg.decodes
+        return prefills[turn % len(prefills)], decodes[(turn // len(prefills)) % len(decodes)]
+
+    def ids(self, prefill: Upstream, decode: Upstream, prefill_engine: object) -> dict[str, int]:
+        """The pair's ids; with `worker_ids` of address alone (one per instance, known before any request)."""
+        engine = None if self.cfg.worker_ids else prefill_engine
+        return {"prefill_worker_id": instance_id("prefill", prefill.url, engine),
+                "decode_worker_id": instance_id("decode", decode.url)}  # fmt: skip
+
+    def worker_health(self, up: Upstream, req: JSONHandler) -> None:
+        """One instance's health and the id answers name it by (`matrix.check.topology` reads it)."""
+        status = _status(up, "/health")
+        if status != 200:
+            raise HTTPError(503, f"{up.role} instance is not healthy (HTTP {status})", "service_unavailable")
+        req.send_json(200, {"status": "healthy", "instance_id": instance_id(up.role.split("_")[0], up.url)})
+
     def health(self, req: JSONHandler) -> None:
-        for up in (self.cfg.prefill, self.cfg.decode):
+        for up in (*self.cfg.prefills, *self.cfg.decodes):
             status = _status(up, "/health")
             if status != 200:
                 raise HTTPError(503, f"{up.role} instance is not healthy (HTTP {status})", "service_unavailable")
@@ -176,41 +177,46 @@ class ProxyApp:
         self._answer(req, decode, prefill_engine=None)
         self.log(f"chat bootstrap_room={room}")
 
-    def _answer(self, req: JSONHandler, decode: dict[str, Any], prefill_engine: object) -> None:
+    def _nvext(self, pair: tuple[Upstream, Upstream], prefill_engine: object, choices: int) -> dict[str, Any]:
+        """`worker_id` names the pair; with `worker_ids`, `worker_ids` names it per choice too."""
+        ids = self.ids(*pair, prefill_engine)
+        per_choice = [{"index": k, **ids} for k in range(choices)]
+        return {"worker_id": ids, **({"worker_ids": per_choice} if self.cfg.worker_ids else {})}
+
+    def _answer(self, req: JSONHandler, decode: dict[str, Any], prefill_engine: object,
+                pair: tuple[Upstream, Upstream] | None = None) -> None:  # fmt: skip
         nvext = decode.setdefault("nvext", {}) if isinstance(decode.get("nvext", {}), dict) else {}
-        nvext["worker_id"] = {
-            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, prefill_engine),
-            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
-        }
+        choices = decode.get("choices")
+        nvext.update(self._nvext(pair or (self.cfg.prefill, self.cfg.decode), prefill_engine,
+                                 len(choices) if isinstance(choices, list) else 1))  # fmt: skip
         decode["nvext"] = nvext
         req.send_json(200, decode)
 
     def _chat_vllm(self, req: JSONHandler, body: dict[str, Any]) -> None:
-        prefill = _ok(self.cfg.prefill, *call_worker(self.cfg.prefill, "POST", req.route_path, prefill_request(body),
-                                                     self.cfg.timeout_s))  # fmt: skip
+        pair = pre, dec = self.route()
+        prefill = _ok(pre, *call_worker(pre, "POST", req.route_path, prefill_request(body), self.cfg.timeout_s))
         kv = prefill.get("kv_transfer_params")
         if not isinstance(kv, dict):
             raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
+        # xPyD: each request's pair is recorded (the 1P1D pair's line stays as it was).
+        named = f" prefill={pre.role} decode={dec.role}" if self.cfg.worker_ids else ""
         if body.get("stream"):
-            self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"))
+            self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"), pair, named)
             return
-        decode = _ok(self.cfg.decode, *call_worker(self.cfg.decode, "POST", req.route_path, decode_request(body, kv),
-                                                   self.cfg.timeout_s))  # fmt: skip
-        self.log(f"chat prefill_engine={kv.get('remote_engine_id')} blocks={len(kv.get('remote_block_ids') or [])}")
-        self._answer(req, decode, prefill_engine=kv.get("remote_engine_id"))
+        decode = _ok(dec, *call_worker(dec, "POST", req.route_path, decode_request(body, kv), self.cfg.timeout_s))
+        self.log(f"chat{named} prefill_engine={kv.get('remote_engine_id')} "
+                 f"blocks={len(kv.get('remote_block_ids') or [])}")  # fmt: skip
+        self._answer(req, decode, kv.get("remote_engine_id"), pair)
 
-    def _worker_chunk(self, prefill_engine: object) -> bytes:
+    def _worker_chunk(self, prefill_engine: object, pair: tuple[Upstream, Upstream], choices: int) -> bytes:
         """The SSE event that names both instances (a choice-less chunk, as Dynamo's frontend sends nvext)."""
-        worker_id = {
-            "prefill_worker_id": instance_id("prefill", self.cfg.prefill.url, prefill_engine),
-            "decode_worker_id": instance_id("decode", self.cfg.decode.url),
-        }
-        chunk = {"object": "chat.completion.chunk", "choices": [], "nvext": {"worker_id": worker_id}}
+        chunk = {"object": "chat.completion.chunk", "choices": [], "nvext": self._nvext(pair, prefill_engine, choices)}
         return b"data: " + json.dumps(chunk).encode("utf-8") + b"\n\n"
 
-    def _relay_stream(self, req: JSONHandler, request: dict[str, Any], prefill_engine: object) -> None:
+    def _relay_stream(self, req: JSONHandler, request: dict[str, Any], prefill_engine: object,
+                      pair: tuple[Upstream, Upstream], named: str = "") -> None:  # fmt: skip
         """Decode's SSE stream to the client line by line; the upstream connection closes with the client's."""
-        up = self.cfg.decode
+        up = pair[1]
         conn = http.client.HTTPConnection(up.host, up.port, timeout=self.cfg.timeout_s)
         try:
             try:
@@ -232,35 +238,43 @@ class ProxyApp:
             events = 0
             while line := resp.readline():
                 if line.strip() == b"data: [DONE]":
-                    req.wfile.write(self._worker_chunk(prefill_engine))
+                    req.wfile.write(self._worker_chunk(prefill_engine, pair, int(request.get("n") or 1)))
                 events += line.startswith(b"data:")
                 # A write to a client that went away raises here (BrokenPipe/ConnectionReset); the finally
                 # below then drops decode's connection, which is how the engine learns of the cancel.
                 req.wfile.write(line)
                 req.wfile.flush()
-            self.log(f"chat stream prefill_engine={prefill_engine} events={events}")
+            self.log(f"chat stream{named} prefill_engine={prefill_engine} events={events}")
         except (BrokenPipeError, ConnectionResetError):
-            self.log(f"chat stream client went away; closed decode's stream (prefill_engine={prefill_engine})")
+            self.log(f"chat stream{named} client went away; closed decode's stream (prefill_engine={prefill_engine})")
         finally:
             conn.close()
+
+
+def _upstreams(role: str, urls: list[str]) -> tuple[Upstream, ...]:
+    """`role`'s instances in order, named as the arms name their processes: "decode", "decode_2"..."""
+    parsed = [parse_upstream(role, url) for url in urls]
+    return tuple(replace(up, role=role if i == 1 else f"{role}_{i}") for i, up in enumerate(parsed, 1))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matrix.pdproxy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--prefill-url", required=True)
-    parser.add_argument("--decode-url", required=True)
+    parser.add_argument("--prefill-url", required=True, action="append", help="repeated: xPyD, vllm protocol")
+    parser.add_argument("--decode-url", required=True, action="append", help="repeated: xPyD, vllm protocol")
+    parser.add_argument("--worker-ids", action="store_true", help="name each choice's pair, each instance's id")
     parser.add_argument("--timeout-s", type=float, default=120.0)
     parser.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0])
     parser.add_argument("--bootstrap-port", type=int, help="sglang: the prefill server's bootstrap port")
     args = parser.parse_args(argv)
     if args.protocol == "sglang" and args.bootstrap_port is None:
         parser.error("--protocol sglang needs --bootstrap-port (the prefill server's bootstrap listener)")
+    if args.protocol == "sglang" and len(args.prefill_url) + len(args.decode_url) > 2:
+        parser.error("several --prefill-url/--decode-url: the vllm protocol only")
     try:
-        cfg = ProxyConfig(
-            args.port, parse_upstream("prefill", args.prefill_url), parse_upstream("decode", args.decode_url),
-            args.timeout_s, args.protocol, args.bootstrap_port,
-        )  # fmt: skip
+        prefills, decodes = _upstreams("prefill", args.prefill_url), _upstreams("decode", args.decode_url)
+        cfg = ProxyConfig(args.port, prefills[0], decodes[0], args.timeout_s, args.protocol, args.bootstrap_port,
+                          prefills[1:], decodes[1:], args.worker_ids)  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))
     log = EventLog("pdproxy")
@@ -270,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log(f"error: cannot listen on 127.0.0.1:{cfg.port}: {exc}")
         return 1
-    log(f"ready http=127.0.0.1:{cfg.port} prefill={cfg.prefill.url} decode={cfg.decode.url}")
+    log(f"ready http=127.0.0.1:{cfg.port} prefill={','.join(u.url for u in cfg.prefills)} "
+        f"decode={','.join(u.url for u in cfg.decodes)}")  # fmt: skip
     serve_until_stopped([server], stop, log)
     log("stopped")
     return 0

@@ -126,6 +126,10 @@ class TopologySpec:
     topology: str
     workers: tuple[TopologyWorker, ...]
     record_dir: str
+    # The decodes' own (transfers, bytes) counters when they name no prefill peer (vLLM's NIXL histograms):
+    # each decode's transfers must then cover every choice of every pair it served. None: the reference's
+    # counters per prefill peer, a ledger per pair.
+    decode_counters: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ decode's `/metrics` is scraped; after the traffic load the ids the frontend repo
 KV transfers per prefill peer (`matrix_reference:kv_pair_transfers_total{prefill_worker_id=...}`) must have
 grown by at least the choices that pair served: a ledger per pair. Every stream passing the oracle is the
 traffic check's part (`matrix.check.traffic`). The record goes to `topology.json` in the cell's log directory.
+
+On vLLM's own pair (`vllm_native`) the ids come from matrix's proxy (`/workers/NAME/health`: the id it names
+that instance by in each answer), and a decode's NIXL counters name no prefill peer (`decode_counters`): each
+decode's own transfers must then cover the choices of every pair it served, exact per pair where a decode has
+one prefill peer (1pMd), per decode where it has several.
 """
 
 from __future__ import annotations
@@ -95,12 +100,30 @@ def served_pairs(entries: Iterable[Any]) -> Counter[tuple[str, str]]:
     return pairs
 
 
-def _pair_ledger(before: str, after: str, prefill_id: str) -> tuple[int, int]:
-    """(transfers, bytes) decode pulled from prefill `prefill_id` between the two scrapes."""
+def _pair_ledger(before: str, after: str, prefill_id: str, own: tuple[str, str] | None = None) -> tuple[int, int]:
+    """(transfers, bytes) decode pulled from prefill `prefill_id` between the two scrapes; with `own`, the
+    decode's own counters, which name no peer (what it pulled from every prefill)."""
     label = f'{{prefill_worker_id="{prefill_id}"}}'
-    names = (PAIR_TRANSFERS + label, PAIR_BYTES + label)
+    names = own or (PAIR_TRANSFERS + label, PAIR_BYTES + label)
     old, new = parse_counters(before, names), parse_counters(after, names)
     return round(new[names[0]] - old[names[0]]), round(new[names[1]] - old[names[1]])
+
+
+def _decode_short(spec: TopologySpec, seen: TopologyLook, after: dict[str, str], choices: Counter[str]) -> list[str]:
+    """Decodes whose own transfers (`decode_counters`: no peer label) fall short of the choices of all their
+    pairs: some pair's KV did not move, and the decode recomputed or failed."""
+    short = []
+    for worker in _decodes(spec):
+        found = seen.ids.get(worker.name)
+        wanted = choices[found or ""]
+        if not wanted or spec.decode_counters is None:
+            continue
+        transfers = 0
+        if worker.name in seen.metrics and worker.name in after:
+            transfers, _ = _pair_ledger(seen.metrics[worker.name], after[worker.name], "", spec.decode_counters)
+        if transfers < wanted:
+            short.append(f"decode {worker.name}: {transfers} KV transfer(s) for {wanted} choice(s) of its pairs")
+    return short
 
 
 def judge(
@@ -128,15 +151,21 @@ def judge(
     names = {found: name for name, found in seen.ids.items() if found is not None}
     decode_of = {seen.ids[w.name]: w for w in _decodes(spec)}
     rows, short = [], []
+    shared = Counter[str]()  # choices per decode, over all its pairs (`decode_counters`)
     for (prefill, decode), count in sorted(pairs.items()):
         worker = decode_of.get(decode)
         transfers, size = (0, 0)
         if worker is not None and worker.name in seen.metrics and worker.name in after:
-            transfers, size = _pair_ledger(seen.metrics[worker.name], after[worker.name], prefill)
+            transfers, size = _pair_ledger(seen.metrics[worker.name], after[worker.name], prefill, spec.decode_counters)
         where = f"{names.get(prefill, 'prefill ' + prefill)} -> {names.get(decode, 'decode ' + decode)}"
         rows.append({"pair": where, "choices": count, "kv_transfers": transfers, "kv_bytes": size})
-        if transfers < count:
+        shared[decode] += count
+        if spec.decode_counters is None and transfers < count:
             short.append(f"{where}: {transfers} KV transfer(s) for {count} choice(s)")
+    if spec.decode_counters is not None:
+        short += _decode_short(spec, seen, after, shared)
+        for row in rows:  # the decode's counters name no peer: its pairs share them
+            row["ledger"] = "decode's own counters, shared by its pairs"
     if short:
         failures.append(CheckFailure(PAIR_KV, f"KV did not move on every pair used in topology {spec.topology} "
                                      f"(decode's ledger per prefill peer): {'; '.join(short[:3])}"))  # fmt: skip

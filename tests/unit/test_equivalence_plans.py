@@ -17,7 +17,9 @@ from matrix.launch.arms.base import AggregatedArm, LaunchContext, equivalence_op
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.launch.options import EQUIVALENCE_DEFAULTS
 from matrix.markers import parse_marker_use
-from matrix.pdproxy import ProxyApp
+from matrix.pdproxy import ProxyApp, ProxyConfig
+from matrix.reference.eventlog import EventLog
+from matrix.reference.frontend import parse_upstream
 from tests.helpers.cli import Matrix
 
 
@@ -114,7 +116,8 @@ def test_arms_without_an_aggregated_deployment_say_so() -> None:
 
 
 def test_the_pd_proxy_routes_plain_completions_like_chat() -> None:
-    routes = ProxyApp.__dict__["routes"](ProxyApp.__new__(ProxyApp))
+    up = parse_upstream("prefill", "http://127.0.0.1:9")
+    routes = ProxyApp(ProxyConfig(1, up, up, 1.0), EventLog("test")).routes()
     assert ("POST", "/v1/completions") in routes
 
 

