@@ -13,6 +13,7 @@ The bounds below are hang guards, not targets: the targets (about a second) belo
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,7 +145,18 @@ model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 20
 """)
-    runner = _start(matrix, "run", "--runtime", "reference=9.0")
+    # The detached `rm` that deletes the trash is made to take 10 s (a real tree takes seconds; the 20,000
+    # entries below take a tenth of one, less than the runner's own exit), so "the runner exited before the
+    # tree was deleted" is decided by what the runner waits for, not by which process the host ran first.
+    slow = tmp_path / "slow-rm"
+    slow.mkdir()
+    (slow / "rm").write_text(f'#!/bin/sh\nsleep 10\nexec {shutil.which("rm")} "$@"\n')
+    (slow / "rm").chmod(0o755)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "matrix", "run", "--runtime", "reference=9.0"],
+        env={**matrix.env, "PATH": f"{slow}{os.pathsep}{matrix.env.get('PATH', os.environ['PATH'])}"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
     deadline = time.monotonic() + 120
     while not (marker.exists() and marker.read_text().strip()):
         assert runner.poll() is None and time.monotonic() < deadline, "the build never reached its backend"
