@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from matrix import __version__
 from matrix.arm_table import workspace_unvouched
-from matrix.catalog.queries import plan_from_db
+from matrix.catalog.queries import of_new_runtimes, plan_from_db
 from matrix.cells import ROLES, Cell, RuntimeInfo
 from matrix.db.engine import transaction
 from matrix.db.models import Campaign, CellRun, utcnow
@@ -357,8 +357,7 @@ def _selected_cells(session: Session, options: RunOptions, echo: Echo) -> tuple[
     plan = plan_from_db(session, options.selection)
     planned = pick_cells(plan, options.cells) if options.cells else list(plan.cells)
     if options.new_only:
-        ran = set(session.scalars(select(CellRun.runtime_id).distinct()))
-        planned = [cell for cell in planned if cell.runtime.id not in ran]
+        planned = of_new_runtimes(session, planned)
     recorded = {**options.selection.as_dict(), "cells": [c.key for c in planned]}
     if options.campaign_key:
         recorded["campaign_key"] = options.campaign_key

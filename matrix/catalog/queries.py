@@ -9,12 +9,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from matrix.cells import CaseInfo, RequiredFix, RuntimeInfo, launch_table
+from matrix.cells import CaseInfo, Cell, RequiredFix, RuntimeInfo, launch_table
 from matrix.db.models import (
     Backend,
     Case,
     CaseFix,
     CaseMarker,
+    CellRun,
     Fix,
     GatePolicy,
     Marker,
@@ -233,6 +234,12 @@ def load_catalog_view(session: Session) -> tuple[list[CaseInfo], list[RuntimeInf
 def plan_from_db(session: Session, selection: Selection) -> Plan:
     cases, runtimes, markers, backends = load_catalog_view(session)
     return make_plan(cases, runtimes, selection, known_markers=markers, known_backends=backends)
+
+
+def of_new_runtimes(session: Session, cells: Sequence[Cell]) -> list[Cell]:
+    """The cells whose runtime nobody has run yet (`run --new`, `plan --new`: e.g. just added by discover)."""
+    ran = set(session.scalars(select(CellRun.runtime_id).distinct()))
+    return [cell for cell in cells if cell.runtime.id not in ran]
 
 
 LISTINGS: dict[str, Callable[..., Listing]] = {

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 @click.option("--resolve", is_flag=True,
               help="First resolve each planned venv runtime's recipe for its own target with uv (metadata only) "
                    "and refuse, naming what is missing, when no index has a requirement.")  # fmt: skip
+@click.option("--new", "new_only", is_flag=True,
+              help="Only the cells of runtimes nobody has run yet, as `run --new` would run them.")
 @click.option("--makespan", is_flag=True,
               help="Also predict how long `matrix run` of these cells takes on this host, from the cases' earlier "
                    "attempts (medians; a case without one counts its timeouts) and the scheduler's own rules.")
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 @with_session
 def plan_cmd(
     session: Session, explain: bool, resolve: bool, as_json: bool, output_format: str | None, max_jobs: int | None,
-    with_components: tuple[str, ...], makespan: bool, gpus: str | None, pack: bool, jobs: int | None, **kw: Any,
+    with_components: tuple[str, ...], makespan: bool, gpus: str | None, pack: bool, jobs: int | None, new_only: bool,
+    **kw: Any,
 ) -> None:  # fmt: skip
     """Expand cases x runtimes into cells and print them.
 
@@ -78,6 +81,12 @@ def plan_cmd(
         selection = plan.selection
     else:
         plan = plan_from_db(session, selection)
+    if new_only:
+        from dataclasses import replace
+
+        from matrix.catalog.queries import of_new_runtimes
+
+        plan = replace(plan, cells=tuple(of_new_runtimes(session, plan.cells)))
     if resolve:
         from matrix.launch.providers.wheelresolve import refuse_unresolvable
 

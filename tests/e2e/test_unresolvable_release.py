@@ -130,3 +130,58 @@ def test_plan_and_wheelhouse_refuse_a_catalogued_runtime_that_cannot_resolve(
     assert "nothing was downloaded" in line and not list((tmp_path / "a").glob("*.whl"))
     assert made.exit_code == 0, made.output
     assert [p.name for p in (tmp_path / "b").glob("*.whl")] == ["nixl-1.5.1-py3-none-any.whl"]
+
+
+NIGHTLY_CATALOG = """
+[[backend]]
+name = "dynpkg"
+runtime_template = { package = "dynpkg", provider = { kind = "venv", python = "3.11", steps = [
+  ["dynpkg=={version}"],
+] }, components = { dynpkg = "{version}" } }
+
+[[runtime]]
+backend = "dynpkg"
+version = "1.5.1"
+provider = { kind = "venv", python = "3.11", steps = [["dynpkg==1.5.1"]] }
+components = { dynpkg = "1.5.1" }
+
+[[case]]
+name = "dynpkg_pair"
+backend = "dynpkg"
+arm = "reference"
+model = "tiny"
+markers = ["gpu_0"]
+"""
+
+
+def test_discover_dev_marks_a_nightly_whose_requirement_is_newer_than_the_index_has(
+    matrix: Matrix, tmp_path: Path
+) -> None:
+    """The shape of the ai-dynamo nightlies of 2026-10-25/26 on PyPI: they require certifi>=2026.10.23 while
+    the index's newest certifi is 2026.10.19.post1, so uv says "only certifi<=2026.10.19.post1 is available".
+    `discover --channel dev` marks such a nightly unresolvable, naming the requirement, and adds the nightly
+    that resolves (the control); `plan --new` lists the cells of runtimes nobody has run."""
+    (tmp_path / "dyn.toml").write_text(NIGHTLY_CATALOG)
+    assert matrix("catalog", "sync", str(tmp_path / "dyn.toml"), str(DATA / "markers.toml")).exit_code == 0
+    root = tmp_path / "index"
+    write_project(root, "dynpkg", [
+        built_wheel(root, "dynpkg", "1.5.1"), built_wheel(root, "dynpkg", "1.6.0.dev20261023", ("certi>=2026.4.22",)),
+        built_wheel(root, "dynpkg", "1.7.0.dev20261026", ("certi>=2026.10.23",)),
+    ])  # fmt: skip
+    write_project(root, "certi", [built_wheel(root, "certi", v) for v in ("2026.4.22", "2026.10.19.post1")])
+    with serve_index(root) as url:
+        releases = matrix("discover", "dynpkg", "--index-url", url, "--dry-run", "--json")
+        nightly = matrix("discover", "dynpkg", "--index-url", url, "--channel", "dev", "--json")
+    assert releases.exit_code == 0 and nightly.exit_code == 0, releases.output + nightly.output
+    assert json.loads(releases.output)["versions"] == []  # the release channel lists no nightly
+    versions = {v["version"]: v for v in json.loads(nightly.output)["versions"]}
+    assert versions["1.6.0.dev20261023"]["action"] == "added", versions
+    assert versions["1.7.0.dev20261026"]["action"] == "unresolvable", versions
+    assert versions["1.7.0.dev20261026"]["missing"] == ["certi>=2026.10.23"], versions
+    runtimes = {r["version"]: r["channel"] for r in json.loads(matrix("runtimes", "list", "--json").output)}
+    assert runtimes == {"1.5.1": "release", "1.6.0.dev20261023": "dev"}
+    new = matrix("plan", "--new", "--json")
+    assert new.exit_code == 0, new.output
+    # Nothing has run yet, so both runtimes are new; the unresolvable nightly is no runtime, so no cell.
+    assert {c["cell"] for c in json.loads(new.output)["cells"]} == {
+        "dynpkg_pair@dynpkg-1.5.1", "dynpkg_pair@dynpkg-1.6.0.dev20261023"}  # fmt: skip

@@ -33,11 +33,15 @@ def test_run_new_runs_exactly_the_never_run_runtimes(matrix: Matrix, tmp_path: P
     with serve_index(tmp_path / "index") as url:
         added = matrix.subprocess("discover", "refpkg", "--index-url", url)
     assert added.returncode == 0 and "2 runtime(s) added" in added.stdout, added.stdout + added.stderr
+    preview = matrix.subprocess("plan", "--new", "--json")
+    assert preview.returncode == 0, preview.stdout + preview.stderr
+    previewed = sorted(c["cell"].rsplit("-", 1)[-1] for c in json.loads(preview.stdout)["cells"])
     new = matrix.subprocess("run", "--new", "--no-report", "-q")
     assert new.returncode == 0, new.stdout + new.stderr
     (latest,) = matrix.sql("SELECT max(id) FROM campaign")[0]
     # Exactly the two discovered runtimes ran (the builtin pair passes on each), not 1.0.0 again.
     assert sorted(campaign_rows(matrix, int(str(latest)))) == [("1.1.0", "passed"), ("2.0.0", "passed")]
+    assert previewed == ["1.1.0", "2.0.0"]  # `plan --new` previewed exactly what ran
     again = matrix.subprocess("run", "--new", "--no-report", "-q")
     assert again.returncode == 0 and "nothing to run" in again.stdout + again.stderr
     assert matrix.sql("SELECT count(*) FROM campaign")[0][0] == 2

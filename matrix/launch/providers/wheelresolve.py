@@ -208,6 +208,11 @@ def uv_report(
 # depends on nixl-cu12==1.5.2, ..."; "Because nixl-cu12 was not found in the package registry and ...").
 _NO_VERSION = re.compile(r"there is no version of ([^\s,]+)")
 _NOT_FOUND = re.compile(r"\b([A-Za-z0-9][\w.-]*) was not found in the (?:package registry|provided package locations)")
+# "Because only certifi<=2026.10.19.post1 is available and ai-dynamo==1.7.0.dev20261026 depends on
+# certifi>=2026.10.23, ..." (or "... and you require certifi>=2026.10.23"): the index has the project, but no
+# version the requirement accepts (the ai-dynamo nightlies of 2026-10-25/26 on PyPI).
+_ONLY_OLDER = re.compile(r"only [A-Za-z0-9][\w.-]*\s*[<>=!~]=?\s*\S+ (?:is|are) available and "
+                         r"(?:\S+ depends? on|you require) ([^\s,]+)")
 
 
 @dataclass(frozen=True)
@@ -253,7 +258,8 @@ def refuse_unresolvable(runtimes: Iterable[RuntimeInfo]) -> None:
 
 def missing_in(text: str) -> tuple[str, ...]:
     """The requirements uv's failure says no index has, in its order (empty: it failed for another reason)."""
-    return tuple(dict.fromkeys(m.rstrip(".") for m in [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text)]))
+    found = [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text), *_ONLY_OLDER.findall(text)]
+    return tuple(dict.fromkeys(m.rstrip(".") for m in found))
 
 
 def step_requirements(steps: Sequence[Any]) -> list[list[str]]:
