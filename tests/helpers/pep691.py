@@ -69,8 +69,10 @@ def write_project(root: Path, name: str, files: list[Any]) -> None:
 
 
 @contextmanager
-def serve_index(root: Path) -> Iterator[str]:
-    """Serve `root` as a simple index on 127.0.0.1; yields the index URL (`http://127.0.0.1:PORT/simple`)."""
+def serve_index(root: Path, upstream: str | None = None) -> Iterator[str]:
+    """Serve `root` as a simple index on 127.0.0.1; yields the index URL (`http://127.0.0.1:PORT/simple`).
+    With `upstream` (a PEP 691 index URL), a project page `root` lacks is the upstream's page as it is (its
+    files stay where the upstream keeps them): `root` then overrides a few projects of a real index."""
     requests: list[dict[str, str]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -85,6 +87,9 @@ def serve_index(root: Path) -> Iterator[str]:
                     self._answer(200, "text/html", b"<html><body><a href='x.whl'>x.whl</a></body></html>")
                 else:
                     self._answer(200, JSON_TYPE, (root / f"{parts[1]}.json").read_bytes())
+                return
+            if len(parts) == 2 and parts[0] == "simple" and upstream is not None:
+                self._answer(*_upstream_page(upstream, parts[1]))
                 return
             self._answer(404, "text/plain", b"not found")
 
@@ -114,3 +119,23 @@ def serve_index(root: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def _upstream_page(upstream: str, project: str) -> tuple[int, str, bytes]:
+    import httpx
+
+    answer = httpx.get(f"{upstream.rstrip('/')}/{project}/", headers={"Accept": JSON_TYPE}, timeout=60,
+                       follow_redirects=True)  # fmt: skip
+    return answer.status_code, answer.headers.get("Content-Type", JSON_TYPE), answer.content
+
+
+def upstream_project(upstream: str, name: str, keep: set[str]) -> dict[str, Any]:
+    """`name`'s real page on `upstream` with only the files of the versions in `keep` (absolute URLs kept)."""
+    import httpx
+    from packaging.utils import parse_wheel_filename
+
+    page: dict[str, Any] = httpx.get(f"{upstream.rstrip('/')}/{name}/", headers={"Accept": JSON_TYPE}, timeout=60,
+                                     follow_redirects=True).raise_for_status().json()  # fmt: skip
+    files = [f for f in page["files"] if f["filename"].endswith(".whl")
+             and str(parse_wheel_filename(f["filename"])[1]) in keep]  # fmt: skip
+    return project_page(name, files)
