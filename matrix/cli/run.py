@@ -206,6 +206,14 @@ def _versions(cell: Any) -> str:
 @click.option("--notify", "notify_url", envvar="MATRIX_NOTIFY_URL", metavar="URL",
               help="After the run, post each failure episode this run opened or closed to this webhook (JSON, "
               "Slack-compatible), and retry events earlier runs failed to post. Default: $MATRIX_NOTIFY_URL.")
+@click.option("--auto-quarantine/--no-auto-quarantine", envvar="MATRIX_AUTO_QUARANTINE", default=False,
+              help="After the run, mute each cell that failed in it and also passed within the window (flake "
+              "evidence: `matrix quarantines`). Default: $MATRIX_AUTO_QUARANTINE, else off.")
+@click.option("--quarantine-window-days", type=click.IntRange(1, 3650), default=7, show_default=True,
+              envvar="MATRIX_QUARANTINE_WINDOW_DAYS", help="How far back a pass counts as flake evidence.")
+@click.option("--quarantine-clean-runs", type=click.IntRange(1, 1000), default=3, show_default=True,
+              envvar="MATRIX_QUARANTINE_CLEAN_RUNS",
+              help="Consecutive passes after which an automatic quarantine ends (recorded with the entry).")
 @click.option("--per-cell-engines", is_flag=True,
               help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
               "(role, runtime) engine once per grid and routing each pair through its own proxy.")
@@ -216,7 +224,8 @@ def run_cmd(
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
     offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], per_cell_engines: bool,
-    notify_url: str | None, **kw: Any,
+    notify_url: str | None, auto_quarantine: bool, quarantine_window_days: int, quarantine_clean_runs: int,
+    **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -273,11 +282,28 @@ def run_cmd(
         from matrix.cli.fanout import write_results_file
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
+    if exit_code != 2:
+        _quarantine(app, ran, auto_quarantine, quarantine_window_days, quarantine_clean_runs, err=json_events)
     if notify_url and exit_code != 2:
         _notify(app, notify_url, ran, exit_code, err=json_events)
     if report and exit_code != 2:
         _refresh_report(app, report_dir, exit_code, ran, err=json_events)
     raise SystemExit(exit_code)
+
+
+def _quarantine(app: App, ran: list[int], auto: bool, window_days: int, clean_runs: int, *, err: bool) -> None:
+    """Record the quarantine exits (expired, clean runs) and, with --auto-quarantine, the automatic entries this
+    run's campaigns call for (`matrix.quarantine`); one line per event. The run's exit code stays its own."""
+    import datetime as dt
+
+    from matrix.db.engine import transaction
+    from matrix.quarantine import AutoRule, update_after_run
+
+    rule = AutoRule(window_days, clean_runs) if auto else None
+    with transaction(app.sessions()) as session:
+        lines = update_after_run(session, ran, rule, dt.datetime.now(dt.UTC))
+    for line in lines:
+        click.echo(line, err=err)
 
 
 def _notify(app: App, url: str, ran: list[int], exit_code: int, *, err: bool) -> None:

@@ -37,6 +37,10 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    the version-skew pair of this runtime and the previous release must be `works` or `clean-reject` in both
    directions, prefill=candidate/decode=previous and the reverse (`matrix.report.gate_skew`): another class
    blocks (`skew`), a direction with no finished attempt is missing evidence (`skew-not-run`).
+9. A cell under a quarantine in force (`matrix.report.muted`: `matrix quarantine`, or automatic on flake
+   evidence) is *muted*: its findings that say it misbehaved (failed, regression, flaky, low pass rate,
+   exposure, slowdown, skew...) are reported with `[muted]` and do not block, and a `muted` finding names the
+   quarantine, its owner and what it muted; a missing fix or missing evidence still counts as ever.
 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
@@ -82,6 +86,7 @@ from matrix.report.data import (
     load_runtimes,
 )
 from matrix.report.gate_skew import SKEW_KIND, SKEW_NOT_RUN, judge_skew
+from matrix.report.muted import MUTABLE_KINDS, QuarantineView, load_quarantines
 from matrix.report.perf import DEFAULT_ALPHA, Samples, compare_metrics, load_samples
 from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
@@ -184,6 +189,7 @@ class WaiverView:
     reason: str
     link: str
     expires: dt.date | None
+    owner: str = ""
 
     def expired(self, today: dt.date) -> bool:
         return self.expires is not None and today > self.expires
@@ -195,7 +201,8 @@ class WaiverView:
         until = f" until {self.expires.isoformat()}" if self.expires else ""
         link = f" ({self.link})" if self.link else ""
         spec = self.runtime_spec or "any version"
-        return f"waiver {spec}{until}: {clean(self.reason)}{link}"
+        owner = f" (owner {clean(self.owner)})" if self.owner else ""
+        return f"waiver {spec}{until}{owner}: {clean(self.reason)}{link}"
 
 
 @dataclass(frozen=True)
@@ -224,6 +231,9 @@ class GateCell:
     blocking: bool
     # Every informative attempt on this runtime: what `min_pass_rate` judges (shown under any policy).
     rate: PassRate = NO_RATE
+    # The quarantine in force for the cell (`matrix.report.muted`), and the findings it kept from blocking.
+    quarantine: QuarantineView | None = None
+    muted: tuple[Reason, ...] = ()
 
     @property
     def status(self) -> str:
@@ -318,6 +328,11 @@ class GateResult:
         return EXIT_CODES[self.verdict]
 
     @property
+    def muted(self) -> list[GateCell]:
+        """Required cells under a quarantine, whether or not it muted a finding this time."""
+        return [c for c in self.cells if c.quarantine is not None]
+
+    @property
     def passed(self) -> int:
         return sum(1 for c in self.cells if c.status == PASSED)
 
@@ -327,8 +342,9 @@ class GateResult:
         if not self.go or self.passed == len(self.cells):
             return ""
         waived = sum(1 for r in self.reasons if r.kind == "waived")
+        muted = sum(1 for c in self.cells if c.muted)
         return (f"lenient: only {self.passed} of {len(self.cells)} required cells passed; "
-                f"{waived} failure(s) excused by waivers")  # fmt: skip
+                f"{waived} failure(s) excused by waivers" + (f", {muted} cell(s) muted by quarantine" if muted else ""))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -347,7 +363,10 @@ class GateResult:
             "cells": [{"case": c.case.name, "status": c.status, "flaky": bool(c.attempt and c.attempt.flaky),
                        "pass_rate": c.rate.as_dict(),
                        "previous": c.previous.status if c.previous else None, "missing_fixes": list(c.missing),
-                       "waived": c.waiver is not None, "blocking": c.blocking} for c in self.cells],
+                       "waived": c.waiver is not None, "blocking": c.blocking,
+                       "quarantine": c.quarantine.as_dict() if c.quarantine else None,
+                       "muted": [{"kind": r.kind, "message": r.message} for r in c.muted]} for c in self.cells],
+            "muted": [c.case.name for c in self.muted],
             "not_required": [{"case": case, "why": why} for case, why in self.not_required],
             "date": self.today.isoformat(),
         }  # fmt: skip
@@ -505,7 +524,10 @@ def evaluate_gate(
     for w in session.scalars(
         select(Waiver).where(Waiver.retired.is_(False), Waiver.case_id.in_(ids)).options(selectinload(Waiver.case))
     ):
-        waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
+        waivers.setdefault(w.case_id, []).append(
+            WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires, w.owner)
+        )
+    quarantines = [q for q in load_quarantines(session, ids, current_only=True) if q.active(today)]
 
     skips = _skip_messages(session, history.values())
     load = known.samples if known is not None else functools.partial(load_samples, session)
@@ -534,9 +556,12 @@ def evaluate_gate(
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
                                 f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about "
                                 "the runtime", False))  # fmt: skip
+        quarantine = next((q for q in quarantines if q.covers(case.id, runtime.id)), None)
+        found, muted = _mute(found, quarantine)
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
-        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
+        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate,
+                              quarantine, muted))  # fmt: skip
     if not required:
         # Not applicable, not NO-GO: nothing is wrong with the runtime, the policy does not speak about it.
         reasons.append(
@@ -545,6 +570,18 @@ def evaluate_gate(
                    "does not", False)
         )  # fmt: skip
     return GateResult(runtime, policy, previous, tuple(cells), tuple(not_required), tuple(reasons), today)
+
+
+def _mute(found: list[Reason], quarantine: QuarantineView | None) -> tuple[list[Reason], tuple[Reason, ...]]:
+    """A quarantined cell's blocking findings of the kinds a quarantine mutes become reported, not blocking,
+    each saying so, and one `muted` finding names the quarantine; other findings are left as they are."""
+    if quarantine is None:
+        return found, ()
+    muted = tuple(r for r in found if r.blocking and r.kind in MUTABLE_KINDS)
+    kept = [Reason(r.kind, r.case, f"{r.message} [muted]", False) if r in muted else r for r in found]
+    what = "; would have blocked on " + ", ".join(r.kind for r in muted) if muted else "; nothing to mute this time"
+    kept.append(Reason("muted", quarantine.case, f"{quarantine.describe()}{what}", False))
+    return kept, muted
 
 
 def _judge(
@@ -716,6 +753,10 @@ def gate_text(result: GateResult) -> str:
         lines.append(f"  {mark} {reason.kind:<15} {subject}{reason.message}")
     previous = result.previous.version if result.previous else "none"
     lines.append(f"required cells: {len(result.cells)} ({result.passed} passed); previous release: {previous}")
+    if result.muted:
+        lines.append("muted (quarantined, not blocking): " + "; ".join(
+            f"{c.case.name} (owner {clean(c.quarantine.owner)}, {c.quarantine.entry})"
+            for c in result.muted if c.quarantine is not None))  # fmt: skip
     lines.append("rules: " + "; ".join(f"{rule} {value}" for rule, value, _ in policy.rule_lines()))
     if result.incomplete:
         lines.append("INCOMPLETE: no finding says the runtime is wrong, but required cells have not run: run them "
