@@ -227,7 +227,8 @@ def _auto_enter(session: Session, campaign_ids: list[int], auto: AutoRule, now: 
         reason = (f"flaky: passed in {passed.uid} (campaign {passed.campaign_id}) and {failure.status} in "
                   f"{failure.uid} (campaign {failure.campaign_id}) within {auto.window_days} day(s)")  # fmt: skip
         owner = _case_owner(session, case, runtime, now)
-        row = Quarantine(case=case, runtime=runtime, roles_key=roles_key, owner=owner, reason=reason, until=None, entry="automatic", evidence=[passed.uid, failure.uid],
+        row = Quarantine(case=case, runtime=runtime, roles_key=roles_key, owner=owner, reason=reason, until=None,
+                         entry="automatic", evidence=[passed.uid, failure.uid],
                          clean_runs=auto.clean_runs, entered_at=now, exit_reason="", exit_evidence=[])  # fmt: skip
         session.add(row)
         lines.append(f"quarantine: {_label(row)} entered (automatic, owner {clean(row.owner)}): {reason}")
