@@ -32,7 +32,11 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    passes only show a rate above 0.89 (`docs/statistics.md`).
 7. Under `max_slowdown` (a fraction, 0.10 = 10 %) each required cell's passed attempts are compared with
    the previous release's, metric by metric (`matrix.report.perf`): a change worse than `max_slowdown`
-   that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`).
+   that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`). A metric
+   whose evidence cannot rule such a slowdown out (fewer than two passed attempts on a side, or a 95 % interval
+   of the ratio that straddles the threshold: `perf.insufficiency`) is `insufficient-data`, one finding per
+   case naming each such metric and why, never a silent pass: reported, and under `insufficient_blocks`
+   missing evidence (INCOMPLETE).
 8. Under `skew_both_ways` (true: every required case; a marker expression: the required cases it selects)
    the version-skew pair of this runtime and the previous release must be `works` or `clean-reject` in both
    directions, prefill=candidate/decode=previous and the reverse (`matrix.report.gate_skew`): another class
@@ -87,7 +91,7 @@ from matrix.report.data import (
 )
 from matrix.report.gate_skew import SKEW_KIND, SKEW_NOT_RUN, judge_skew
 from matrix.report.muted import MUTABLE_KINDS, QuarantineView, load_quarantines
-from matrix.report.perf import DEFAULT_ALPHA, Samples, compare_metrics, load_samples
+from matrix.report.perf import DEFAULT_ALPHA, METRICS, Samples, compare_metrics, load_samples
 from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
@@ -98,12 +102,15 @@ __all__ = [
 ]  # fmt: skip
 
 NO_RATE = PassRate(0, 0, "")
+# Rule 7's finding for a metric the evidence cannot judge (too few samples, an interval straddling the bar).
+INSUFFICIENT_DATA = "insufficient-data"
 # `matrix gate` exit code per verdict (2 is bad input, as for every command).
 EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3, "N/A": 4}
 # Blocking findings a NO-GO can be *predicted* from, before anything ran: the catalog knows a fix is missing.
 PREDICTED_KINDS = frozenset({"missing-fix"})
 # Blocking findings that mean "evidence missing" rather than "something is wrong".
-INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested", SKEW_NOT_RUN})
+INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested", SKEW_NOT_RUN,
+                              INSUFFICIENT_DATA})  # fmt: skip
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
 KNOWN_RULES: Mapping[str, Any] = {
@@ -114,6 +121,7 @@ KNOWN_RULES: Mapping[str, Any] = {
     "max_slowdown": None,
     "perf_alpha": DEFAULT_ALPHA,
     "skew_both_ways": False,
+    "insufficient_blocks": False,
 }
 
 
@@ -126,6 +134,8 @@ RULE_TEXT: Mapping[str, str] = {
     "max_slowdown": "a metric worse than on the previous release by more than this fraction, significantly, blocks",
     "perf_alpha": "significance level of the slowdown rule's Mann-Whitney test",
     "skew_both_ways": "prefill=candidate/decode=previous release and the reverse must be works or clean-reject",
+    "insufficient_blocks": "a metric max_slowdown cannot judge (too few samples, interval straddling it) is "
+                           "incomplete evidence",
 }
 
 
@@ -142,12 +152,13 @@ class Policy:
     perf_alpha: float = DEFAULT_ALPHA
     # False: off; True: every required case; a marker expression: the required cases it selects.
     skew_both_ways: bool | str = False
+    insufficient_blocks: bool = False
 
     def rules(self) -> dict[str, Any]:
         return {"flaky_blocks": self.flaky_blocks, "regressions_block": self.regressions_block,
                 "min_pass_rate": self.min_pass_rate, "min_samples": self.min_samples,
                 "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha,
-                "skew_both_ways": self.skew_both_ways}  # fmt: skip
+                "skew_both_ways": self.skew_both_ways, "insufficient_blocks": self.insufficient_blocks}  # fmt: skip
 
     def judges_skew(self, markers: Iterable[MarkerUse]) -> bool:
         """Whether `skew_both_ways` applies to a required case with these markers."""
@@ -172,6 +183,7 @@ class Policy:
             found.append(("max_slowdown", f"{self.max_slowdown:g} ({100 * self.max_slowdown:g} %)",
                           RULE_TEXT["max_slowdown"]))  # fmt: skip
             found.append(("perf_alpha", f"{self.perf_alpha:g}", RULE_TEXT["perf_alpha"]))
+            found.append(("insufficient_blocks", _yes_no(self.insufficient_blocks), RULE_TEXT["insufficient_blocks"]))
         if self.skew_both_ways is not False:
             scope = "every required case" if self.skew_both_ways is True else f"cases {self.skew_both_ways}"
             found.append(("skew_both_ways", scope, RULE_TEXT["skew_both_ways"]))
@@ -389,7 +401,7 @@ def _policy(session: Session, name: str) -> Policy:
     return Policy(
         row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"],
         _float(values["min_pass_rate"]), int(values["min_samples"]), _float(values["max_slowdown"]),
-        float(values["perf_alpha"]), values["skew_both_ways"],
+        float(values["perf_alpha"]), values["skew_both_ways"], values["insufficient_blocks"],
     )  # fmt: skip
 
 
@@ -713,10 +725,21 @@ def _slowdowns(
             found.append(Reason("slowdown-untested", case.name, f"max_slowdown not checked against "
                                 f"{previous.version}: the significance test needs scipy ({INSTALL_HINT})", True))
         return found  # fmt: skip
+    unjudged = []
     for metric in compare_metrics(before, now, policy.max_slowdown or 0.0, policy.perf_alpha):
         if metric.regression:
             found.append(Reason("slowdown", case.name, f"{metric.text()} against {previous.version} "
                                 f"(max_slowdown {policy.max_slowdown:g}, alpha {policy.perf_alpha:g})", True))
+        elif metric.insufficient:
+            unjudged.append(f"{metric.comparison.metric} x{metric.comparison.ratio:.3f} ({metric.insufficient})")
+    # A metric this release has and the previous one has no passed sample of cannot be judged either.
+    unjudged += [f"{m} (no passed attempt on {previous.version})" for m, direction in METRICS.items()
+                 if direction and now.get(m) and not before.get(m)]  # fmt: skip
+    if unjudged:
+        rule = "incomplete evidence (insufficient_blocks)" if policy.insufficient_blocks else "reported, not blocking"
+        found.append(Reason(INSUFFICIENT_DATA, case.name, f"max_slowdown {policy.max_slowdown:g} cannot be judged "
+                            f"against {previous.version} for " + "; ".join(unjudged) + f": run more repeats "
+                            f"(`matrix run --repeat N`); {rule}", policy.insufficient_blocks))
     return found  # fmt: skip
 
 

@@ -63,9 +63,9 @@ class QuarantineView:
 
     def describe(self) -> str:
         """One line: how it entered, who owns it, until when, and why."""
-        until = f" until {self.until.isoformat()}" if self.until else ""
-        if self.clean_runs:
-            until += f" (or {self.clean_runs} clean runs)"
+        ends = [self.until.isoformat()] if self.until else []
+        ends += [f"{self.clean_runs} clean runs"] if self.clean_runs else []
+        until = f", until {' or '.join(ends)}" if ends else ""
         return f"quarantined ({self.entry}, owner {clean(self.owner)}{until}): {clean(self.reason)}"
 
     def as_dict(self) -> dict[str, Any]:
