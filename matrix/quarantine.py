@@ -97,8 +97,13 @@ def _runtime(session: Session, case: Case, spec: str | None) -> Runtime | None:
 
 
 def _current(session: Session, case_id: int) -> list[Quarantine]:
-    return list(session.scalars(select(Quarantine).where(Quarantine.case_id == case_id,
-                                                         Quarantine.exited_at.is_(None)).order_by(Quarantine.id)))
+    return list(
+        session.scalars(
+            select(Quarantine)
+            .where(Quarantine.case_id == case_id, Quarantine.exited_at.is_(None))
+            .order_by(Quarantine.id)
+        )
+    )
 
 
 def enter(

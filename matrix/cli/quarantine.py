@@ -19,11 +19,20 @@ __all__ = ["register"]
 
 @click.command("quarantine")
 @click.argument("case")
-@click.option("--runtime", "runtime_spec", metavar="BACKEND=V", help="Mute the cell of this runtime only "
-              "(default: every runtime of the case).")
+@click.option(
+    "--runtime",
+    "runtime_spec",
+    metavar="BACKEND=V",
+    help="Mute the cell of this runtime only (default: every runtime of the case).",
+)
 @click.option("--owner", required=True, help="Who answers for the muted cell (a name or a team).")
-@click.option("--until", "until_text", required=True, metavar="YYYY-MM-DD",
-              help="The last day (UTC) the cell is muted; today or later.")
+@click.option(
+    "--until",
+    "until_text",
+    required=True,
+    metavar="YYYY-MM-DD",
+    help="The last day (UTC) the cell is muted; today or later.",
+)
 @click.option("--reason", required=True, help="Why it is muted (one line, e.g. an issue link).")
 @with_session
 def quarantine_cmd(session: Session, case: str, runtime_spec: str | None, owner: str, until_text: str,
