@@ -787,3 +787,15 @@ def gate_text(result: GateResult) -> str:
     for case, why in result.not_required:
         lines.append(f"  not required: {case}: {why}")
     return printable("\n".join(lines))
+
+
+def load_policy(session: Session, name: str) -> Policy:
+    """The gate policy `name`, its rules checked (`ConfigError` naming the known ones when there is none)."""
+    return _policy(session, name)
+
+
+def required_cases(
+    cases: Sequence[CaseView], runtime: RuntimeView, policy: Policy
+) -> tuple[list[CaseView], list[tuple[str, str]]]:
+    """The cases `policy` requires of `runtime`, and (case, why) of those it selects that do not apply."""
+    return _required(cases, runtime, policy)
