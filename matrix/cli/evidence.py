@@ -18,10 +18,20 @@ __all__ = ["register"]
 
 
 @click.command("evidence")
-@click.option("--policy", "policies", multiple=True, metavar="NAME",
-              help="Only this gate policy (repeatable; default: every policy of the catalog).")
-@click.option("--days", type=click.IntRange(0, 3650), default=5, show_default=True,
-              help="Evidence newer than this many days counts as fresh.")
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    metavar="NAME",
+    help="Only this gate policy (repeatable; default: every policy of the catalog).",
+)
+@click.option(
+    "--days",
+    type=click.IntRange(0, 3650),
+    default=5,
+    show_default=True,
+    help="Evidence newer than this many days counts as fresh.",
+)
 @click.option("--stale", "stale_only", is_flag=True, help="List only the cells whose evidence is not fresh.")
 @json_option
 @with_session

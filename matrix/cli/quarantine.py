@@ -86,7 +86,7 @@ def quarantines_cmd(session: Session, show_all: bool, as_json: bool) -> None:
     rows = []
     for q in found:
         state = "muted" if q.active(today) else f"ended ({q.exit or 'expired'})"
-        until = q.until.isoformat() if q.until else (f"{q.clean_runs} clean runs" if q.clean_runs else "-")
+        until = q.ends or "-"
         ended = clean(q.exit_reason) if q.exit else ""
         rows.append((state, q.cell, clean(q.owner), until, q.entry, ", ".join(q.evidence) or "-", clean(q.reason),
                      ended))  # fmt: skip

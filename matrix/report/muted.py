@@ -61,11 +61,16 @@ class QuarantineView:
     def cell(self) -> str:
         return f"{self.case}@{self.runtime}" + (f"[{self.roles_key}]" if self.roles_key else "")
 
-    def describe(self) -> str:
-        """One line: how it entered, who owns it, until when, and why."""
+    @property
+    def ends(self) -> str:
+        """When it ends by itself: "2026-12-31", "3 clean runs", both joined by "or", or "" (by hand only)."""
         ends = [self.until.isoformat()] if self.until else []
         ends += [f"{self.clean_runs} clean runs"] if self.clean_runs else []
-        until = f", until {' or '.join(ends)}" if ends else ""
+        return " or ".join(ends)
+
+    def describe(self) -> str:
+        """One line: how it entered, who owns it, until when, and why."""
+        until = f", until {self.ends}" if self.ends else ""
         return f"quarantined ({self.entry}, owner {clean(self.owner)}{until}): {clean(self.reason)}"
 
     def as_dict(self) -> dict[str, Any]:
