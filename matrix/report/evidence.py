@@ -19,9 +19,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from matrix.db.models import CellRun, GatePolicy
+from matrix.errors import MatrixError
 from matrix.outcome import CELL_FAULT_STATUSES, PASSED
 from matrix.report.data import load_cases, load_runtimes
-from matrix.report.gate import is_variant, load_policy, required_cases
+from matrix.report.gate import Policy, is_variant, load_policy, required_cases
+from matrix.text import clean
 
 __all__ = ["DEFAULT_DAYS", "EvidenceCell", "PolicyEvidence", "evidence_age"]
 
@@ -53,6 +55,8 @@ class PolicyEvidence:
     expression: str
     days: int
     cells: tuple[EvidenceCell, ...]
+    # Why the gate refuses the policy (an unknown rule...): it then has no cells ("" when it is sound).
+    error: str = ""
 
     @property
     def fresh(self) -> int:
@@ -68,6 +72,8 @@ class PolicyEvidence:
         return sum(1 for c in self.cells if c.status is None)
 
     def summary(self) -> str:
+        if self.error:
+            return f"policy {self.policy}: not judged: {self.error}"
         if not self.cells:
             return f"policy {self.policy}: requires no cell of an enabled runtime"
         share = self.share or 0.0
@@ -77,24 +83,36 @@ class PolicyEvidence:
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "expression": self.expression, "days": self.days,
                 "required": len(self.cells), "fresh": self.fresh, "share": self.share, "never_run": self.never_run,
-                "cells": [c.as_dict() for c in self.cells]}  # fmt: skip
+                "cells": [c.as_dict() for c in self.cells], "error": self.error or None}  # fmt: skip
 
 
 def evidence_age(
     session: Session, days: int = DEFAULT_DAYS, now: dt.datetime | None = None, policies: Iterable[str] | None = None
 ) -> list[PolicyEvidence]:
-    """Per policy (every one of the catalog, or those named), its required cells' evidence, oldest first."""
+    """Per policy (every one of the catalog, or those named), its required cells' evidence, oldest first.
+    A named policy the gate refuses is a `ConfigError`; among every policy of the catalog, one the gate refuses
+    (an unknown rule) is listed with the reason and no cells, as the report's gate badges show it."""
     now = now or dt.datetime.now(dt.UTC)
-    names = list(policies) if policies is not None else list(
-        session.scalars(select(GatePolicy.name).where(GatePolicy.retired.is_(False)).order_by(GatePolicy.name))
-    )  # fmt: skip
-    chosen = [load_policy(session, name) for name in names]  # an unknown name: ConfigError before any reading
+    if policies is not None:
+        chosen: list[Policy | tuple[str, str]] = [load_policy(session, name) for name in policies]
+    else:
+        chosen = []
+        for name in session.scalars(
+            select(GatePolicy.name).where(GatePolicy.retired.is_(False)).order_by(GatePolicy.name)
+        ):
+            try:
+                chosen.append(load_policy(session, name))
+            except MatrixError as exc:
+                chosen.append((name, clean(str(exc))))
     every = load_runtimes(session)
     runtimes = [r for r in every if r.enabled and not r.retired and not is_variant(every, r)]
     cases = load_cases(session)
     latest = _latest(session)
     found = []
     for policy in chosen:
+        if isinstance(policy, tuple):
+            found.append(PolicyEvidence(policy[0], "", days, (), policy[1]))
+            continue
         cells = []
         for runtime in runtimes:
             required, _ = required_cases(cases, runtime, policy)
