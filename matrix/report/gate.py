@@ -43,8 +43,9 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    blocks (`skew`), a direction with no finished attempt is missing evidence (`skew-not-run`).
 9. A cell under a quarantine in force (`matrix.report.muted`: `matrix quarantine`, or automatic on flake
    evidence) is *muted*: its findings that say it misbehaved (failed, regression, flaky, low pass rate,
-   exposure, slowdown, skew...) are reported with `[muted]` and do not block, and a `muted` finding names the
-   quarantine, its owner and what it muted; a missing fix or missing evidence still counts as ever.
+   exposure, slowdown) are reported with `[muted]` and do not block, and a `muted` finding names the
+   quarantine, its owner and what it muted; a missing fix, missing evidence or a version-skew pair's finding
+   (the pair is a cell of its own) still counts as ever.
 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells

@@ -23,10 +23,10 @@ from matrix.text import clean
 __all__ = ["MUTABLE_KINDS", "QuarantineView", "load_quarantines"]
 
 # The gate findings a quarantine mutes: those that say the cell misbehaved. Never a missing fix (the catalog
-# knows the runtime is broken for the case) nor missing evidence (a muted cell still has to run).
+# knows the runtime is broken for the case), missing evidence (a muted cell still has to run), nor a version-skew
+# pair's finding (the pair is a cell of its own, which a quarantine of the diagonal cell does not cover).
 MUTABLE_KINDS = frozenset({
     "failed", "regression", "flaky", "low-pass-rate", "inconclusive", "exposure", "slowdown", "slowdown-untested",
-    "skew",
 })  # fmt: skip
 
 
