@@ -211,6 +211,9 @@ def _auto_enter(session: Session, campaign_ids: list[int], auto: AutoRule, now: 
     lines = []
     since = now - dt.timedelta(days=auto.window_days)
     for case_id, runtime_id, roles_key in sorted(failed):
+        # Two runners of one campaign (`--join`) end at once: on PostgreSQL the case's row lock makes the second
+        # read the first one's entry (SQLite has one writer at a time anyway).
+        session.execute(select(Case.id).where(Case.id == case_id).with_for_update())
         rows = list(session.scalars(select(Quarantine).where(Quarantine.case_id == case_id)))
         if any(r.exited_at is None and r.runtime_id in (None, runtime_id) and r.roles_key == roles_key
                and (r.until is None or now.date() <= r.until) for r in rows):  # fmt: skip
