@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -14,7 +15,39 @@ from matrix.cli.app import json_option, with_session
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["register"]
+__all__ = ["auto_quarantine_options", "record_quarantines", "register"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def auto_quarantine_options(func: F) -> F:
+    """`--auto-quarantine`, `--quarantine-window-days`, `--quarantine-clean-runs`: for `run` and `import`."""
+    options = [
+        click.option("--auto-quarantine/--no-auto-quarantine", envvar="MATRIX_AUTO_QUARANTINE", default=False,
+                     help="Afterwards, mute each cell that failed in these campaigns and also passed within the "
+                     "window (flake evidence: `matrix quarantines`). Default: $MATRIX_AUTO_QUARANTINE, else off."),
+        click.option("--quarantine-window-days", type=click.IntRange(1, 3650), default=7, show_default=True,
+                     envvar="MATRIX_QUARANTINE_WINDOW_DAYS", help="How far back a pass counts as flake evidence."),
+        click.option("--quarantine-clean-runs", type=click.IntRange(1, 1000), default=3, show_default=True,
+                     envvar="MATRIX_QUARANTINE_CLEAN_RUNS",
+                     help="Consecutive passes after which an automatic quarantine ends (recorded with the entry)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def record_quarantines(
+    session: Session, campaign_ids: Iterable[int], auto: bool, window_days: int, clean_runs: int
+) -> list[str]:
+    """The quarantine exits (expired, clean runs) and, with `auto`, the automatic entries `campaign_ids` call for
+    (`matrix.quarantine.update_after_run`); one line per event."""
+    import datetime as dt
+
+    from matrix.quarantine import AutoRule, update_after_run
+
+    rule = AutoRule(window_days, clean_runs) if auto else None
+    return update_after_run(session, campaign_ids, rule, dt.datetime.now(dt.UTC))
 
 
 @click.command("quarantine")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from matrix.cli.app import App, json_option, make_selection, pass_app, selection_options, skew_options, with_session
+from matrix.cli.quarantine import auto_quarantine_options, record_quarantines
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -206,14 +207,7 @@ def _versions(cell: Any) -> str:
 @click.option("--notify", "notify_url", envvar="MATRIX_NOTIFY_URL", metavar="URL",
               help="After the run, post each failure episode this run opened or closed to this webhook (JSON, "
               "Slack-compatible), and retry events earlier runs failed to post. Default: $MATRIX_NOTIFY_URL.")
-@click.option("--auto-quarantine/--no-auto-quarantine", envvar="MATRIX_AUTO_QUARANTINE", default=False,
-              help="After the run, mute each cell that failed in it and also passed within the window (flake "
-              "evidence: `matrix quarantines`). Default: $MATRIX_AUTO_QUARANTINE, else off.")
-@click.option("--quarantine-window-days", type=click.IntRange(1, 3650), default=7, show_default=True,
-              envvar="MATRIX_QUARANTINE_WINDOW_DAYS", help="How far back a pass counts as flake evidence.")
-@click.option("--quarantine-clean-runs", type=click.IntRange(1, 1000), default=3, show_default=True,
-              envvar="MATRIX_QUARANTINE_CLEAN_RUNS",
-              help="Consecutive passes after which an automatic quarantine ends (recorded with the entry).")
+@auto_quarantine_options
 @click.option("--per-cell-engines", is_flag=True,
               help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
               "(role, runtime) engine once per grid and routing each pair through its own proxy.")
@@ -294,14 +288,10 @@ def run_cmd(
 def _quarantine(app: App, ran: list[int], auto: bool, window_days: int, clean_runs: int, *, err: bool) -> None:
     """Record the quarantine exits (expired, clean runs) and, with --auto-quarantine, the automatic entries this
     run's campaigns call for (`matrix.quarantine`); one line per event. The run's exit code stays its own."""
-    import datetime as dt
-
     from matrix.db.engine import transaction
-    from matrix.quarantine import AutoRule, update_after_run
 
-    rule = AutoRule(window_days, clean_runs) if auto else None
     with transaction(app.sessions()) as session:
-        lines = update_after_run(session, ran, rule, dt.datetime.now(dt.UTC))
+        lines = record_quarantines(session, ran, auto, window_days, clean_runs)
     for line in lines:
         click.echo(line, err=err)
 

@@ -188,3 +188,24 @@ def test_a_cell_is_quarantined_once_at_a_time(matrix: Matrix) -> None:
     before = matrix.dump()
     second = matrix("quarantine", "ref_q", "--owner", "b", "--until", "2099-01-02", "--reason", "r")
     assert second.exit_code == 2 and "already quarantined" in second.output and matrix.dump() == before
+
+
+def test_imported_shards_bring_flake_evidence_together(
+    matrix: Matrix, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A pass here and a failure on another host's shard: the import sees the flake and mutes the cell."""
+    _sync(matrix, broken=False)
+    assert _run(matrix, "--case", "ref_q", code=0) == []
+    shard = Matrix(home=tmp_path_factory.mktemp("shard"), db_path=tmp_path_factory.mktemp("shard-db") / "m.db")
+    _sync(shard, broken=True)
+    results = shard.home / "results.json"
+    ran = shard.subprocess("run", "--case", "ref_q", "--no-report", "-q", "--results-out", str(results),
+                           "--campaign-key", "q-shard", "--auto-quarantine")  # fmt: skip
+    assert ran.returncode == 1 and "quarantine:" not in ran.stdout, ran.stdout  # the shard never saw the pass
+    imported = matrix("import", str(results), "--auto-quarantine")
+    assert imported.exit_code == 0, imported.output
+    (passed, _), (failed, _) = _uids(matrix, "ref_q")
+    assert (f"quarantine: ref_q@reference-0.1.0 entered (automatic, owner unowned): flaky: passed in {passed} "
+            f"(campaign 1) and failed in {failed} (campaign 2)") in imported.output  # fmt: skip
+    again = matrix("import", str(results), "--auto-quarantine")  # importing twice changes nothing
+    assert again.exit_code == 0 and "quarantine:" not in again.output and len(_quarantines(matrix)) == 1
