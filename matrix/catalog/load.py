@@ -353,6 +353,7 @@ def _waiver(e: _Entry) -> WaiverSpec:
         runtime_spec=spec,
         link=e.get("link", str, ""),
         expires=expires,
+        owner=e.get("owner", str, "").strip(),
     )
 
 

@@ -96,6 +96,7 @@ class WaiverSpec:
     runtime_spec: str = ""
     link: str = ""
     expires: dt.date | None = None
+    owner: str = ""
 
 
 @dataclass

@@ -226,6 +226,7 @@ class _Syncer:
                 "reason": w.reason,
                 "link": w.link,
                 "expires": w.expires,
+                "owner": w.owner,
             }
             self.upsert(
                 "waiver",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from matrix.cli.app import with_session
+from matrix.cli.quarantine import auto_quarantine_options, record_quarantines
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -79,8 +80,12 @@ def write_results_file(
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--logs-dir", type=click.Path(path_type=Path),
               help="Where the carried log tails go (default: data dir/runs).")  # fmt: skip
+@auto_quarantine_options
 @with_session
-def import_cmd(session: Session, files: tuple[Path, ...], logs_dir: Path | None) -> None:
+def import_cmd(
+    session: Session, files: tuple[Path, ...], logs_dir: Path | None, auto_quarantine: bool,
+    quarantine_window_days: int, quarantine_clean_runs: int,
+) -> None:  # fmt: skip
     """Merge shard results FILES (from `matrix run --results-out`) into this database.
 
     Shards with one campaign key go into one campaign (created here if needed); each attempt is
@@ -105,6 +110,10 @@ def import_cmd(session: Session, files: tuple[Path, ...], logs_dir: Path | None)
     total = sum(s.imported for s in summaries)
     present = sum(s.present for s in summaries)
     click.echo(f"{len(files)} file(s): {total} attempts imported, {present} already present")
+    # Shards ran on hosts of their own: the flake evidence and the clean runs meet in this database.
+    for line in record_quarantines(session, [s.id for s in summaries], auto_quarantine, quarantine_window_days,
+                                   quarantine_clean_runs):  # fmt: skip
+        click.echo(line)
 
 
 def register(cli: click.Group) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from matrix.cli.app import App, json_option, make_selection, pass_app, selection_options, skew_options, with_session
+from matrix.cli.quarantine import auto_quarantine_options, record_quarantines
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -215,6 +216,7 @@ def _versions(cell: Any) -> str:
 @click.option("--notify", "notify_url", envvar="MATRIX_NOTIFY_URL", metavar="URL",
               help="After the run, post each failure episode this run opened or closed to this webhook (JSON, "
               "Slack-compatible), and retry events earlier runs failed to post. Default: $MATRIX_NOTIFY_URL.")
+@auto_quarantine_options
 @click.option("--per-cell-engines", is_flag=True,
               help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
               "(role, runtime) engine once per grid and routing each pair through its own proxy.")
@@ -225,7 +227,8 @@ def run_cmd(
     executor: str, ray_address: str | None, json_events: bool, quiet: bool, report: bool, report_dir: Path | None,
     cell_args: tuple[str, ...], results_out: Path | None, campaign_key: str | None, find_links: Path | None,
     offline: bool, new_only: bool, loopback_only: bool, with_components: tuple[str, ...], per_cell_engines: bool,
-    notify_url: str | None, **kw: Any,
+    notify_url: str | None, auto_quarantine: bool, quarantine_window_days: int, quarantine_clean_runs: int,
+    **kw: Any,
 ) -> None:  # fmt: skip
     """Run the planned cells: launch each pair, send the request, validate, record.
 
@@ -282,11 +285,24 @@ def run_cmd(
         from matrix.cli.fanout import write_results_file
 
         write_results_file(app.sessions(), ran, results_out, campaign_key or "", err=json_events)
+    if exit_code != 2:
+        _quarantine(app, ran, auto_quarantine, quarantine_window_days, quarantine_clean_runs, err=json_events)
     if notify_url and exit_code != 2:
         _notify(app, notify_url, ran, exit_code, err=json_events)
     if report and exit_code != 2:
         _refresh_report(app, report_dir, exit_code, ran, err=json_events)
     raise SystemExit(exit_code)
+
+
+def _quarantine(app: App, ran: list[int], auto: bool, window_days: int, clean_runs: int, *, err: bool) -> None:
+    """Record the quarantine exits (expired, clean runs) and, with --auto-quarantine, the automatic entries this
+    run's campaigns call for (`matrix.quarantine`); one line per event. The run's exit code stays its own."""
+    from matrix.db.engine import transaction
+
+    with transaction(app.sessions()) as session:
+        lines = record_quarantines(session, ran, auto, window_days, clean_runs)
+    for line in lines:
+        click.echo(line, err=err)
 
 
 def _notify(app: App, url: str, ran: list[int], exit_code: int, *, err: bool) -> None:

@@ -226,8 +226,44 @@ class Waiver(Base):
     # The name of the catalog file this row was last synced from ("" when unknown): sync retires only
     # rows that came from files of the names it is given.
     source_file: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Who answers for the waived failure ("" when the catalog names nobody).
+    owner: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     case: Mapped[Case] = relationship()
+
+
+class Quarantine(Base):
+    """A muted cell (`matrix.quarantine`): its attempts still run and are recorded, its failures do not block a
+    gate. Rows are never deleted: an exit fills the exit columns, so every entry and exit stays on record."""
+
+    __tablename__ = "quarantine"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    case_id: Mapped[int] = mapped_column(ForeignKey("case.id"), index=True)
+    # None: every runtime of the case (a manual quarantine without --runtime).
+    runtime_id: Mapped[int | None] = mapped_column(ForeignKey("runtime.id"), nullable=True)
+    # The role tuple of a skew pair ("": the cell whose roles all run the runtime).
+    roles_key: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    owner: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    # Muted through this day (UTC); None: until it exits otherwise (an automatic entry's clean runs).
+    until: Mapped[dt.date | None] = mapped_column(Date, nullable=True)
+    # manual | automatic
+    entry: Mapped[str] = mapped_column(String(16))
+    # Automatic entry: the uids of the pass and the failure of the same tuple that showed the flake.
+    evidence: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Automatic entry: consecutive passes after entry that end the quarantine; None: none do (manual).
+    clean_runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    entered_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    exited_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # manual | expired | clean-runs (None while muted)
+    exit: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    exit_reason: Mapped[str] = mapped_column(Text, default="")
+    # The clean runs' uids (exit by clean runs).
+    exit_evidence: Mapped[list[Any]] = mapped_column(JSON, default=list)
+
+    case: Mapped[Case] = relationship()
+    runtime: Mapped[Runtime | None] = relationship()
 
 
 class Campaign(Base):

@@ -11,7 +11,9 @@ interval; flaky when a side both passed and failed) and, per metric, B against A
 a 95 % interval and a Mann-Whitney p-value; a metric regresses only when the change is both significant
 and past the threshold (`matrix.report.perf`). The verdict includes the performance verdict: a case that
 passes on both sides but has a metric that regressed is `slower`, never `unchanged`; without scipy (no
-test) such a case is `slower (not tested)` when a metric is past the threshold, else `insufficient data`.
+test) such a case is `slower (not tested)` when a metric is past the threshold, else `insufficient data`; and
+with it, a case whose metric cannot rule out a slowdown past the threshold (fewer than two samples a side, or
+a 95 % interval that straddles the threshold: `perf.insufficiency`) is `insufficient data` too.
 The ratios shown per metric are those same ratios of medians over passed attempts, so a page never shows two
 ratios for one metric.
 
@@ -211,16 +213,17 @@ def with_performance(
     """The case's verdict once its metrics are judged: passing on both sides with a regressed metric is
     `slower`; any other verdict already says more than the timings. Without the significance test
     (`tested` false) a case with testable metrics is never `unchanged`: `slower (not tested)` when one is
-    past the threshold, else `insufficient data`."""
+    past the threshold. A case with a metric whose evidence cannot rule out a slowdown past the threshold
+    (`MetricVerdict.insufficient`: too few samples, no test, an interval straddling it) is `insufficient data`."""
     if outcome_verdict != "unchanged":
         return outcome_verdict
     if any(m.regression for m in performance):
         return "slower"
-    if not tested:
-        if untested_slowdowns(performance, threshold):
-            return SLOWER_UNTESTED
-        if any(testable(m) for m in performance):
-            return INSUFFICIENT
+    if not tested and untested_slowdowns(performance, threshold):
+        return SLOWER_UNTESTED
+    if any(m.insufficient for m in performance):
+        # Too few samples, no test, or an interval reaching past the threshold: "unchanged" would be a guess.
+        return INSUFFICIENT
     return outcome_verdict
 
 

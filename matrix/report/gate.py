@@ -32,11 +32,20 @@ selects, of the runtime's backend, whose version constraint admits the version, 
    passes only show a rate above 0.89 (`docs/statistics.md`).
 7. Under `max_slowdown` (a fraction, 0.10 = 10 %) each required cell's passed attempts are compared with
    the previous release's, metric by metric (`matrix.report.perf`): a change worse than `max_slowdown`
-   that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`).
+   that the Mann-Whitney test finds significant at `perf_alpha` (default 0.01) blocks (`slowdown`). A metric
+   whose evidence cannot rule such a slowdown out (fewer than two passed attempts on a side, or a 95 % interval
+   of the ratio that straddles the threshold: `perf.insufficiency`) is `insufficient-data`, one finding per
+   case naming each such metric and why, never a silent pass: reported, and under `insufficient_blocks`
+   missing evidence (INCOMPLETE).
 8. Under `skew_both_ways` (true: every required case; a marker expression: the required cases it selects)
    the version-skew pair of this runtime and the previous release must be `works` or `clean-reject` in both
    directions, prefill=candidate/decode=previous and the reverse (`matrix.report.gate_skew`): another class
    blocks (`skew`), a direction with no finished attempt is missing evidence (`skew-not-run`).
+9. A cell under a quarantine in force (`matrix.report.muted`: `matrix quarantine`, or automatic on flake
+   evidence) is *muted*: its findings that say it misbehaved (failed, regression, flaky, low pass rate,
+   exposure, slowdown) are reported with `[muted]` and do not block, and a `muted` finding names the
+   quarantine, its owner and what it muted; a missing fix, missing evidence or a version-skew pair's finding
+   (the pair is a cell of its own) still counts as ever.
 
 The verdict: NO-GO when a finding blocks (a failure, a missing fix, a regression...); else INCOMPLETE
 when a required cell has not run (the evidence is missing, nothing is known to be wrong: run the cells
@@ -82,7 +91,8 @@ from matrix.report.data import (
     load_runtimes,
 )
 from matrix.report.gate_skew import SKEW_KIND, SKEW_NOT_RUN, judge_skew
-from matrix.report.perf import DEFAULT_ALPHA, Samples, compare_metrics, load_samples
+from matrix.report.muted import MUTABLE_KINDS, QuarantineView, load_quarantines
+from matrix.report.perf import DEFAULT_ALPHA, METRICS, Samples, compare_metrics, load_samples
 from matrix.report.stats import INSTALL_HINT, PassRate, pass_rate, significance_available
 from matrix.text import clean, printable
 from matrix.versions import parse_specifier, parse_version, specifier_admits
@@ -93,12 +103,15 @@ __all__ = [
 ]  # fmt: skip
 
 NO_RATE = PassRate(0, 0, "")
+# Rule 7's finding for a metric the evidence cannot judge (too few samples, an interval straddling the bar).
+INSUFFICIENT_DATA = "insufficient-data"
 # `matrix gate` exit code per verdict (2 is bad input, as for every command).
 EXIT_CODES: Mapping[str, int] = {"GO": 0, "NO-GO": 1, "INCOMPLETE": 3, "N/A": 4}
 # Blocking findings a NO-GO can be *predicted* from, before anything ran: the catalog knows a fix is missing.
 PREDICTED_KINDS = frozenset({"missing-fix"})
 # Blocking findings that mean "evidence missing" rather than "something is wrong".
-INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested", SKEW_NOT_RUN})
+INCOMPLETE_KINDS = frozenset({"not-run", "few-samples", "inconclusive", "slowdown-untested", SKEW_NOT_RUN,
+                              INSUFFICIENT_DATA})  # fmt: skip
 
 # Rule name -> default. Unknown rule names in a policy are an error, so a typo cannot silently relax it.
 KNOWN_RULES: Mapping[str, Any] = {
@@ -109,6 +122,7 @@ KNOWN_RULES: Mapping[str, Any] = {
     "max_slowdown": None,
     "perf_alpha": DEFAULT_ALPHA,
     "skew_both_ways": False,
+    "insufficient_blocks": False,
 }
 
 
@@ -121,6 +135,8 @@ RULE_TEXT: Mapping[str, str] = {
     "max_slowdown": "a metric worse than on the previous release by more than this fraction, significantly, blocks",
     "perf_alpha": "significance level of the slowdown rule's Mann-Whitney test",
     "skew_both_ways": "prefill=candidate/decode=previous release and the reverse must be works or clean-reject",
+    "insufficient_blocks": "a metric max_slowdown cannot judge (too few samples, interval straddling it) is "
+                           "incomplete evidence",
 }
 
 
@@ -137,12 +153,13 @@ class Policy:
     perf_alpha: float = DEFAULT_ALPHA
     # False: off; True: every required case; a marker expression: the required cases it selects.
     skew_both_ways: bool | str = False
+    insufficient_blocks: bool = False
 
     def rules(self) -> dict[str, Any]:
         return {"flaky_blocks": self.flaky_blocks, "regressions_block": self.regressions_block,
                 "min_pass_rate": self.min_pass_rate, "min_samples": self.min_samples,
                 "max_slowdown": self.max_slowdown, "perf_alpha": self.perf_alpha,
-                "skew_both_ways": self.skew_both_ways}  # fmt: skip
+                "skew_both_ways": self.skew_both_ways, "insufficient_blocks": self.insufficient_blocks}  # fmt: skip
 
     def judges_skew(self, markers: Iterable[MarkerUse]) -> bool:
         """Whether `skew_both_ways` applies to a required case with these markers."""
@@ -167,6 +184,7 @@ class Policy:
             found.append(("max_slowdown", f"{self.max_slowdown:g} ({100 * self.max_slowdown:g} %)",
                           RULE_TEXT["max_slowdown"]))  # fmt: skip
             found.append(("perf_alpha", f"{self.perf_alpha:g}", RULE_TEXT["perf_alpha"]))
+            found.append(("insufficient_blocks", _yes_no(self.insufficient_blocks), RULE_TEXT["insufficient_blocks"]))
         if self.skew_both_ways is not False:
             scope = "every required case" if self.skew_both_ways is True else f"cases {self.skew_both_ways}"
             found.append(("skew_both_ways", scope, RULE_TEXT["skew_both_ways"]))
@@ -184,6 +202,7 @@ class WaiverView:
     reason: str
     link: str
     expires: dt.date | None
+    owner: str = ""
 
     def expired(self, today: dt.date) -> bool:
         return self.expires is not None and today > self.expires
@@ -195,7 +214,8 @@ class WaiverView:
         until = f" until {self.expires.isoformat()}" if self.expires else ""
         link = f" ({self.link})" if self.link else ""
         spec = self.runtime_spec or "any version"
-        return f"waiver {spec}{until}: {clean(self.reason)}{link}"
+        owner = f" (owner {clean(self.owner)})" if self.owner else ""
+        return f"waiver {spec}{until}{owner}: {clean(self.reason)}{link}"
 
 
 @dataclass(frozen=True)
@@ -224,6 +244,9 @@ class GateCell:
     blocking: bool
     # Every informative attempt on this runtime: what `min_pass_rate` judges (shown under any policy).
     rate: PassRate = NO_RATE
+    # The quarantine in force for the cell (`matrix.report.muted`), and the findings it kept from blocking.
+    quarantine: QuarantineView | None = None
+    muted: tuple[Reason, ...] = ()
 
     @property
     def status(self) -> str:
@@ -318,6 +341,11 @@ class GateResult:
         return EXIT_CODES[self.verdict]
 
     @property
+    def muted(self) -> list[GateCell]:
+        """Required cells under a quarantine, whether or not it muted a finding this time."""
+        return [c for c in self.cells if c.quarantine is not None]
+
+    @property
     def passed(self) -> int:
         return sum(1 for c in self.cells if c.status == PASSED)
 
@@ -327,8 +355,9 @@ class GateResult:
         if not self.go or self.passed == len(self.cells):
             return ""
         waived = sum(1 for r in self.reasons if r.kind == "waived")
+        muted = sum(1 for c in self.cells if c.muted)
         return (f"lenient: only {self.passed} of {len(self.cells)} required cells passed; "
-                f"{waived} failure(s) excused by waivers")  # fmt: skip
+                f"{waived} failure(s) excused by waivers" + (f", {muted} cell(s) muted by quarantine" if muted else ""))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -347,7 +376,10 @@ class GateResult:
             "cells": [{"case": c.case.name, "status": c.status, "flaky": bool(c.attempt and c.attempt.flaky),
                        "pass_rate": c.rate.as_dict(),
                        "previous": c.previous.status if c.previous else None, "missing_fixes": list(c.missing),
-                       "waived": c.waiver is not None, "blocking": c.blocking} for c in self.cells],
+                       "waived": c.waiver is not None, "blocking": c.blocking,
+                       "quarantine": c.quarantine.as_dict() if c.quarantine else None,
+                       "muted": [{"kind": r.kind, "message": r.message} for r in c.muted]} for c in self.cells],
+            "muted": [c.case.name for c in self.muted],
             "not_required": [{"case": case, "why": why} for case, why in self.not_required],
             "date": self.today.isoformat(),
         }  # fmt: skip
@@ -370,7 +402,7 @@ def _policy(session: Session, name: str) -> Policy:
     return Policy(
         row.name, row.expression, row.description, values["flaky_blocks"], values["regressions_block"],
         _float(values["min_pass_rate"]), int(values["min_samples"]), _float(values["max_slowdown"]),
-        float(values["perf_alpha"]), values["skew_both_ways"],
+        float(values["perf_alpha"]), values["skew_both_ways"], values["insufficient_blocks"],
     )  # fmt: skip
 
 
@@ -505,7 +537,10 @@ def evaluate_gate(
     for w in session.scalars(
         select(Waiver).where(Waiver.retired.is_(False), Waiver.case_id.in_(ids)).options(selectinload(Waiver.case))
     ):
-        waivers.setdefault(w.case_id, []).append(WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires))
+        waivers.setdefault(w.case_id, []).append(
+            WaiverView(w.case.name, w.runtime_spec, w.reason, w.link, w.expires, w.owner)
+        )
+    quarantines = [q for q in load_quarantines(session, ids, current_only=True) if q.active(today)]
 
     skips = _skip_messages(session, history.values())
     load = known.samples if known is not None else functools.partial(load_samples, session)
@@ -534,9 +569,12 @@ def evaluate_gate(
             found.append(Reason("skipped-later", case.name, f"{_skip_text(skip, skips)} after the {now.status} "
                                 f"attempt of campaign {now.campaign_id}, which decides: it proves nothing about "
                                 "the runtime", False))  # fmt: skip
+        quarantine = next((q for q in quarantines if q.covers(case.id, runtime.id)), None)
+        found, muted = _mute(found, quarantine)
         reasons.extend(found)
         missing = tuple(key for key, _ in missing_fixes(case.info, runtime.info))
-        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate))
+        cells.append(GateCell(case, now, before, missing, valid, expired, any(r.blocking for r in found), rate,
+                              quarantine, muted))  # fmt: skip
     if not required:
         # Not applicable, not NO-GO: nothing is wrong with the runtime, the policy does not speak about it.
         reasons.append(
@@ -545,6 +583,18 @@ def evaluate_gate(
                    "does not", False)
         )  # fmt: skip
     return GateResult(runtime, policy, previous, tuple(cells), tuple(not_required), tuple(reasons), today)
+
+
+def _mute(found: list[Reason], quarantine: QuarantineView | None) -> tuple[list[Reason], tuple[Reason, ...]]:
+    """A quarantined cell's blocking findings of the kinds a quarantine mutes become reported, not blocking,
+    each saying so, and one `muted` finding names the quarantine; other findings are left as they are."""
+    if quarantine is None:
+        return found, ()
+    muted = tuple(r for r in found if r.blocking and r.kind in MUTABLE_KINDS)
+    kept = [Reason(r.kind, r.case, f"{r.message} [muted]", False) if r in muted else r for r in found]
+    what = "; would have blocked on " + ", ".join(r.kind for r in muted) if muted else "; nothing to mute this time"
+    kept.append(Reason("muted", quarantine.case, f"{quarantine.describe()}{what}", False))
+    return kept, muted
 
 
 def _judge(
@@ -676,10 +726,21 @@ def _slowdowns(
             found.append(Reason("slowdown-untested", case.name, f"max_slowdown not checked against "
                                 f"{previous.version}: the significance test needs scipy ({INSTALL_HINT})", True))
         return found  # fmt: skip
+    unjudged = []
     for metric in compare_metrics(before, now, policy.max_slowdown or 0.0, policy.perf_alpha):
         if metric.regression:
             found.append(Reason("slowdown", case.name, f"{metric.text()} against {previous.version} "
                                 f"(max_slowdown {policy.max_slowdown:g}, alpha {policy.perf_alpha:g})", True))
+        elif metric.insufficient:
+            unjudged.append(f"{metric.comparison.metric} x{metric.comparison.ratio:.3f} ({metric.insufficient})")
+    # A metric this release has and the previous one has no passed sample of cannot be judged either.
+    unjudged += [f"{m} (no passed attempt on {previous.version})" for m, direction in METRICS.items()
+                 if direction and now.get(m) and not before.get(m)]  # fmt: skip
+    if unjudged:
+        rule = "incomplete evidence (insufficient_blocks)" if policy.insufficient_blocks else "reported, not blocking"
+        found.append(Reason(INSUFFICIENT_DATA, case.name, f"max_slowdown {policy.max_slowdown:g} cannot be judged "
+                            f"against {previous.version} for " + "; ".join(unjudged) + f": run more repeats "
+                            f"(`matrix run --repeat N`); {rule}", policy.insufficient_blocks))
     return found  # fmt: skip
 
 
@@ -716,6 +777,10 @@ def gate_text(result: GateResult) -> str:
         lines.append(f"  {mark} {reason.kind:<15} {subject}{reason.message}")
     previous = result.previous.version if result.previous else "none"
     lines.append(f"required cells: {len(result.cells)} ({result.passed} passed); previous release: {previous}")
+    if result.muted:
+        lines.append("muted (quarantined, not blocking): " + "; ".join(
+            f"{c.case.name} (owner {clean(c.quarantine.owner)}, {c.quarantine.entry})"
+            for c in result.muted if c.quarantine is not None))  # fmt: skip
     lines.append("rules: " + "; ".join(f"{rule} {value}" for rule, value, _ in policy.rule_lines()))
     if result.incomplete:
         lines.append("INCOMPLETE: no finding says the runtime is wrong, but required cells have not run: run them "
@@ -723,3 +788,15 @@ def gate_text(result: GateResult) -> str:
     for case, why in result.not_required:
         lines.append(f"  not required: {case}: {why}")
     return printable("\n".join(lines))
+
+
+def load_policy(session: Session, name: str) -> Policy:
+    """The gate policy `name`, its rules checked (`ConfigError` naming the known ones when there is none)."""
+    return _policy(session, name)
+
+
+def required_cases(
+    cases: Sequence[CaseView], runtime: RuntimeView, policy: Policy
+) -> tuple[list[CaseView], list[tuple[str, str]]]:
+    """The cases `policy` requires of `runtime`, and (case, why) of those it selects that do not apply."""
+    return _required(cases, runtime, policy)

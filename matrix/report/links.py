@@ -12,7 +12,9 @@ import re
 from urllib.parse import urlsplit
 
 __all__ = [
+    "EVIDENCE",
     "INDEX",
+    "QUARANTINE",
     "SINCE_LAST",
     "campaign_page",
     "cell_anchor",
@@ -27,6 +29,10 @@ __all__ = [
 INDEX = "index.html"
 # The newest campaign against the one before it (`matrix.report.diff`), rewritten on every refresh.
 SINCE_LAST = "since-last.html"
+# Every quarantine, in force or ended, with its entry and exit (`matrix.report.muted`).
+QUARANTINE = "quarantine.html"
+# Per gate policy, the age of each required cell's latest evidence (`matrix.report.evidence`).
+EVIDENCE = "evidence.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

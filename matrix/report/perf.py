@@ -16,6 +16,11 @@ A metric *regresses* when B is worse than A by more than the threshold (ratio of
 says the difference is significant (p < alpha). Either alone is not enough: a 3 % drop on one sample is
 noise, and a significant 0.5 % change is not worth blocking a release for.
 
+A metric with a better direction that neither regressed nor improved is *insufficient data* ([M30] item 4),
+never "unchanged", when the evidence cannot rule a slowdown past the threshold out: fewer than two samples a
+side, no significance test (scipy missing), or a 95 % interval of the ratio that straddles the threshold
+(it holds both "within the threshold" and "worse than it").
+
 Each side's samples are the newest `SAMPLE_WINDOW` passed attempts of each cell (a line of output says
 "the newest a side" where a side reached it): a year of nightlies holds thousands per cell, more than any
 test needs and with the older ones describing a host and a release long gone, and the window keeps `gate`
@@ -157,6 +162,19 @@ class MetricVerdict:
     direction: str
     regression: bool
     improvement: bool
+    # Why the evidence cannot tell whether the metric is worse than the threshold ("": it can, or no direction).
+    insufficient: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """regression | improvement | insufficient data | unchanged | "" (a metric with no better direction)."""
+        if self.regression:
+            return "regression"
+        if self.improvement:
+            return "improvement"
+        if self.insufficient:
+            return "insufficient data"
+        return "unchanged" if self.direction else ""
 
     def text(self) -> str:
         c = self.comparison
@@ -168,12 +186,15 @@ class MetricVerdict:
         else:
             p = ", p=n/a (significance needs scipy: the [stats] extra)"
         mark = " REGRESSION" if self.regression else " improved" if self.improvement else ""
+        if self.insufficient:
+            mark = f" insufficient data ({self.insufficient})"
         newest = ", the newest a side" if max(c.n_a, c.n_b) >= SAMPLE_WINDOW else ""
         return f"{c.metric} x{c.ratio:.3f}{interval}{p} (n={c.n_a}/{c.n_b}{newest}){mark}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.comparison.as_dict(), "better": self.direction or None, "regression": self.regression,
-                "improvement": self.improvement}  # fmt: skip
+                "improvement": self.improvement, "class": self.verdict or None,
+                "insufficient": self.insufficient or None}  # fmt: skip
 
 
 def judge(comparison: MetricComparison, threshold: float, alpha: float) -> MetricVerdict:
@@ -184,7 +205,27 @@ def judge(comparison: MetricComparison, threshold: float, alpha: float) -> Metri
         worse, better = comparison.ratio > 1 + threshold, comparison.ratio < 1 - threshold
     elif direction == "higher":
         worse, better = comparison.ratio < 1 - threshold, comparison.ratio > 1 + threshold
-    return MetricVerdict(comparison, direction, significant and worse, significant and better)
+    regression, improvement = significant and worse, significant and better
+    why = "" if regression or improvement or not direction else insufficiency(comparison, direction, threshold)
+    return MetricVerdict(comparison, direction, regression, improvement, why)
+
+
+def insufficiency(comparison: MetricComparison, direction: str, threshold: float) -> str:
+    """Why this comparison cannot rule out a change past the threshold in the worse direction ("": it can)."""
+    c = comparison
+    if c.n_a < 2 or c.n_b < 2:
+        return f"too few samples: n={c.n_a}/{c.n_b}, needs 2+ a side"
+    if c.p_value is None:
+        return "not tested: significance needs scipy"
+    if c.low is None or c.high is None:  # pragma: no cover - two samples a side always have an interval
+        return "no interval"
+    bound = 1 + threshold if direction == "lower" else 1 - threshold
+    interval = f"the 95 % interval [{c.low:.3f}, {c.high:.3f}]"
+    if c.low <= bound <= c.high:
+        return f"{interval} straddles the threshold x{bound:.3f}"
+    if (c.low > bound) if direction == "lower" else (c.high < bound):
+        return f"{interval} lies past the threshold x{bound:.3f}, but the test found no significant change"
+    return ""
 
 
 def compare_metrics(

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from matrix import __version__
-from matrix.db.models import GatePolicy, Waiver
+from matrix.db.models import GatePolicy, Quarantine, Waiver
 from matrix.report.data import Results
 from matrix.report.views import GateBadge
 from matrix.resources import resource_dir
@@ -52,7 +52,7 @@ def fingerprint(session: Session, results: Results, today: dt.date) -> str:
         digest.update(f"{part}\n".encode())
     for view in (*results.runtimes, *results.cases):
         digest.update(repr(view).encode())
-    for model in (GatePolicy, Waiver):
+    for model in (GatePolicy, Waiver, Quarantine):  # a quarantine mutes cells of a gate
         for row in session.execute(select(model).order_by(model.id)).scalars():
             digest.update(repr(_columns(row)).encode())
     templates = resource_dir("templates")

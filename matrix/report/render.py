@@ -326,9 +326,13 @@ def _write_pages(
             counter.write("skew.html", out_dir / skew_page(case), {"grid": load_skew_grid(session, case),
                                                                    "anchor": links.slug})  # fmt: skip
     since_last = _write_since_last(session, counter, out_dir, results)
+    quarantine = _write_quarantine(session, counter, out_dir)
+    evidence = _write_evidence(session, counter, out_dir)
     index = out_dir / links.INDEX
     counter.write("index.html", index, {
         "since_last": since_last,
+        "quarantine": quarantine,
+        "evidence": evidence,
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
         "sections": backend_sections(results, reasons, gates),
@@ -360,6 +364,37 @@ def _write_since_last(session: Session, pages: _Pages, out_dir: Path, results: R
         "member_href": _member_href,
     })  # fmt: skip
     return {"href": links.SINCE_LAST, "title": diff.title, "counts": diff.counts()}
+
+
+def _write_quarantine(session: Session, pages: _Pages, out_dir: Path) -> dict[str, Any] | None:
+    """The quarantine page: every muted cell, in force or ended, with its entry and exit. Written on every write
+    (a run may enter or end one); None (and no page) while nothing was ever quarantined."""
+    from matrix.report.muted import load_quarantines
+
+    found = load_quarantines(session)
+    path = out_dir / links.QUARANTINE
+    if not found:
+        path.unlink(missing_ok=True)
+        return None
+    today = dt.datetime.now(dt.UTC).date()
+    in_force = [q for q in found if q.active(today)]
+    ended = [q for q in reversed(found) if not q.active(today)]
+    pages.write("quarantine.html", path, {"in_force": in_force, "ended": ended, "today": today})
+    return {"href": links.QUARANTINE, "in_force": len(in_force), "ended": len(ended)}
+
+
+def _write_evidence(session: Session, pages: _Pages, out_dir: Path) -> list[dict[str, Any]]:
+    """The evidence-age page: per gate policy, each required cell's latest evidence and the share newer than
+    `evidence.DEFAULT_DAYS` days. Written on every write (time alone ages evidence); the index's lines."""
+    from matrix.report.evidence import DEFAULT_DAYS, evidence_age
+
+    found = evidence_age(session, DEFAULT_DAYS)
+    path = out_dir / links.EVIDENCE
+    if not found:
+        path.unlink(missing_ok=True)
+        return []
+    pages.write("evidence.html", path, {"policies": found, "days": DEFAULT_DAYS, "anchor": links.slug})
+    return [{"href": f"{links.EVIDENCE}#{links.slug(p.policy)}", "summary": p.summary()} for p in found]
 
 
 def _member_href(member: Any) -> str:
