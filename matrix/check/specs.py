@@ -116,6 +116,9 @@ class TopologyWorker:
     role: str
     health_url: str
     metrics_url: str
+    # Where `/health` names no id: the Prometheus label of `metrics_url` whose value is the instance id in hex
+    # (Dynamo's system server labels its series `worker_id="<instance id, hex>"`).
+    id_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class TopologySpec:
     # each decode's transfers must then cover every choice of every pair it served. None: the reference's
     # counters per prefill peer, a ledger per pair.
     decode_counters: tuple[str, str] | None = None
+    # Chat requests the check sends itself, all at once, to put every worker to work where the case has no
+    # traffic load (the Dynamo mocker answers random tokens: no oracle can judge its streams, so no `traffic`).
+    requests: int = 0
 
 
 @dataclass(frozen=True)
