@@ -78,6 +78,7 @@ class EngineGauges:
     url: str
     running: str = "vllm:num_requests_running"
     waiting: str = "vllm:num_requests_waiting"
+    # "": the engine publishes no KV gauge (a Dynamo mocker prefill worker); its work is read, its KV cannot be.
     kv_usage: str = "vllm:kv_cache_usage_perc"
 
 

@@ -335,12 +335,22 @@ def mocker_topology(ctx: LaunchContext) -> TopologySpec | None:
     )  # fmt: skip
 
 
+# What a mocker prefill worker publishes of its load (1.6.1): Dynamo's runtime gauges of the requests in its
+# handlers and its work queue, and no KV gauge. A decode worker publishes vLLM's scheduler gauges.
+MOCKER_PREFILL_GAUGES = ("dynamo_component_inflight_requests", "dynamo_work_handler_queue_depth", "")
+
+
 def mocker_peer_loss(ctx: LaunchContext) -> PeerLossSpec | None:
-    """The peer-loss check of a mocker case with `launch.peer_loss` over every worker of its topology: the
-    mocker publishes vLLM's scheduler gauges (running, waiting, KV usage) on its system /metrics."""
+    """The peer-loss check of a mocker case with `launch.peer_loss` over every worker of its topology: what a
+    survivor still holds for the dead peer is read on its system /metrics (`MOCKER_PREFILL_GAUGES` for a
+    prefill worker, vLLM's running, waiting and KV usage gauges for a decode worker)."""
     options = peer_loss_options(_launch(ctx.case).peer_loss)
     if options is None:
         return None
     workers = _mocker_workers(ctx)
-    gauges = tuple(EngineGauges(w.name, w.metrics_url) for w in workers)
+    gauges = tuple(
+        EngineGauges(w.name, w.metrics_url, *MOCKER_PREFILL_GAUGES) if w.role == "prefill"
+        else EngineGauges(w.name, w.metrics_url)
+        for w in workers
+    )  # fmt: skip
     return PeerLossSpec(str(ctx.work_dir), workers, gauges, **options)
