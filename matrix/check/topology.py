@@ -14,6 +14,11 @@ On vLLM's own pair (`vllm_native`) the ids come from matrix's proxy (`/workers/N
 that instance by in each answer), and a decode's NIXL counters name no prefill peer (`decode_counters`): each
 decode's own transfers must then cover the choices of every pair it served, exact per pair where a decode has
 one prefill peer (1pMd), per decode where it has several.
+
+On Dynamo's mocker (`dynamo` arm) a worker's id is the `worker_id` label of its system `/metrics` (hex; the
+frontend reports it in decimal), its ledger is the generate requests each decode served (the mocker moves no
+KV), and, its answers being random tokens that no oracle can judge, the check sends its own requests at once
+(`TopologySpec.requests`) instead of a traffic load.
 """
 
 from __future__ import annotations
