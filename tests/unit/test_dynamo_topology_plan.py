@@ -5,6 +5,8 @@ role's mode on its own system port behind the one frontend; a `TopologySpec` who
 from __future__ import annotations
 
 import http.server
+import itertools
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +17,8 @@ from matrix.case_launch import DynamoLaunch, parse_typed
 from matrix.cells import CaseInfo, RuntimeInfo
 from matrix.check.http import loopback_client
 from matrix.check.lifecycle import parse_gauges
-from matrix.check.specs import EngineGauges, TopologyWorker
-from matrix.check.topology import instance_id
+from matrix.check.specs import EngineGauges, RequestSpec, TopologyWorker
+from matrix.check.topology import UNANSWERED, instance_id, probe
 from matrix.errors import ConfigError
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
@@ -175,3 +177,51 @@ def test_a_gauge_named_empty_is_not_published_and_reads_zero() -> None:
     assert parse_gauges(METRICS, gauges) == {"running": 2.0, "waiting": 1.0, "kv_usage": 0.0}
     # A named gauge the text lacks is still an error, never a silent 0.
     assert isinstance(parse_gauges(METRICS, EngineGauges("decode", "http://127.0.0.1:1/metrics")), str)
+
+
+def _answer(number: int) -> bytes:
+    """A chat completion as Dynamo's frontend answers it, naming pair (1, 10 + number % 2)."""
+    return json.dumps({
+        "id": f"chatcmpl-{number}", "object": "chat.completion", "created": 1, "model": "matrix-tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": " pezovi losovi sopeso"},
+                     "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17},
+        "nvext": {"worker_id": {"prefill_worker_id": 1, "decode_worker_id": 10 + number % 2}},
+    }).encode()  # fmt: skip
+
+
+@pytest.fixture
+def chat_url() -> Iterator[str]:
+    """A real frontend on loopback that refuses every third request with 503, as Dynamo does one routed to a
+    dead worker."""
+    counter = itertools.count(1)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            number = next(counter)
+            body = _answer(number) if number % 3 else b'{"message":"Service temporarily unavailable","code":503}'
+            self.send_response(200 if number % 3 else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_checks_own_requests_name_their_pairs_and_a_refused_one_fails(chat_url: str) -> None:
+    entries, failures = probe(RequestSpec(chat_url, "matrix-tiny", "hello", 3, 10.0), 6)
+    assert len(entries) == 4 and {e["prefill_worker_id"] for e in entries} == {1}
+    assert {e["decode_worker_id"] for e in entries} <= {10, 11}
+    (failure,) = failures
+    assert failure.name == UNANSWERED
+    assert failure.message.startswith("2 of the 6 request(s) sent to put every worker to work were not answered 200")
