@@ -110,15 +110,20 @@ def test_each_role_loses_a_worker_under_load_and_it_rejoins(mocker: Matrix, case
     # A prefill's work is done by a stream's first token: its streams were served whole by their decodes.
     assert isinstance(prefill_round["streams"], list)
     assert all(s["outcome"] == "served" for s in prefill_round["streams"] if not s["before_kill"])
-    # A dead decode's streams end with an error event inside the 200 stream (migration limit 0).
+    # A dead decode's streams end with an error event inside the 200 stream (migration limit 0): 1.6.1 says
+    # 503 "Service temporarily unavailable", 1.4.2 and 1.5.1 "Internal server error".
     assert isinstance(decode_round["streams"], list)
     cut = [s for s in decode_round["streams"] if not s["before_kill"] and s["outcome"] == "error"]
-    assert cut and all(s["status_code"] == 200 and "503" in str(s["error"]) for s in cut), decode_round["streams"]
+    assert cut and all(s["status_code"] == 200 and s["error"] for s in cut), decode_round["streams"]
+    if VERSION == "1.6.1":
+        assert all("503" in str(s["error"]) for s in cut), cut
     if case.endswith("1p1d"):
-        # No worker of the role left: a new request fails fast with 503; Dynamo 1.6.1 has no decode-only
-        # fallback (it never serves without the dead prefill).
+        # No worker of the role left: a new request fails fast with an error, and no decode-only fallback serves
+        # it without the dead prefill (1.6.1: 503 either way; 1.4.2 and 1.5.1: 500 without a prefill).
         for record in rounds:
-            assert [p["status_code"] for p in record["down_probes"]] == [503], record["down_probes"]  # type: ignore[index]
+            codes = [p["status_code"] for p in record["down_probes"]]  # type: ignore[union-attr]
+            assert len(codes) == 1 and 500 <= codes[0] < 600, codes
+            assert VERSION != "1.6.1" or codes == [503], codes
     else:
         # Round robin over two decodes: the survivor's streams were served whole.
         assert any(s["outcome"] == "served" for s in decode_round["streams"])
