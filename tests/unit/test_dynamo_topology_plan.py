@@ -24,11 +24,12 @@ from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.dynamo import MOCKER_DECODE_COUNTERS, MOCKER_PREFILL_GAUGES
-from matrix.launch.launch_plan import LaunchPlan
+from matrix.launch.launch_plan import LaunchPlan, ProcessSpec
+from matrix.launch.roles import compose_roles, skew_role
 from matrix.markers import parse_marker_use
 
 
-def _plan(tmp_path: Path, launch: dict[str, object]) -> LaunchPlan:
+def _plan(tmp_path: Path, launch: dict[str, object], python: str = "/rt/python") -> LaunchPlan:
     case = CaseInfo(
         name="d", backend="dynamo", arm="dynamo", model="matrix-tiny", markers=(parse_marker_use("gpu_0"),),
         launch={"engine": "mocker", **launch}, kv_bound=KvBound(tokens=2048),
@@ -36,7 +37,7 @@ def _plan(tmp_path: Path, launch: dict[str, object]) -> LaunchPlan:
     arm = get_arm("dynamo")
     ports = {r.name: 20000 + i for i, r in enumerate(arm.port_requests(case))}
     ctx = LaunchContext("cell7", case, RuntimeInfo("dynamo", "1.6.1", "v1.6.1"), ports, tmp_path,
-                        python="/rt/python", model_dir=tmp_path / "model")  # fmt: skip
+                        python=python, model_dir=tmp_path / "model")  # fmt: skip
     return arm.plan(ctx)
 
 
@@ -225,3 +226,17 @@ def test_the_checks_own_requests_name_their_pairs_and_a_refused_one_fails(chat_u
     (failure,) = failures
     assert failure.name == UNANSWERED
     assert failure.message.startswith("2 of the 6 request(s) sent to put every worker to work were not answered 200")
+
+
+def test_a_skew_cell_runs_each_worker_of_a_role_in_that_roles_runtime(tmp_path: Path) -> None:
+    """`--prefill-runtime dynamo=A --decode-runtime dynamo=B` on a topology case: "prefill_2" is a prefill."""
+    launch = {"topology": "2p2d"}
+    base = _plan(tmp_path, launch, "/decode-rt/python")
+    by_role = {"prefill": _plan(tmp_path, launch, "/prefill-rt/python"), "decode": base, "frontend": base}
+    composed = compose_roles(base, by_role)
+    assert {p.role: p.argv[0] for p in composed.processes} == {
+        "prefill": "/prefill-rt/python", "prefill_2": "/prefill-rt/python", "decode": "/decode-rt/python",
+        "decode_2": "/decode-rt/python", "frontend": "/decode-rt/python"}  # fmt: skip
+    assert skew_role(ProcessSpec(role="decode_3", argv=())) == "decode"
+    with pytest.raises(ConfigError, match="runs more than one role in one process"):
+        skew_role(ProcessSpec(role="worker_2", argv=()))
