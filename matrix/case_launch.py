@@ -235,6 +235,25 @@ class DynamoLaunch(_ServedLaunch):
     sampling_backend: str | None = _key("str")
     disable_cuda_graph: bool | None = _key("bool")
     transfer_backend: str | None = _key("str")
+    # xPyD ([M27]) on the mocker engine: "2p2d" registers two prefill and two decode mocker workers behind the
+    # one frontend; None is one of each (`topology_counts`).
+    topology: str | None = _key("str")
+    # [M27] peer loss on the mocker engine: true, or a table of `PEER_LOSS_DEFAULTS` keys (`peer_loss_options`).
+    peer_loss: object = _key("any")
+
+
+def _check_dynamo_workers(launch: DynamoLaunch) -> None:
+    """A Dynamo topology or peer loss is valid, and asked of the one plan that runs it: the mocker's own
+    workers (a launch script starts its own, an aggregated twin has no roles to multiply or kill)."""
+    topology_counts(launch.topology)
+    asked = [key for key, value in (("topology", launch.topology),
+             ("peer_loss", peer_loss_options(launch.peer_loss))) if value is not None]  # fmt: skip
+    elsewhere = launch.engine not in (None, "mocker") or launch.aggregated or launch.script or launch.workspace_script
+    if asked and elsewhere:
+        raise ConfigError(
+            f"launch.{asked[0]} runs on the Dynamo arm's mocker workers only: drop it, or use engine = \"mocker\" "
+            "without aggregated, script or workspace_script"
+        )
 
 
 def _check_role_launch(arm: str, launch_type: type[CommonLaunch], table: Mapping[str, Any]) -> None:
@@ -316,6 +335,8 @@ def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, 
     if isinstance(parsed, ReferenceLaunch):
         topology_counts(parsed.topology)
         peer_loss_options(parsed.peer_loss)
+    if isinstance(parsed, DynamoLaunch):
+        _check_dynamo_workers(parsed)
     return parsed
 
 

@@ -65,6 +65,7 @@ def parse_gauges(text: str, engine: EngineGauges) -> Reading:
     """
     wanted = {"running": engine.running, "waiting": engine.waiting, "kv_usage": engine.kv_usage}
     values = dict.fromkeys(wanted, 0.0)
+    wanted = {key: metric for key, metric in wanted.items() if metric}  # a gauge named "" is not published
     seen: set[str] = set()
     for line in text.splitlines():
         if not line or line.startswith("#"):

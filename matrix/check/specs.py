@@ -78,6 +78,7 @@ class EngineGauges:
     url: str
     running: str = "vllm:num_requests_running"
     waiting: str = "vllm:num_requests_waiting"
+    # "": the engine publishes no KV gauge (a Dynamo mocker prefill worker); its work is read, its KV cannot be.
     kv_usage: str = "vllm:kv_cache_usage_perc"
 
 
@@ -116,6 +117,9 @@ class TopologyWorker:
     role: str
     health_url: str
     metrics_url: str
+    # Where `/health` names no id: the Prometheus label of `metrics_url` whose value is the instance id in hex
+    # (Dynamo's system server labels its series `worker_id="<instance id, hex>"`).
+    id_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,9 @@ class TopologySpec:
     # each decode's transfers must then cover every choice of every pair it served. None: the reference's
     # counters per prefill peer, a ledger per pair.
     decode_counters: tuple[str, str] | None = None
+    # Chat requests the check sends itself, all at once, to put every worker to work where the case has no
+    # traffic load (the Dynamo mocker answers random tokens: no oracle can judge its streams, so no `traffic`).
+    requests: int = 0
 
 
 @dataclass(frozen=True)

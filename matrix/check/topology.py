@@ -14,28 +14,39 @@ On vLLM's own pair (`vllm_native`) the ids come from matrix's proxy (`/workers/N
 that instance by in each answer), and a decode's NIXL counters name no prefill peer (`decode_counters`): each
 decode's own transfers must then cover the choices of every pair it served, exact per pair where a decode has
 one prefill peer (1pMd), per decode where it has several.
+
+On Dynamo's mocker (`dynamo` arm) a worker's id is the `worker_id` label of its system `/metrics` (hex; the
+frontend reports it in decimal), its ledger is the generate requests each decode served (the mocker moves no
+KV), and, its answers being random tokens that no oracle can judge, the check sends its own requests at once
+(`TopologySpec.requests`) instead of a traffic load.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from matrix.check.client import send_chat
 from matrix.check.http import loopback_client
 from matrix.check.metrics import parse_counters
-from matrix.check.specs import CheckFailure, TopologySpec, TopologyWorker
+from matrix.check.specs import CheckFailure, RequestSpec, TopologySpec, TopologyWorker
+from matrix.check.validate import validate_chat_response
+from matrix.text import excerpt
 
 # The named classes a topology failure falls in (`CheckFailure.name`).
 WORKER_UNUSED = "topology_worker_unused"
 PAIR_KV = "topology_pair_kv"
 UNREADABLE = "topology_worker_unknown"
-CHECK_NAMES = (WORKER_UNUSED, PAIR_KV, UNREADABLE)
+UNANSWERED = "topology_request"
+CHECK_NAMES = (WORKER_UNUSED, PAIR_KV, UNREADABLE, UNANSWERED)
 PAIR_TRANSFERS = "matrix_reference:kv_pair_transfers_total"
 PAIR_BYTES = "matrix_reference:kv_pair_transfer_bytes_total"
 
@@ -59,13 +70,41 @@ def _get(client: httpx.Client, url: str) -> httpx.Response | None:
 
 
 def instance_id(client: httpx.Client, worker: TopologyWorker) -> str | None:
-    """The instance id `worker`'s `/health` names (what the frontend reports per answer), None if it does not."""
+    """The instance id `worker`'s `/health` names (what the frontend reports per answer), or its `id_label` on
+    `/metrics` (hex, given in decimal as the frontend reports it); None if it does not say."""
+    if worker.id_label is not None:
+        return _labelled_id(client, worker, worker.id_label)
     response = _get(client, worker.health_url)
     try:
         found = response.json().get("instance_id") if response is not None else None
     except (ValueError, AttributeError):
         return None
     return None if found is None else str(found)
+
+
+def _labelled_id(client: httpx.Client, worker: TopologyWorker, label: str) -> str | None:
+    response = _get(client, worker.metrics_url)
+    found = re.search(rf'[{{,]{re.escape(label)}="([0-9a-fA-F]+)"', response.text) if response is not None else None
+    return None if found is None else str(int(found.group(1), 16))
+
+
+def probe(request: RequestSpec, count: int) -> tuple[list[dict[str, Any]], list[CheckFailure]]:
+    """`count` copies of the primary request sent at once (`TopologySpec.requests`): the (prefill, decode) ids
+    the frontend named in each answer, and a failure for the answers that were not a 200."""
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="topology-probe") as pool:
+        responses = list(pool.map(lambda _: send_chat(request), range(count)))
+    entries, refused = [], []
+    for response in responses:
+        if response.status_code != 200 or not response.body:
+            refused.append(f"{response.status_code}: {excerpt(response.error or '', 200)}")
+            continue
+        validation = validate_chat_response(response.status_code, response.body)
+        entries.append({"prefill_worker_id": validation.prefill_worker_id,
+                        "decode_worker_id": validation.decode_worker_id})  # fmt: skip
+    if not refused:
+        return entries, []
+    return entries, [CheckFailure(UNANSWERED, f"{len(refused)} of the {count} request(s) sent to put every worker "
+                                  f"to work were not answered 200: {'; '.join(refused[:3])}")]  # fmt: skip
 
 
 def _scrape(client: httpx.Client, workers: Iterable[TopologyWorker]) -> dict[str, str]:

@@ -26,6 +26,9 @@ def skew_role(process: ProcessSpec) -> str | None:
     several roles at once cannot run two versions and is refused."""
     if process.role in _NEUTRAL:
         return None
+    base, _, number = process.role.rpartition("_")
+    if number.isdigit() and base in ("prefill", "decode"):
+        return base  # a later worker of an xPyD topology ("decode_2") runs its role's runtime
     if process.role not in _ROLE_OF:
         raise ConfigError(
             f"process {process.role!r} runs more than one role in one process, so its roles cannot run "

@@ -685,6 +685,12 @@ def _missing_endpoints(response: httpx.Response, wanted: tuple[str, ...]) -> lis
         return list(wanted)
     listed = body.get("endpoints") if isinstance(body, dict) else None
     names = [str(e) for e in listed] if isinstance(listed, list) else []
+    # Dynamo lists an endpoint once however many workers serve it; its `instances` name one per worker, so
+    # they count the workers of a topology (two decode workers: two ".generate" instances of one endpoint).
+    instances = body.get("instances") if isinstance(body, dict) else None
+    if isinstance(instances, list) and instances:
+        names = [f"{i.get('namespace')}.{i.get('component')}.{i.get('endpoint')}" for i in instances
+                 if isinstance(i, dict)]  # fmt: skip
     # Each wanted suffix needs an endpoint of its own: (".generate", ".generate") means two workers.
     missing = []
     for suffix in wanted:

@@ -171,7 +171,11 @@ def _topology(exchange: Exchange) -> None:
     primary = {"prefill_worker_id": exchange.fields.get("prefill_worker_id"),
                "decode_worker_id": exchange.fields.get("decode_worker_id")}  # fmt: skip
     entries = [primary, *(w for a in (run.answered if run else []) for w in a.workers)]
-    failures, _record = topology.judge(spec, seen, topology.served_pairs(entries), run is not None)
+    if run is None and spec.requests:  # no traffic load (no oracle for it): the check's own requests
+        probed, refused = topology.probe(exchange.plan.request, spec.requests)
+        entries += probed
+        exchange.failures += refused
+    failures, _record = topology.judge(spec, seen, topology.served_pairs(entries), run is not None or spec.requests > 0)
     exchange.failures += failures
 
 

@@ -13,10 +13,10 @@ from tests.helpers.cli import REPO
 
 # Modules that provision engines from PyPI (Dynamo releases, vLLM CPU builds).
 ENGINE_MODULES = {
-    "tests/e2e/test_dynamo_mocker.py", "tests/e2e/test_dynamo_nightly.py", "tests/e2e/test_dynamo_skew.py",
-    "tests/e2e/test_installer_equivalence.py", "tests/e2e/test_kv_faults_vllm_cpu.py", "tests/e2e/test_vllm_cpu.py",
-    "tests/e2e/test_vllm_rs_reverse_variant.py", "tests/e2e/test_vllm_skew.py", "tests/e2e/test_vllm_topology_cpu.py",
-    "tests/e2e/test_vllm_traffic.py",
+    "tests/e2e/test_dynamo_mocker.py", "tests/e2e/test_dynamo_mocker_topology.py", "tests/e2e/test_dynamo_nightly.py",
+    "tests/e2e/test_dynamo_skew.py", "tests/e2e/test_installer_equivalence.py",
+    "tests/e2e/test_kv_faults_vllm_cpu.py", "tests/e2e/test_vllm_cpu.py", "tests/e2e/test_vllm_rs_reverse_variant.py",
+    "tests/e2e/test_vllm_skew.py", "tests/e2e/test_vllm_topology_cpu.py", "tests/e2e/test_vllm_traffic.py",
 }  # fmt: skip
 
 

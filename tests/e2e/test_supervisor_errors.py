@@ -111,3 +111,41 @@ def test_ready_waits_until_the_frontend_lists_every_worker_endpoint(tmp_path: Pa
     assert ready.ok, ready
     answers = re.findall(r"answer (\d+) endpoints=(\d)", (tmp_path / "logs" / "frontend.log").read_text())
     assert answers[-1] == ("21", "2"), answers  # ready at the first answer listing both, not before
+
+
+# [M27] Dynamo's /health lists an endpoint once however many workers serve it; its `instances` name each worker.
+# This frontend lists both components' endpoints from the start, and its fourth worker's instance after 10 answers.
+INSTANCES_FRONTEND = textwrap.dedent("""
+    import http.server, json, sys
+    answers = 0
+    def instance(component, n):
+        return {"namespace": "ns", "component": component, "endpoint": "generate", "instance_id": n}
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            global answers
+            answers += 1
+            instances = [instance("prefill", 1), instance("prefill", 2), instance("backend", 3)]
+            instances += [instance("backend", 4)] if answers > 10 else []
+            body = json.dumps({"status": "healthy", "endpoints": ["dyn://ns.backend.generate",
+                               "dyn://ns.prefill.generate"], "instances": instances}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+            print(f"answer {answers} instances={len(instances)}", flush=True)
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+""")
+
+
+def test_ready_counts_the_frontends_instances_so_a_topology_waits_for_every_worker(
+    tmp_path: Path, ports: list[int]
+) -> None:
+    server = ProcessSpec(role="frontend", argv=(sys.executable, "-c", INSTANCES_FRONTEND, str(ports[0])))
+    probe = HealthProbe(f"http://127.0.0.1:{ports[0]}/health", require_endpoints=(".generate",) * 4)  # 2p2d
+    plan = make_plan((server,), ports, ready_probes=(probe,), startup_timeout_s=60.0)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        ready = sup.wait_ready()
+    assert ready.ok, ready
+    answers = re.findall(r"answer (\d+) instances=(\d)", (tmp_path / "logs" / "frontend.log").read_text())
+    assert answers[-1] == ("11", "4"), answers  # two endpoints listed from the start were not four workers

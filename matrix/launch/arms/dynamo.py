@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from matrix.arm_table import ARM_ROWS
-from matrix.case_launch import DynamoLaunch, launch_as, or_default
+from matrix.case_launch import DynamoLaunch, launch_as, or_default, peer_loss_options
 from matrix.cells import CaseInfo
+from matrix.check.specs import EngineGauges, PeerLossSpec, TopologySpec, TopologyWorker
 from matrix.errors import ConfigError
 from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
@@ -31,6 +32,7 @@ from matrix.launch.arms.base import (
 )
 from matrix.launch.arms.sglang_sidecar import sglang_sidecar_processes
 from matrix.launch.arms.sidecar import AGGREGATED_ROLE
+from matrix.launch.arms.topology import role_of, worker_names
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
@@ -104,9 +106,10 @@ def _response_stream_host(case: CaseInfo) -> str:
 
 
 def _worker_roles(case: CaseInfo) -> tuple[str, ...]:
-    """Two workers for a disaggregated case; one for an aggregated twin or control (which must fail the
-    distinct-workers check)."""
-    return (AGGREGATED_ROLE,) if _launch(case).aggregated else ("prefill", "decode")
+    """Two workers for a disaggregated case (or a topology's: "prefill", "decode", "prefill_2"..., mocker
+    only, `case_launch`); one for an aggregated twin or control (which must fail the distinct-workers check)."""
+    launch = _launch(case)
+    return (AGGREGATED_ROLE,) if launch.aggregated else worker_names(launch.topology)
 
 
 def _script_text(ctx: LaunchContext) -> str | None:
@@ -182,6 +185,8 @@ class DynamoArm:
         )
         metrics: tuple[MetricsCheck, ...] = ()
         lifecycle: LifecycleSpec | None = None
+        topology: TopologySpec | None = None
+        peer_loss: PeerLossSpec | None = None
         scratch = [env["DYN_FILE_KV"], env["XDG_CACHE_HOME"], *tmp.values()]
         script = _script_text(ctx)
         ready = frontend_probes(frontend_port)
@@ -189,10 +194,11 @@ class DynamoArm:
             workers = tuple(self._mocker(ctx, role, env) for role in _worker_roles(ctx.case))
             # The frontend lists the model and says healthy once *one* worker registered; a request then
             # fails 503 "no backend worker available" until it has discovered the prefill worker too.
-            # Ready means its /health lists a generate endpoint per worker (counted, not named: the components'
+            # Ready means its /health lists a generate instance per worker (counted, not named: the components'
             # names, "prefill" and "backend" in 1.6.1, are Dynamo's to change).
             wanted = tuple(".generate" for _ in _worker_roles(ctx.case))
             ready += (HealthProbe(loopback_url(frontend_port, "/health"), require_endpoints=wanted),)
+            topology, peer_loss = mocker_topology(ctx), mocker_peer_loss(ctx)
         elif script is None and engine == "vllm":
             roles = _worker_roles(ctx.case)
             workers = vllm_sidecar_processes(ctx, env, roles)
@@ -225,25 +231,28 @@ class DynamoArm:
             metrics_checks=metrics,
             scratch_dirs=tuple(dict.fromkeys(scratch)),  # the sidecar arms name the cell's TMPDIR too
             lifecycle=lifecycle,
+            topology=topology,
+            peer_loss=peer_loss,
         )
 
-    def _mocker(self, ctx: LaunchContext, role: str, env: dict[str, str]) -> ProcessSpec:
-        system_port = ctx.ports[f"{role}_system"]
+    def _mocker(self, ctx: LaunchContext, name: str, env: dict[str, str]) -> ProcessSpec:
+        """Mocker worker `name` ("decode_2"...: its process role and system port) in its role's mode."""
+        system_port = ctx.ports[f"{name}_system"]
         argv: tuple[str, ...] = (
             ctx.python, "-m", "dynamo.mocker",
             "--model-path", str(ctx.model_dir or ctx.case.model),
             "--model-name", ctx.case.model,
             "--speedup-ratio", str(or_default(_launch(ctx.case).speedup_ratio, 10)),
         )  # fmt: skip
-        if role != "worker":
-            argv += ("--disaggregation-mode", role)
+        if name != AGGREGATED_ROLE:
+            argv += ("--disaggregation-mode", role_of(name))
         role_env = {
             **env,
             "DYN_SYSTEM_PORT": str(system_port),
             "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]',
         }
         health = (HealthProbe(loopback_url(system_port, "/health")),)
-        return ProcessSpec(role=role, argv=argv, env=role_env, health=health)
+        return ProcessSpec(role=name, argv=argv, env=role_env, health=health)
 
     def _script(self, ctx: LaunchContext, engine: str, env: dict[str, str], script_text: str | None) -> ProcessSpec:
         if not script_text:
@@ -284,3 +293,64 @@ class DynamoArm:
         )
         argv = ("bash", str(script), *kv_bound_args(engine, ctx.case))
         return ProcessSpec(role="workers", argv=argv, env=script_env, cwd=str(script.parent), health=health)
+
+
+# A mocker moves no KV (it models the transfer's time only), so a decode's ledger is the generate requests it
+# served: each carries a prefill's disaggregated parameters, and the answer names that prefill
+# (`nvext.worker_id`). The counters name no prefill peer: a decode's count covers all its pairs' choices.
+MOCKER_DECODE_COUNTERS = (
+    'dynamo_component_requests_total{dynamo_endpoint="generate"}',
+    'dynamo_component_request_bytes_total{dynamo_endpoint="generate"}',
+)
+# The label of a worker's system /metrics whose value is its instance id in hex: what the frontend reports as
+# `nvext.worker_id` (in decimal) and routes by.
+MOCKER_ID_LABEL = "worker_id"
+# Requests the topology check sends at once per worker, so the frontend's round robin reaches every one.
+MOCKER_REQUESTS_PER_WORKER = 4
+
+
+def _mocker_workers(ctx: LaunchContext) -> tuple[TopologyWorker, ...]:
+    """Every mocker worker of the case's topology: its system server's /health and /metrics (the id's label)."""
+    return tuple(
+        TopologyWorker(
+            name,
+            role_of(name),
+            loopback_url(ctx.ports[f"{name}_system"], "/health"),
+            loopback_url(ctx.ports[f"{name}_system"], "/metrics"),
+            id_label=MOCKER_ID_LABEL,
+        )
+        for name in worker_names(_launch(ctx.case).topology)
+    )
+
+
+def mocker_topology(ctx: LaunchContext) -> TopologySpec | None:
+    """The xPyD check of a mocker case with `launch.topology` (`check.topology`), or None."""
+    launch = _launch(ctx.case)
+    if launch.topology is None:
+        return None
+    workers = _mocker_workers(ctx)
+    return TopologySpec(
+        launch.topology, workers, str(ctx.work_dir), decode_counters=MOCKER_DECODE_COUNTERS,
+        requests=MOCKER_REQUESTS_PER_WORKER * len(workers),
+    )  # fmt: skip
+
+
+# What a mocker prefill worker publishes of its load (1.6.1): Dynamo's runtime gauges of the requests in its
+# handlers and its work queue, and no KV gauge. A decode worker publishes vLLM's scheduler gauges.
+MOCKER_PREFILL_GAUGES = ("dynamo_component_inflight_requests", "dynamo_work_handler_queue_depth", "")
+
+
+def mocker_peer_loss(ctx: LaunchContext) -> PeerLossSpec | None:
+    """The peer-loss check of a mocker case with `launch.peer_loss` over every worker of its topology: what a
+    survivor still holds for the dead peer is read on its system /metrics (`MOCKER_PREFILL_GAUGES` for a
+    prefill worker, vLLM's running, waiting and KV usage gauges for a decode worker)."""
+    options = peer_loss_options(_launch(ctx.case).peer_loss)
+    if options is None:
+        return None
+    workers = _mocker_workers(ctx)
+    gauges = tuple(
+        EngineGauges(w.name, w.metrics_url, *MOCKER_PREFILL_GAUGES) if w.role == "prefill"
+        else EngineGauges(w.name, w.metrics_url)
+        for w in workers
+    )  # fmt: skip
+    return PeerLossSpec(str(ctx.work_dir), workers, gauges, **options)
