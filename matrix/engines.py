@@ -52,6 +52,10 @@ class Engine:
     # False: matrix does not start this engine itself (a launch script does), so its memory never counts as
     # bounded absolutely whatever the case's bound says.
     memory_vouched: bool = True
+    # True: the engine's start-up compares the GPU memory free before and after it loads its weights against
+    # its fraction, so another start-up allocating meanwhile can fail it however small its own bound is. Its
+    # memory is bounded, but its start-up must not overlap others (`absolute_memory` is False).
+    startup_reads_free_memory: bool = False
 
     @property
     def flag(self) -> str:
@@ -84,7 +88,7 @@ class Engine:
     def absolute_memory(self, bound: KvBound, launch: CommonLaunch) -> bool:
         """The case bounds this engine's memory absolutely: a KV bound in its unit and, where the engine has a
         memory fraction, a tiny one (else the fraction, sized from free memory, decides)."""
-        if not self.memory_vouched or bound.get(self.unit) is None:
+        if not self.memory_vouched or self.startup_reads_free_memory or bound.get(self.unit) is None:
             return False
         return self.fraction is None or tiny_fraction(self.fraction_value(launch))
 
@@ -118,6 +122,11 @@ ENGINES: dict[str, Engine] = {
         "--max-total-tokens",
         default_kv=2048,
         fraction=MemoryFraction("--mem-fraction-static", "mem_fraction_static", 0.05),
+        # SGLang 0.5.18-0.5.21 refuse to start ("Loaded weights leave no GPU memory for the KV cache under
+        # --mem-fraction-static=0.05 ... minimum viable = 1 - available/pre") when other engines allocate
+        # during their weight load: seen on an 80 GB H100 with 12 packed start-ups (5 % = 4 GB of headroom),
+        # though the 2048-token pool needs a few MiB.
+        startup_reads_free_memory=True,
     ),
     # TensorRT-LLM reads it from its engine config (kv_cache_config.max_tokens), which the launch script
     # writes from this variable; matrix starts it through that script only, so its memory is not vouched for.

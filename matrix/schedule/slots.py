@@ -122,7 +122,9 @@ def demand_for(cell: Cell, *, cpu_ok: bool, absolute_memory: bool = False) -> De
     fraction) and name a `workspace_script`, which runs only under `matrix run --workspace DIR`. They used to
     start exclusive for naming it at all (10.8x one cell on the H200); now only a run that hands the engines
     to that script makes them exclusive (`arm_table.workspace_unvouched`, applied by the campaign), since
-    without the option matrix's own plan starts the engines with exactly those bounds.
+    without the option matrix's own plan starts the engines with exactly those bounds. SGLang's start-ups
+    (both arms) still run alone: SGLang checks its static fraction against the memory free before and after
+    its weights load, which another start-up's allocations can fail (`Engine.startup_reads_free_memory`).
     """
     case = cell.case
     gpus = case.gpus_needed

@@ -69,15 +69,17 @@ FACTS = [
     ("vllm_native", {}, {"bytes": 1 << 28}, False, True),
     ("vllm_native", {"cpu": True}, None, True, False),
     ("vllm_native", {"gpu_memory_utilization": 0.5}, {"bytes": 1 << 28}, False, False),
-    ("sglang_native", {}, {"tokens": 2048}, False, True),
+    # SGLang's start-up checks its fraction against free memory measured around its weight load: bounded, but
+    # never overlapping other start-ups (`Engine.startup_reads_free_memory`).
+    ("sglang_native", {}, {"tokens": 2048}, False, False),
     ("sglang_native", {"mem_fraction_static": 0.5}, {"tokens": 2048}, False, False),
     ("dynamo", {}, None, True, True),  # the mocker: no GPU memory at all
     ("dynamo", {"engine": "vllm"}, {"bytes": 1 << 28}, False, True),
     ("dynamo", {"engine": "vllm", "cpu": True}, {"bytes": 1 << 28}, True, True),
     ("dynamo", {"engine": "vllm", "script": "launch.sh"}, {"bytes": 1 << 28}, False, False),
     # A workspace script runs only under `run --workspace`: the run decides (`workspace_unvouched`).
-    ("dynamo", {"engine": "sglang", "workspace_script": "a.sh"}, {"tokens": 2048}, False, True),
-    ("dynamo", {"engine": "sglang"}, {"tokens": 2048}, False, True),
+    ("dynamo", {"engine": "vllm", "workspace_script": "a.sh"}, {"bytes": 1 << 28}, False, True),
+    ("dynamo", {"engine": "sglang"}, {"tokens": 2048}, False, False),
     ("dynamo", {"engine": "trtllm", "script": "t.sh"}, {"tokens": 2048}, False, False),
 ]
 
@@ -113,7 +115,7 @@ def test_the_scheduler_asks_the_launch_floor_for_no_memory_fact() -> None:
 def test_a_workspace_script_is_unvouched_only_when_the_run_hands_it_the_engines() -> None:
     # The seed's sidecar cells started one at a time (10.8x one cell on the H200) for a script that runs
     # only under --workspace; without the option matrix starts the engines with the case's own bounds.
-    case = _case("dynamo", {"engine": "sglang", "workspace_script": "a.sh"}, {"tokens": 2048})
+    case = _case("dynamo", {"engine": "vllm", "workspace_script": "a.sh"}, {"bytes": 1 << 28})
     assert case.absolute_memory
     assert workspace_unvouched(case.launch, Path("/checkout"))
     assert not workspace_unvouched(case.launch, None)
