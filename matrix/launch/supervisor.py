@@ -369,7 +369,12 @@ class Supervisor:
         code = child.popen.returncode
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         message = f"{child.role} {how} before it was ready"
-        return ReadyResult(False, "startup", message, self._elapsed(), _tail(child.log_path), self._errors(child))
+        errors = self._errors(child)
+        # The exception it logged says why; "killed by SIGKILL" alone hides it where an engine kills its own
+        # process tree after a child failed (SGLang's launcher does).
+        if (cause := _exception_line(errors)) is not None:
+            message += f" ({cause})"
+        return ReadyResult(False, "startup", message, self._elapsed(), _tail(child.log_path), errors)
 
     def _errors(self, first: _Child) -> str:
         """The error lines of every process, the one that failed first: a worker that died may have died of
@@ -637,6 +642,15 @@ def error_lines(path: Path, limit: int = ERROR_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(found) + (f"\n... and {more} more error line(s)" if more else "")
+
+
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .+)")
+
+
+def _exception_line(errors: str) -> str | None:
+    """The last Python exception line (`ValueError: ...`) among a failure's error lines, if any."""
+    found = [m.group(1) for line in errors.splitlines() if (m := _EXCEPTION.search(line))]
+    return excerpt(found[-1], 300) if found else None
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -7,7 +7,8 @@ followed by a campaign on two reference runtimes:
 * `turns_bad`: healthy, then `crash-at-start`: a new failure on both runtimes, its exit code normalised;
 * `gets_fixed`: `empty-completion`, then healthy: fixed;
 * `stays_bad`: `missing-usage` in both: still failing, one signature with both runtimes' cells as members;
-* `timed`: healthy, then `slow-request` (+100 % request time), five repeats a campaign: newly slow;
+* `timed`: healthy, then `slow-request` (+100 % request time), eight repeats a campaign: newly slow (with
+  five, one sample out of order on a loaded host left the rank test short of significance: insufficient data);
 * `dropped`: healthy, left out of the second campaign: not run.
 
 A third campaign runs `timed` once: against the second, one sample a side is 'insufficient data', not unchanged.
@@ -83,10 +84,10 @@ def run(m: Matrix, *args: str) -> str:
 
 def test_matrix_diff_of_two_real_campaigns(matrix: Matrix) -> None:
     sync(matrix, catalog(first=True))
-    run(matrix, "--repeat", "5", "--no-report")
+    run(matrix, "--repeat", "8", "--no-report")
     sync(matrix, catalog(first=False))
     cases = ("turns_bad", "gets_fixed", "stays_bad", "timed")
-    run(matrix, "--repeat", "5", *(arg for name in cases for arg in ("--case", name)))
+    run(matrix, "--repeat", "8", *(arg for name in cases for arg in ("--case", name)))
 
     result = matrix("diff", "1", "2", "--json", "--alpha", "0.05")
     assert result.exit_code == 1, result.output  # new failures, the default --fail-on

@@ -73,10 +73,30 @@ def test_a_crash_message_carries_the_traceback_from_the_whole_log(tmp_path: Path
     with Supervisor(plan, tmp_path / "logs") as sup:
         sup.start()
         ready = sup.wait_ready()
-    assert ready.kind == "startup" and "exited with code 1" in ready.message
+    assert ready.kind == "startup"
+    assert ready.message == "decode exited with code 1 before it was ready (ValueError: boom: the real cause)"
     assert "Traceback (most recent call last)" in ready.error_lines
     assert "ValueError: boom: the real cause" in ready.error_lines
     assert "ValueError" not in ready.log_tail
+
+
+def test_an_engine_that_kills_its_own_tree_is_named_by_its_exception(tmp_path: Path, ports: list[int]) -> None:
+    # SGLang's launcher SIGKILLs its whole process tree when its scheduler fails ("Loaded weights leave no GPU
+    # memory for the KV cache ..."): the signal alone said nothing of why.
+    code = (
+        "import os, signal\n"
+        "print('Scheduler hit an exception: Traceback (most recent call last):')\n"
+        "print('ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.05.')\n"
+        "print('kill_process_tree called: include_parent=True', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    health = (HealthProbe(f"http://127.0.0.1:{ports[0]}/health"),)
+    plan = make_plan((ProcessSpec(role="prefill", argv=(sys.executable, "-c", code), health=health),), ports)
+    with Supervisor(plan, tmp_path / "logs") as sup:
+        sup.start()
+        ready = sup.wait_ready()
+    assert ready.message == ("prefill was killed by SIGKILL before it was ready (ValueError: Loaded weights leave "
+                             "no GPU memory for the KV cache under --mem-fraction-static=0.05.)")  # fmt: skip
 
 
 # A frontend that says healthy from the start but discovers its second worker only after 20 answers, as
