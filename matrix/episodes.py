@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -110,23 +110,44 @@ def load_episodes(session: Session) -> list[Episode]:
     names = {case_id: name for case_id, name in session.execute(select(Case.id, Case.name))}
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.uid, CellRun.campaign_id,
-               CellRun.status, CellRun.finished_at, CellRun.failure_kind, CellRun.checks, CellRun.message)
+               CellRun.status, CellRun.finished_at, CellRun.failure_kind)
         .where(CellRun.status.in_((PASSED, *CELL_FAULT_STATUSES)))
         .order_by(CellRun.id)
     )  # fmt: skip
     cells: dict[tuple[int, int, str], list[Attempt]] = {}
-    for case_id, runtime_id, roles_key, uid, campaign_id, status, finished_at, kind, checks, message in (
-        session.execute(stmt)
-    ):
+    for case_id, runtime_id, roles_key, uid, campaign_id, status, finished_at, kind in session.execute(stmt):
         cells.setdefault((case_id, runtime_id, roles_key), []).append(
-            Attempt(uid, campaign_id, status, finished_at, kind, _signature(status, checks, message))
+            Attempt(uid, campaign_id, status, finished_at, kind, "")
         )
     found = []
     for (case_id, runtime_id, roles_key), attempts in cells.items():
         runtime = labels.get(runtime_id, f"runtime {runtime_id}") + (f"[{roles_key}]" if roles_key else "")
         found += episodes_of(names.get(case_id, f"case {case_id}"), runtime, attempts)
+    # Only a first bad attempt's signature is shown: reading every attempt's checks and message was most of
+    # the cost over a long history, so they are read for those attempts alone.
+    signatures = _signatures(session, sorted({e.first_bad.uid for e in found}))
+    for episode in found:
+        episode.first_bad = replace(episode.first_bad, signature=signatures.get(episode.first_bad.uid, ""))
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
     return sorted(found, key=lambda e: (not e.open, -_aware(e.first_bad.finished_at or epoch).timestamp()))
+
+
+def open_episodes_of(episodes: Iterable[Episode], runtime_label: str, cases: Iterable[str]) -> list[Episode]:
+    """The open episodes of `cases` on one runtime (`backend-version`), its skew pairs included: what a gate of
+    that runtime names beside its verdict."""
+    wanted = set(cases)
+    return [e for e in episodes if e.open and e.case in wanted
+            and (e.runtime == runtime_label or e.runtime.startswith(runtime_label + "["))]  # fmt: skip
+
+
+def _signatures(session: Session, uids: list[str], chunk: int = 500) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for start in range(0, len(uids), chunk):
+        stmt = select(CellRun.uid, CellRun.status, CellRun.checks, CellRun.message).where(
+            CellRun.uid.in_(uids[start:start + chunk]))  # fmt: skip
+        for uid, status, checks, message in session.execute(stmt):
+            found[uid] = _signature(status, checks, message)
+    return found
 
 
 def _signature(status: str, checks: Any, message: str) -> str:

@@ -278,21 +278,36 @@ def gate_cmd(
     predicted. The page and the text list the policy's rules. Exit code: 0 GO, 1 NO-GO, 3 INCOMPLETE,
     4 N/A, 2 bad input.
     """
+    import datetime as dt
+
+    from matrix.episodes import load_episodes, open_episodes_of
+    from matrix.report.fmt import fmt_age
     from matrix.report.gate import evaluate_gate, gate_text
+    from matrix.text import clean
 
     result = evaluate_gate(session, backend, version, policy)
+    # The open failure episodes of the required cells: how long each has been broken (the verdict says
+    # whether it blocks; an episode says since when).
+    opened = open_episodes_of(load_episodes(session), result.runtime.label, (c.case.name for c in result.cells))
+    now = dt.datetime.now(dt.UTC)
     if html_out is not None:
         from matrix.report.render import render_gate
 
         render_gate(result, html_out)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
+        click.echo(json.dumps({**result.as_dict(), "open_episodes": [e.as_dict(now) for e in opened]}, indent=2))
     elif as_markdown:
         from matrix.report.markdown import gate_markdown
 
         click.echo(gate_markdown(result), nl=False)
     else:
         click.echo(gate_text(result))
+        if opened:
+            click.echo(f"open episodes: {len(opened)} (matrix episodes --open)")
+        for e in opened:
+            click.echo(f"  {clean(e.case)} @ {clean(e.runtime)}: {e.first_bad.failure_kind or 'unclassified'}, "
+                       f"{clean(e.first_bad.signature)}; open for {fmt_age(e.age_s(now))} since campaign "
+                       f"{e.first_bad.campaign_id}, {e.failures} failure(s)")  # fmt: skip
     raise SystemExit(result.exit_code)
 
 

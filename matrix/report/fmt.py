@@ -26,6 +26,18 @@ def fmt_seconds(value: float | None) -> str:
     return f"{value:.1f} s"
 
 
+def fmt_age(seconds: float | None) -> str:
+    """``3 d 4 h``, ``5 h 12 min``, ``42 s``: how long an episode has been open; a dash when unknown."""
+    if seconds is None:
+        return DASH
+    minutes, hours, days = int(seconds // 60), int(seconds // 3600), int(seconds // 86400)
+    if days:
+        return f"{days} d {hours - 24 * days} h"
+    if hours:
+        return f"{hours} h {minutes - 60 * hours} min"
+    return f"{minutes} min" if minutes else f"{int(seconds)} s"
+
+
 def fmt_ratio(value: float | None) -> str:
     """``x1.23`` (B over A); a dash when there is no value."""
     return DASH if value is None else f"x{value:.2f}"

@@ -12,6 +12,7 @@ import re
 from urllib.parse import urlsplit
 
 __all__ = [
+    "EPISODES",
     "EVIDENCE",
     "INDEX",
     "QUARANTINE",
@@ -33,6 +34,8 @@ SINCE_LAST = "since-last.html"
 QUARANTINE = "quarantine.html"
 # Per gate policy, the age of each required cell's latest evidence (`matrix.report.evidence`).
 EVIDENCE = "evidence.html"
+# Failure episodes, open ones first (`matrix.episodes`).
+EPISODES = "episodes.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -24,7 +24,7 @@ from matrix.redact import redact_pair
 from matrix.report import links, refresh
 from matrix.report.compare import Comparison, Holding, Side, compare
 from matrix.report.data import CampaignView, Results, RuntimeView, load_details_of, load_results, load_skip_reasons
-from matrix.report.fmt import flatten, fmt_ratio, fmt_seconds, fmt_time
+from matrix.report.fmt import flatten, fmt_age, fmt_ratio, fmt_seconds, fmt_time
 from matrix.report.gate import GateResult, Known, evaluate_gate, previous_release
 from matrix.report.perf import Samples, load_samples
 from matrix.report.views import (
@@ -58,6 +58,7 @@ def environment() -> Environment:
     )
     env.filters["seconds"] = fmt_seconds
     env.filters["ratio"] = fmt_ratio
+    env.filters["age"] = fmt_age
     env.globals["status_label"] = status_label
     env.globals["log_tails"] = log_tails
     env.globals["cell_href"] = _cell_href
@@ -328,11 +329,13 @@ def _write_pages(
     since_last = _write_since_last(session, counter, out_dir, results)
     quarantine = _write_quarantine(session, counter, out_dir)
     evidence = _write_evidence(session, counter, out_dir)
+    episodes = _write_episodes(session, counter, out_dir)
     index = out_dir / links.INDEX
     counter.write("index.html", index, {
         "since_last": since_last,
         "quarantine": quarantine,
         "evidence": evidence,
+        "episodes": episodes,
         "scope": _scope_text(results),
         "totals": status_counts(results.cells.values()),
         "sections": backend_sections(results, reasons, gates),
@@ -381,6 +384,30 @@ def _write_quarantine(session: Session, pages: _Pages, out_dir: Path) -> dict[st
     ended = [q for q in reversed(found) if not q.active(today)]
     pages.write("quarantine.html", path, {"in_force": in_force, "ended": ended, "today": today})
     return {"href": links.QUARANTINE, "in_force": len(in_force), "ended": len(ended)}
+
+
+# Closed episodes shown on their page (newest first); every open one is always shown.
+CLOSED_EPISODES_SHOWN = 200
+
+
+def _write_episodes(session: Session, pages: _Pages, out_dir: Path) -> dict[str, Any] | None:
+    """The episodes page: every open failure episode, then the newest closed ones. Written on every write (a
+    run opens and closes them, and an open one ages); None (and no page) while no cell has failed."""
+    from matrix.episodes import load_episodes
+
+    found = load_episodes(session)
+    path = out_dir / links.EPISODES
+    if not found:
+        path.unlink(missing_ok=True)
+        return None
+    now = dt.datetime.now(dt.UTC)
+    opened = [e for e in found if e.open]
+    closed = [e for e in found if not e.open]
+    pages.write("episodes.html", path, {
+        "opened": opened, "closed": closed[:CLOSED_EPISODES_SHOWN],
+        "older": max(0, len(closed) - CLOSED_EPISODES_SHOWN), "now": now, "campaign_page": links.campaign_page,
+    })  # fmt: skip
+    return {"href": links.EPISODES, "open": len(opened), "closed": len(closed)}
 
 
 def _write_evidence(session: Session, pages: _Pages, out_dir: Path) -> list[dict[str, Any]]:

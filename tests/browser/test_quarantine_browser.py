@@ -176,3 +176,29 @@ def test_the_evidence_page_shows_the_fresh_share_and_each_cells_latest(quarantin
     width = browser.evaluate("document.querySelector('.bar div').style.width")
     assert width == "66.7%", width
     browser.screenshot(ARTIFACTS / "m30-evidence.png", full_page=True)
+
+
+def test_the_episodes_page_lists_the_open_episodes_with_their_evidence(
+    quarantine_report: Path, browser: Tab
+) -> None:
+    index = browser.load((quarantine_report / "index.html").as_uri())
+    assert index.errors == [], index.errors
+    assert "Episodes: 2 open, 0 closed." in browser.evaluate("document.body.innerText")
+    page = browser.load((quarantine_report / "episodes.html").as_uri())
+    assert page.errors == [], page.errors
+    _clean_dom(browser)
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('table.episodes-open tbody tr')].map(r => "
+        "[...r.querySelectorAll('td')].map(td => td.innerText))"
+    )
+    by_cell = {row[0].removeprefix("OPEN ").strip(): row for row in rows}
+    assert set(by_cell) == {"ref_q @ reference-0.1.0", "ref_broken @ reference-0.1.0"}, rows
+    # ref_q passed in campaign 1 and failed in campaign 2; ref_broken failed in campaign 1, never having passed.
+    q, broken = by_cell["ref_q @ reference-0.1.0"], by_cell["ref_broken @ reference-0.1.0"]
+    assert q[1:4] == ["validation", "usage_object", "1"] and q[5].startswith("campaign 2 ") and q[7].startswith(
+        "campaign 1 ")  # fmt: skip
+    assert broken[1:4] == ["validation", "usage_object", "1"] and broken[5].startswith("campaign 1 ")
+    assert broken[7] == "never passed before"
+    links = browser.evaluate("[...document.querySelectorAll('table.episodes-open a')].map(a => a.getAttribute('href'))")
+    assert set(links) == {"campaign-1.html", "campaign-2.html"}, links
+    browser.screenshot(ARTIFACTS / "m30-episodes.png", full_page=True)
