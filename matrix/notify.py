@@ -1,7 +1,7 @@
 """Notifications of failure episodes ([M30] item 2): a webhook hears when an episode opens and when it closes.
 
 An *event* is (episode, "opened" or "closed", the attempt that opened or closed it), found with
-`matrix.episodes`' rules. After a run, the events whose attempt belongs to one of the run's campaigns are
+`matrix.report.episodes`' rules. After a run, the events whose attempt belongs to one of the run's campaigns are
 recorded in the `notification` table (state `pending`) and then every event not yet sent is posted, oldest
 first, as JSON: a Slack-readable `text` line and Slack `attachments` fields, plus the same facts as plain
 top-level keys for any other receiver. Each event's idempotency key is a hash of the episode's cell, the
@@ -33,8 +33,8 @@ from sqlalchemy.exc import IntegrityError
 
 from matrix.db.engine import transaction
 from matrix.db.models import CellRun, Notification, utcnow
-from matrix.episodes import Attempt, Episode, load_episodes
 from matrix.errors import ConfigError
+from matrix.report.episodes import Attempt, Episode, load_episodes
 from matrix.text import clean, clean_data, shorten
 
 if TYPE_CHECKING:

@@ -280,7 +280,7 @@ def gate_cmd(
     """
     import datetime as dt
 
-    from matrix.episodes import load_episodes, open_episodes_of
+    from matrix.report.episodes import load_episodes, open_episodes_of
     from matrix.report.fmt import fmt_age
     from matrix.report.gate import evaluate_gate, gate_text
     from matrix.text import clean
@@ -385,8 +385,8 @@ def episodes_cmd(session: Session, open_only: bool, as_json: bool) -> None:
     """
     import datetime as dt
 
-    from matrix.episodes import load_episodes
     from matrix.output import print_json, print_table
+    from matrix.report.episodes import load_episodes
     from matrix.report.fmt import fmt_seconds
     from matrix.text import clean, clean_data
 

@@ -1,7 +1,7 @@
 """What changed between two campaigns, cell by cell ([M30] item 5): `matrix diff A B` and the report's
 "since the last campaign" page.
 
-A cell is a (case, runtime, roles) triple, as in `matrix.episodes`: a skew pair is its own cell. Within
+A cell is a (case, runtime, roles) triple, as in `matrix.report.episodes`: a skew pair is its own cell. Within
 each campaign the attempt that stands for a cell is `outcome.standing_attempt` of that campaign's attempts
 alone, so an earlier campaign's pass never hides this one's failure. Cells fall into:
 

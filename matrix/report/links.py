@@ -34,7 +34,7 @@ SINCE_LAST = "since-last.html"
 QUARANTINE = "quarantine.html"
 # Per gate policy, the age of each required cell's latest evidence (`matrix.report.evidence`).
 EVIDENCE = "evidence.html"
-# Failure episodes, open ones first (`matrix.episodes`).
+# Failure episodes, open ones first (`matrix.report.episodes`).
 EPISODES = "episodes.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -393,7 +393,7 @@ CLOSED_EPISODES_SHOWN = 200
 def _write_episodes(session: Session, pages: _Pages, out_dir: Path) -> dict[str, Any] | None:
     """The episodes page: every open failure episode, then the newest closed ones. Written on every write (a
     run opens and closes them, and an open one ages); None (and no page) while no cell has failed."""
-    from matrix.episodes import load_episodes
+    from matrix.report.episodes import load_episodes
 
     found = load_episodes(session)
     path = out_dir / links.EPISODES

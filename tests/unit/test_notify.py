@@ -9,9 +9,9 @@ import time
 import pytest
 
 from matrix.db.engine import create_db_engine, session_factory
-from matrix.episodes import Attempt, Episode
 from matrix.errors import ConfigError
 from matrix.notify import CLOSED, OPENED, Event, check_url, deliver, event_key, payload, record_events, shown_url
+from matrix.report.episodes import Attempt, Episode
 from tests.helpers.cli import Matrix
 from tests.helpers.reports import attempt, campaign, db, sync
 from tests.helpers.webhook import webhook
