@@ -200,10 +200,18 @@ class ProxyApp:
             raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
         # xPyD: each request's pair is recorded (the 1P1D pair's line stays as it was).
         named = f" prefill={pre.role} decode={dec.role}" if self.cfg.worker_ids else ""
-        if body.get("stream"):
-            self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"), pair, named)
-            return
-        decode = _ok(dec, *call_worker(dec, "POST", req.route_path, decode_request(body, kv), self.cfg.timeout_s))
+        try:
+            if body.get("stream"):
+                self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"), pair, named)
+                return
+            decode = _ok(dec, *call_worker(dec, "POST", req.route_path, decode_request(body, kv), self.cfg.timeout_s))
+        except HTTPError as exc:
+            # Prefill made KV that no decode will pull: it holds it until its own timeout. The line names the
+            # prefill's request, as the engine's log names it when it lets it go (vLLM: its KV lease).
+            self.log(f"chat{named} decode failed (HTTP {exc.status}): prefill's KV of request "
+                     f"{kv.get('remote_request_id')} ({len(kv.get('remote_block_ids') or [])} blocks, engine "
+                     f"{kv.get('remote_engine_id')}) left unclaimed: {exc.message}")  # fmt: skip
+            raise
         self.log(f"chat{named} prefill_engine={kv.get('remote_engine_id')} "
                  f"blocks={len(kv.get('remote_block_ids') or [])}")  # fmt: skip
         self._answer(req, decode, kv.get("remote_engine_id"), pair)

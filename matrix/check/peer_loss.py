@@ -174,6 +174,9 @@ class _Round:
     down_probes: list[dict[str, Any]] = field(default_factory=list)
     survivors_before: dict[str, Reading] = field(default_factory=dict)
     survivors_after: dict[str, Reading] = field(default_factory=dict)
+    # What the survivors still held at the first look after the requests ended (empty: nothing), e.g. a prefill's
+    # KV for a request whose decode died, which it keeps until its own timeout.
+    survivors_held: list[str] = field(default_factory=list)
     released_s: float | None = None
     new_pid: int | None = None
     new_instance_id: str | None = None
@@ -284,6 +287,8 @@ def _survivors_release(spec: PeerLossSpec, survivors: tuple[EngineGauges, ...], 
         while True:
             record.survivors_after = read_gauges(survivors, client)
             held = released(record.survivors_before, record.survivors_after)
+            if held and not record.survivors_held:
+                record.survivors_held = held
             if not held:
                 record.released_s = round(time.monotonic() - started, 3)
                 return []

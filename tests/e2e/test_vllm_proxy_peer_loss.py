@@ -5,7 +5,8 @@ all. The proxy must answer at once with an error, never hang and never hand over
 * a decode killed mid-stream (its connection reset, or its chunked body left unfinished, or a plain body that
   closes before `[DONE]`): the client gets the chunks decode sent, then an error event naming the decode and
   what cut it, then `[DONE]`; the proxy's log says it (`chat stream cut by decode`);
-* a prefill or decode nothing listens on (the process is gone): HTTP 503 naming the instance, streamed or not.
+* a prefill or decode nothing listens on (the process is gone): HTTP 503 naming the instance, streamed or not;
+  with decode gone, the log names the prefill request whose KV was made and left unclaimed.
 
 Before the proxy knew a cut stream, the client's stream just stopped: no error, no `[DONE]`. A reset was logged as
 "client went away" (decode's reset taken for the client's), and an unfinished chunked body or a plain body closed
@@ -70,7 +71,8 @@ class _Instance:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if me.role == "prefill":
-                    kv = {"do_remote_prefill": True, "remote_engine_id": "engine-p", "remote_block_ids": [1]}
+                    kv = {"do_remote_prefill": True, "remote_engine_id": "engine-p", "remote_block_ids": [1],
+                          "remote_request_id": "chatcmpl-p1"}  # fmt: skip
                     data = json.dumps({"choices": [], "kv_transfer_params": kv}).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -201,3 +203,7 @@ def test_an_instance_nothing_listens_on_is_answered_503_at_once(tmp_path: Path, 
     assert response.status_code == 503, response.text
     message = response.json()["error"]["message"]
     assert f"{dead} " in message and gone in message and "unreachable" in message, message
+    log = (tmp_path / "proxy.log").read_text()
+    # A dead decode leaves the prefill's KV unclaimed: the log names the prefill's request, as its engine does.
+    unclaimed = "decode failed (HTTP 503): prefill's KV of request chatcmpl-p1 (1 blocks, engine engine-p) left"
+    assert (unclaimed in log) == (dead == "decode"), log
