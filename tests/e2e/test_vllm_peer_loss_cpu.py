@@ -12,10 +12,10 @@ vLLM 0.32.0 does, recorded in docs/results/traffic.md ("Peer loss and rejoin on 
   `[DONE]`), none hangs and none is cut as if whole; a request with no decode left gets 503 at once, but only
   after prefill has made its KV, which prefill then holds until its own lease runs out (`kv_lease_duration`,
   30 s by default: "Releasing expired KV blocks for request R which were retrieved by 0 remote worker(s) before
-  lease expired", R the request the proxy's log says it left unclaimed); the restarted decode serves. The
-  check's own release rule (prefill's `vllm:kv_cache_usage_perc` back to its level before the streams) cannot
-  prove this on vLLM: in one of two runs the level before already counted one block, and the rule passed at
-  once while the block was still held (docs/results/traffic.md), so the proof asserted here is the logs';
+  lease expired", R the request the proxy's log says it left unclaimed), and its `vllm:kv_cache_usage_perc`
+  shows that block until then; the restarted decode serves. (The check takes the survivors' level once they
+  hold nothing: a level read while prefill still held the previous request's block hid the held one, and the
+  rule passed at once in two runs while the block was held for 30 s: docs/results/traffic.md);
 * every kill took effect (the pid reaped with -9, a new pid serving), nothing is left running, and a runner
   killed outright (SIGKILL) while a worker is being started again leaves nothing either (the cell's watchdog
   ends the restarted engine too).
@@ -115,8 +115,11 @@ def test_streams_a_dead_decode_cut_end_with_the_proxys_error(peer: Matrix) -> No
 def test_prefill_holds_the_kv_of_a_request_whose_decode_died_until_its_lease_runs_out(peer: Matrix) -> None:
     """The request sent while decode was down was prefilled first: the proxy names the prefill request whose KV it
     left unclaimed, and prefill's own log releases exactly that request's KV when its lease runs out, having been
-    read by no decode. (How long it held it is in docs/results/traffic.md: the lease, 30 s.)"""
-    assert _rounds(peer)["decode"]["released_s"] is not None
+    read by no decode; the check saw that block on prefill's KV gauge until then. (How long it held it is in
+    docs/results/traffic.md: the lease, 30 s.)"""
+    record = _rounds(peer)["decode"]
+    assert record["settled_s"] is not None and record["released_s"] is not None
+    assert [h for h in record["survivors_held"] if h.startswith("prefill: KV usage")], record["survivors_held"]
     unclaimed = re.findall(r"^(\S+) .* prefill's KV of request (\S+) \(\d+ blocks, engine \S+\) left unclaimed",
                            _log(peer, "proxy"), re.M)  # fmt: skip
     assert len(unclaimed) == 1, unclaimed
