@@ -16,8 +16,8 @@ the spec in turn, the role's first worker is the victim:
    were served by a survivor or refused is recorded (routing around a dead worker is a router's policy; a
    200 with no worker of a role is a decode-only fallback, recorded as such).
 4. The survivors must release what they held for the dead peer (requests running or waiting, KV above its
-   level before the streams) within `release_timeout_s`, the engine's own timeout for KV nobody takes
-   (`peer_loss_kv_released`); the time it took is recorded.
+   level before the streams, read once they held nothing) within `release_timeout_s`, the engine's own timeout
+   for KV nobody takes (`peer_loss_kv_released`); the time it took is recorded.
 5. The victim is started again: it must be ready within `rejoin_timeout_s` and serve a request under its new
    instance id within a few turns of the router (`peer_loss_rejoin`).
 
