@@ -44,6 +44,7 @@ __all__ = ["engine_envs"]  # a fixture, used by name
 
 VERSION = "0.32.0"
 CASE = "vllm_native_peer_loss_cpu"
+TOKENS = 1536  # each stream's answer (launch.peer_loss.stream_tokens)
 COLUMNS = ("uid", "status", "checks", "message", "log_dir")
 LEASE_EXPIRED = re.compile(r"^(\S+) .*Releasing expired KV blocks for request (\S+) which were retrieved by 0 remote w",
                            re.M)  # fmt: skip
@@ -96,7 +97,7 @@ def test_every_kill_took_effect_and_the_new_pid_serves(peer: Matrix, victim: str
 def test_streams_a_dead_prefill_left_are_served_whole_by_decode(peer: Matrix) -> None:
     record = _rounds(peer)["prefill"]
     in_flight = [s for s in record["streams"] if not s["before_kill"]]
-    assert in_flight and all(s["outcome"] == "served" and s["tokens"] == 384 for s in in_flight), record["streams"]
+    assert in_flight and all(s["outcome"] == "served" and s["tokens"] == TOKENS for s in in_flight), record["streams"]
     assert record["survivors_held"] == []  # decode had pulled every stream's KV before the kill
     # Decode met the restarted prefill's new NIXL engine on the same side channel and dropped the old one.
     decode = _log(peer, "decode")
@@ -105,10 +106,14 @@ def test_streams_a_dead_prefill_left_are_served_whole_by_decode(peer: Matrix) ->
 
 
 def test_streams_a_dead_decode_cut_end_with_the_proxys_error(peer: Matrix) -> None:
+    """Each stream in flight at the kill ended with the proxy's error, or was whole already (one may finish at the
+    instant of the kill: seen once with 384-token answers, which is why the case asks for 1536); at least one
+    was cut mid-answer, so the proxy's error path met the real engine's end of stream."""
     record = _rounds(peer)["decode"]
     in_flight = [s for s in record["streams"] if not s["before_kill"]]
-    assert in_flight and all(s["outcome"] == "error" for s in in_flight), record["streams"]
-    assert all("ended the stream before the answer was complete" in s["error"] for s in in_flight)
+    cut = [s for s in in_flight if s["outcome"] == "error"]
+    assert cut and all(s in cut or (s["outcome"], s["tokens"]) == ("served", TOKENS) for s in in_flight), in_flight
+    assert all("ended the stream before the answer was complete" in s["error"] for s in cut)
     assert "cut by decode" in _log(peer, "proxy")
 
 
