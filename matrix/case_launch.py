@@ -201,6 +201,8 @@ class VllmNativeLaunch(_ServedLaunch):
     # xPyD ([M27]): "2p1d" starts two prefill and one decode `vllm serve` behind matrix's proxy, which routes
     # round robin across them; None is one of each (`topology_counts`).
     topology: str | None = _key("str")
+    # [M27] peer loss: true, or a table of `PEER_LOSS_DEFAULTS` keys (`peer_loss_options`).
+    peer_loss: object = _key("any")
 
     ROLE_KEYS: ClassVar[frozenset[str]] = frozenset({"block_size", "enforce_handshake_compat"})
 
@@ -332,6 +334,7 @@ def parse_typed(arm: str, launch_type: type[CommonLaunch], launch: Mapping[str, 
     if isinstance(parsed, VllmNativeLaunch):
         _check_block_sizes(parsed)
         topology_counts(parsed.topology)
+        peer_loss_options(parsed.peer_loss)
     if isinstance(parsed, ReferenceLaunch):
         topology_counts(parsed.topology)
         peer_loss_options(parsed.peer_loss)

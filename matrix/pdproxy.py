@@ -200,13 +200,33 @@ class ProxyApp:
             raise HTTPError(502, "prefill instance returned no kv_transfer_params: is its KV connector a producer?")
         # xPyD: each request's pair is recorded (the 1P1D pair's line stays as it was).
         named = f" prefill={pre.role} decode={dec.role}" if self.cfg.worker_ids else ""
-        if body.get("stream"):
-            self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"), pair, named)
-            return
-        decode = _ok(dec, *call_worker(dec, "POST", req.route_path, decode_request(body, kv), self.cfg.timeout_s))
+        try:
+            if body.get("stream"):
+                self._relay_stream(req, decode_request(body, kv, stream=True), kv.get("remote_engine_id"), pair, named)
+                return
+            decode = _ok(dec, *call_worker(dec, "POST", req.route_path, decode_request(body, kv), self.cfg.timeout_s))
+        except HTTPError as exc:
+            # Prefill made KV that no decode will pull: it holds it until its own timeout. The line names the
+            # prefill's request, as the engine's log names it when it lets it go (vLLM: its KV lease).
+            self.log(f"chat{named} decode failed (HTTP {exc.status}): prefill's KV of request "
+                     f"{kv.get('remote_request_id')} ({len(kv.get('remote_block_ids') or [])} blocks, engine "
+                     f"{kv.get('remote_engine_id')}) left unclaimed: {exc.message}")  # fmt: skip
+            raise
         self.log(f"chat{named} prefill_engine={kv.get('remote_engine_id')} "
                  f"blocks={len(kv.get('remote_block_ids') or [])}")  # fmt: skip
         self._answer(req, decode, kv.get("remote_engine_id"), pair)
+
+    def _cut_stream(self, req: JSONHandler, up: Upstream, events: int, cause: Exception | None, named: str,
+                    prefill_engine: object) -> None:  # fmt: skip
+        """Decode's stream broke before [DONE]: the client gets an error event and then [DONE] (as vLLM's own
+        server ends a stream that failed mid-way), never a stream that stops without a word, nor one that
+        looks complete; the proxy's log names the instance and what cut it."""
+        why = f"{type(cause).__name__}: {cause}" if cause is not None else "the stream closed without [DONE]"
+        message = f"{up.role} instance at {up.url} ended the stream before the answer was complete ({why})"
+        error = {"error": {"message": message, "type": "service_unavailable", "code": 503}}
+        req.wfile.write(b"data: " + json.dumps(error).encode("utf-8") + b"\n\ndata: [DONE]\n\n")
+        req.wfile.flush()
+        self.log(f"chat stream{named} cut by {up.role} after {events} events: {why} (prefill_engine={prefill_engine})")
 
     def _worker_chunk(self, prefill_engine: object, pair: tuple[Upstream, Upstream], choices: int) -> bytes:
         """The SSE event that names both instances (a choice-less chunk, as Dynamo's frontend sends nvext)."""
@@ -235,20 +255,36 @@ class ProxyApp:
             req.send_header("Content-Type", "text/event-stream")
             req.send_header("Cache-Control", "no-cache")
             req.end_headers()
-            events = 0
-            while line := resp.readline():
+            events, done = 0, False
+            while line := _upstream_line(resp):
+                if isinstance(line, Exception):  # decode died or dropped the stream mid-answer
+                    self._cut_stream(req, up, events, line, named, prefill_engine)
+                    return
                 if line.strip() == b"data: [DONE]":
+                    done = True
                     req.wfile.write(self._worker_chunk(prefill_engine, pair, int(request.get("n") or 1)))
                 events += line.startswith(b"data:")
                 # A write to a client that went away raises here (BrokenPipe/ConnectionReset); the finally
                 # below then drops decode's connection, which is how the engine learns of the cancel.
                 req.wfile.write(line)
                 req.wfile.flush()
+            if not done:  # the stream ended cleanly, but before decode said [DONE]
+                self._cut_stream(req, up, events, None, named, prefill_engine)
+                return
             self.log(f"chat stream{named} prefill_engine={prefill_engine} events={events}")
         except (BrokenPipeError, ConnectionResetError):
             self.log(f"chat stream{named} client went away; closed decode's stream (prefill_engine={prefill_engine})")
         finally:
             conn.close()
+
+
+def _upstream_line(resp: http.client.HTTPResponse) -> bytes | Exception:
+    """The next line of decode's stream (b"" at its end), or the error that cut it: an instance killed
+    mid-answer resets the connection or leaves a chunked body unfinished (IncompleteRead)."""
+    try:
+        return resp.readline()
+    except (OSError, http.client.HTTPException) as exc:
+        return exc
 
 
 def _upstreams(role: str, urls: list[str]) -> tuple[Upstream, ...]:

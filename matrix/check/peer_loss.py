@@ -16,8 +16,8 @@ the spec in turn, the role's first worker is the victim:
    were served by a survivor or refused is recorded (routing around a dead worker is a router's policy; a
    200 with no worker of a role is a decode-only fallback, recorded as such).
 4. The survivors must release what they held for the dead peer (requests running or waiting, KV above its
-   level before the streams) within `release_timeout_s`, the engine's own timeout for KV nobody takes
-   (`peer_loss_kv_released`); the time it took is recorded.
+   level before the streams, read once they held nothing) within `release_timeout_s`, the engine's own timeout
+   for KV nobody takes (`peer_loss_kv_released`); the time it took is recorded.
 5. The victim is started again: it must be ready within `rejoin_timeout_s` and serve a request under its new
    instance id within a few turns of the router (`peer_loss_rejoin`).
 
@@ -173,7 +173,13 @@ class _Round:
     streams: list[dict[str, Any]] = field(default_factory=list)
     down_probes: list[dict[str, Any]] = field(default_factory=list)
     survivors_before: dict[str, Reading] = field(default_factory=dict)
+    # Seconds the survivors took to hold nothing (no request, no KV) before the streams; None: they never did
+    # within `release_timeout_s`, and their level then is the one they must come back to.
+    settled_s: float | None = None
     survivors_after: dict[str, Reading] = field(default_factory=dict)
+    # What the survivors still held at the first look after the requests ended (empty: nothing), e.g. a prefill's
+    # KV for a request whose decode died, which it keeps until its own timeout.
+    survivors_held: list[str] = field(default_factory=list)
     released_s: float | None = None
     new_pid: int | None = None
     new_instance_id: str | None = None
@@ -206,8 +212,7 @@ def _one_round(
 ) -> list[CheckFailure]:
     victim = record.victim
     survivors = tuple(g for g in spec.gauges if g.role != victim)
-    with loopback_client(5.0) as client:
-        record.survivors_before = read_gauges(survivors, client)
+    record.survivors_before, record.settled_s = _at_rest(survivors, spec.release_timeout_s)
     stop = threading.Event()
     streams = [_Stream(request, spec.stream_tokens, stop) for _ in range(spec.streams)]
     threads = [threading.Thread(target=s.run, args=(spec.bound_s,), name=f"peer-loss-{i}", daemon=True)
@@ -255,6 +260,22 @@ def _one_round(
     return failures
 
 
+def _at_rest(survivors: tuple[EngineGauges, ...], timeout_s: float) -> tuple[dict[str, Reading], float | None]:
+    """The survivors' gauges once they hold nothing (the level the release is judged against), and how long that
+    took; the last reading and None if they still held something after `timeout_s`. A level taken while an
+    engine still holds the previous request's KV would hide a block held for the dead peer just as big (seen on
+    vLLM: one block before the streams, one block held for the dead decode after, "released" at once)."""
+    started = time.monotonic()
+    with loopback_client(5.0) as client:
+        while True:
+            reading = read_gauges(survivors, client)
+            if all(not isinstance(r, str) and not any(r.values()) for r in reading.values()):
+                return reading, round(time.monotonic() - started, 3)
+            if time.monotonic() - started >= timeout_s:
+                return reading, None
+            time.sleep(POLL_S)
+
+
 def _while_down(
     spec: PeerLossSpec, request: RequestSpec, record: _Round, of_role: int, waited_on: WaitedOn
 ) -> list[CheckFailure]:
@@ -284,6 +305,8 @@ def _survivors_release(spec: PeerLossSpec, survivors: tuple[EngineGauges, ...], 
         while True:
             record.survivors_after = read_gauges(survivors, client)
             held = released(record.survivors_before, record.survivors_after)
+            if held and not record.survivors_held:
+                record.survivors_held = held
             if not held:
                 record.released_s = round(time.monotonic() - started, 3)
                 return []

@@ -17,6 +17,7 @@ ENGINE_MODULES = {
     "tests/e2e/test_dynamo_skew.py", "tests/e2e/test_installer_equivalence.py",
     "tests/e2e/test_kv_faults_vllm_cpu.py", "tests/e2e/test_vllm_cpu.py", "tests/e2e/test_vllm_rs_reverse_variant.py",
     "tests/e2e/test_vllm_skew.py", "tests/e2e/test_vllm_topology_cpu.py", "tests/e2e/test_vllm_traffic.py",
+    "tests/e2e/test_vllm_peer_loss_cpu.py",
 }  # fmt: skip
 
 

@@ -75,3 +75,32 @@ def test_a_pair_without_topology_has_no_topology_spec_and_no_extra_proxy_flags(t
 def test_a_bad_topology_is_refused_at_sync(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not an xPyD topology"):
         _plan(tmp_path, {"cpu": True, "topology": "3x1"})
+
+
+def test_peer_loss_on_the_pair_asks_the_proxy_for_worker_ids_and_reads_vllm_gauges(tmp_path: Path) -> None:
+    """[M27] peer loss on a 1P1D pair: the check learns each instance's id from the proxy (`--worker-ids`, which
+    the pair otherwise does without) and watches every instance's own vLLM scheduler gauges."""
+    plan = _plan(tmp_path, {"cpu": True, "peer_loss": {"roles": ["decode"], "bound_s": 20}})
+    assert [p.role for p in plan.processes] == ["prefill", "decode", "proxy"] and plan.topology is None
+    assert "--worker-ids" in plan.processes[-1].argv
+    spec = plan.peer_loss
+    assert spec is not None and spec.roles == ("decode",) and spec.bound_s == 20.0 and spec.streams == 4
+    proxy_port = plan.ports["proxy"]
+    assert [(w.name, w.role, w.health_url) for w in spec.workers] == [
+        (name, name, f"http://127.0.0.1:{proxy_port}/workers/{name}/health") for name in ("prefill", "decode")]
+    assert [(g.role, g.url, g.running, g.kv_usage) for g in spec.gauges] == [
+        (name, f"http://127.0.0.1:{plan.ports[name + '_http']}/metrics", "vllm:num_requests_running",
+         "vllm:kv_cache_usage_perc") for name in ("prefill", "decode")]  # fmt: skip
+    assert spec.record_dir == str(tmp_path)
+
+
+def test_peer_loss_covers_every_worker_of_a_topology(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, {"cpu": True, "topology": "1p2d", "peer_loss": True})
+    assert plan.peer_loss is not None and [w.name for w in plan.peer_loss.workers] == ["prefill", "decode", "decode_2"]
+    assert list(plan.processes[-1].argv).count("--worker-ids") == 1
+
+
+@pytest.mark.parametrize("bad", [{"roles": ["router"]}, {"streams": 0}, {"bound_s": "soon"}, {"ttl": 3}, "yes"])
+def test_a_bad_peer_loss_table_is_refused_at_sync(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ConfigError, match="peer_loss"):
+        _plan(tmp_path, {"cpu": True, "peer_loss": bad})

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 
-from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default
+from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default, peer_loss_options
 from matrix.cells import CaseInfo
-from matrix.check.specs import TopologySpec, TopologyWorker
+from matrix.check.specs import PeerLossSpec, TopologySpec, TopologyWorker
 from matrix.engines import ENGINES, Engine
 from matrix.hardware.ports import PortRequest
 from matrix.launch import faults
@@ -208,6 +208,7 @@ class VllmNativeArm:
             oracle=oracle_spec(ctx, proxy_port),
             lifecycle=self.lifecycle(ctx),
             topology=topology(ctx) if launch.topology is not None else None,
+            peer_loss=peer_loss(ctx),
         )
 
     def lifecycle(self, ctx: LaunchContext) -> LifecycleSpec:
@@ -232,10 +233,11 @@ class VllmNativeArm:
 
 
 def topology_args(ctx: LaunchContext) -> tuple[str, ...]:
-    """The proxy's flags for the topology's later workers, and `--worker-ids`; none for the 1P1D pair."""
+    """The proxy's flags for the topology's later workers, and `--worker-ids`; none for the 1P1D pair, unless
+    the case kills its workers (`launch.peer_loss`: the check asks the proxy who each worker is)."""
     topology_name = _launch(ctx).topology
     if topology_name is None:
-        return ()
+        return ("--worker-ids",) if peer_loss_options(_launch(ctx).peer_loss) is not None else ()
     more = [("--" + role_of(n) + "-url", loopback_url(ctx.ports[f"{n}_http"])) for n in worker_names(topology_name)]
     return (*(part for pair in more[2:] for part in pair), "--worker-ids")
 
@@ -249,3 +251,16 @@ def topology(ctx: LaunchContext) -> TopologySpec:
     metrics = [loopback_url(ctx.ports[f"{name}_http"], "/metrics") for name in names]
     workers = tuple(TopologyWorker(*four) for four in zip(names, map(role_of, names), health, metrics, strict=True))
     return TopologySpec(_launch(ctx).topology or "1p1d", workers, str(ctx.work_dir), decode_counters=DECODE_COUNTERS)
+
+
+def peer_loss(ctx: LaunchContext) -> PeerLossSpec | None:
+    """[M27] peer loss over every instance of the deployment (`check.peer_loss`), or None: each instance as the
+    proxy names it (`/workers/NAME/health`, ids of its address, so a restarted instance keeps its id) and its own
+    scheduler gauges (`vllm:num_requests_running`, `..._waiting`, `vllm:kv_cache_usage_perc`), which show the
+    KV a prefill still holds for a decode that died (its lease, `kv_lease_duration`, 30 s by default)."""
+    options = peer_loss_options(_launch(ctx).peer_loss)
+    if options is None:
+        return None
+    workers = topology(ctx).workers
+    gauges = tuple(EngineGauges(w.name, w.metrics_url) for w in workers)
+    return PeerLossSpec(str(ctx.work_dir), workers, gauges, **options)
