@@ -69,7 +69,7 @@ def test_every_runtime_with_why_it_cannot_run(seeded: Matrix, no_gpus_no_engine:
     )  # fmt: skip
     assert reference["reasons"] == ["1 of 6 case(s) need 1 GPU, host has 0"]
     dynamo = runtimes["dynamo-1.6.1"]
-    assert (dynamo["status"], dynamo["runnable"], dynamo["cells"]) == ("not provisioned", "no", 3)
+    assert (dynamo["status"], dynamo["runnable"], dynamo["cells"]) == ("not provisioned", "no", 8)
     assert dynamo["reasons"][0] == (
         "runtime dynamo 1.6.1 is not provisioned: run `matrix runtime provision --runtime dynamo=1.6.1`"
     )

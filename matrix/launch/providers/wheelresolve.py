@@ -258,6 +258,9 @@ def refuse_unresolvable(runtimes: Iterable[RuntimeInfo]) -> None:
 
 def missing_in(text: str) -> tuple[str, ...]:
     """The requirements uv's failure says no index has, in its order (empty: it failed for another reason)."""
+    # uv wraps its explanation to the terminal's width (COLUMNS: under pytest-xdist a clause ran over two
+    # lines), so the words are read with their line breaks and indents folded to single spaces.
+    text = " ".join(text.split())
     found = [*_NO_VERSION.findall(text), *_NOT_FOUND.findall(text), *_ONLY_OLDER.findall(text)]
     return tuple(dict.fromkeys(m.rstrip(".") for m in found))
 
