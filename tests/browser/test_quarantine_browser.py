@@ -15,41 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import toggled_cells as toggled
 from tests.helpers.browser import Tab
-from tests.helpers.cli import DATA, Matrix
+from tests.helpers.cli import Matrix
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 OWNER = "<script>window.pwned = 1</script> & \"kv\" 'team'"
 WAIVER_OWNER = '<img src=x onerror="window.pwned = 2">'
 ENDED_REASON = "</td></tr><b onmouseover=alert(3)>fixed</b>"
 
-CATALOG = """
-[[runtime]]
-backend = "reference"
-version = "0.1.0"
-provider = {{ kind = "builtin" }}
-components = {{ matrix-reference = "0.1.0" }}
-
-[[case]]
-name = "ref_q"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ {faults}teardown_grace_s = 0.5, lifecycle = false }}
-
-[[case]]
-name = "ref_broken"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ faults = ["missing-usage"], teardown_grace_s = 0.5, lifecycle = false }}
-
+REST = """
 [[case]]
 name = "ref_never"
 backend = "reference"
@@ -62,7 +37,7 @@ case = "ref_broken"
 runtime_spec = "==0.1.0"
 reason = "expired long ago: it excuses nothing, and shows its owner"
 expires = "2020-01-01"
-owner = {waiver_owner}
+owner = {owner}
 
 [[gate]]
 name = "q_gate"
@@ -71,11 +46,8 @@ expression = "gpu_0"
 
 
 def _sync(m: Matrix, *, broken: bool) -> None:
-    path = m.home / "catalog.toml"
-    path.write_text(CATALOG.format(faults='faults = ["missing-usage"], ' if broken else "",
-                                   waiver_owner=_toml(WAIVER_OWNER)))  # fmt: skip
-    result = m("catalog", "sync", str(DATA / "backends.toml"), str(DATA / "markers.toml"), str(path))
-    assert result.exit_code == 0, result.output
+    toggled.sync(m, toggled.case("ref_q", broken=broken), toggled.case("ref_broken", broken=True),
+                 REST.format(owner=_toml(WAIVER_OWNER)))  # fmt: skip
 
 
 def _toml(text: str) -> str:

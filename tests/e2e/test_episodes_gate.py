@@ -7,27 +7,12 @@ import json
 
 import pytest
 
-from tests.helpers.cli import DATA, Matrix
+from tests.helpers import toggled_cells as toggled
+from tests.helpers.cli import Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
-CATALOG = """
-[[runtime]]
-backend = "reference"
-version = "0.1.0"
-provider = {{ kind = "builtin" }}
-components = {{ matrix-reference = "0.1.0" }}
-
-[[case]]
-name = "ref_episode"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ {faults}teardown_grace_s = 0.5, lifecycle = false }}
-
+GATE = """
 [[gate]]
 name = "ep_gate"
 expression = "gpu_0"
@@ -35,10 +20,7 @@ expression = "gpu_0"
 
 
 def _sync(m: Matrix, *, broken: bool) -> None:
-    path = m.home / "catalog.toml"
-    path.write_text(CATALOG.format(faults='faults = ["missing-usage"], ' if broken else ""))
-    result = m("catalog", "sync", str(DATA / "backends.toml"), str(DATA / "markers.toml"), str(path))
-    assert result.exit_code == 0, result.output
+    toggled.sync(m, toggled.case("ref_episode", broken=broken), GATE)
 
 
 def test_the_gate_names_an_open_episode_until_a_pass_closes_it(matrix: Matrix) -> None:

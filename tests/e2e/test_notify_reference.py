@@ -9,36 +9,15 @@ import time
 
 import pytest
 
-from tests.helpers.cli import DATA, Matrix
+from tests.helpers import toggled_cells as toggled
+from tests.helpers.cli import Matrix
 from tests.helpers.webhook import Receiver, webhook
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 # One reference cell; `broken` plants a missing usage object, which fails the `usage_object` check.
-CASE = """
-[[runtime]]
-backend = "reference"
-version = "0.1.0"
-provider = {{ kind = "builtin" }}
-components = {{ matrix-reference = "0.1.0" }}
-
-[[case]]
-name = "ref_notify"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ {faults}teardown_grace_s = 0.5, lifecycle = false }}
-"""
-
-
 def _sync(m: Matrix, *, broken: bool) -> None:
-    path = m.home / "catalog.toml"
-    path.write_text(CASE.format(faults='faults = ["missing-usage"], ' if broken else ""))
-    result = m("catalog", "sync", str(DATA / "backends.toml"), str(DATA / "markers.toml"), str(path))
-    assert result.exit_code == 0, result.output
+    toggled.sync(m, toggled.case("ref_notify", broken=broken))
 
 
 def _run(m: Matrix, *args: str, code: int) -> str:

@@ -14,39 +14,14 @@ import json
 
 import pytest
 
-from tests.helpers.cli import DATA, Matrix
+from tests.helpers import toggled_cells as toggled
+from tests.helpers.cli import Matrix
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 # `ref_q` is the cell that turns flaky (a planted missing usage object fails its `usage_object` check);
 # `ref_broken` always fails the same way: failures without a pass are no flake evidence.
-CATALOG = """
-[[runtime]]
-backend = "reference"
-version = "0.1.0"
-provider = {{ kind = "builtin" }}
-components = {{ matrix-reference = "0.1.0" }}
-
-[[case]]
-name = "ref_q"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ {faults}teardown_grace_s = 0.5, lifecycle = false }}
-
-[[case]]
-name = "ref_broken"
-backend = "reference"
-arm = "reference"
-model = "tiny"
-markers = ["gpu_0"]
-startup_timeout_s = 30
-request_timeout_s = 10
-launch = {{ faults = ["missing-usage"], teardown_grace_s = 0.5, lifecycle = false }}
-
+GATE = """
 [[gate]]
 name = "q_gate"
 expression = "gpu_0"
@@ -54,10 +29,7 @@ expression = "gpu_0"
 
 
 def _sync(m: Matrix, *, broken: bool) -> None:
-    path = m.home / "catalog.toml"
-    path.write_text(CATALOG.format(faults='faults = ["missing-usage"], ' if broken else ""))
-    result = m("catalog", "sync", str(DATA / "backends.toml"), str(DATA / "markers.toml"), str(path))
-    assert result.exit_code == 0, result.output
+    toggled.sync(m, toggled.case("ref_q", broken=broken), toggled.case("ref_broken", broken=True), GATE)
 
 
 def _run(m: Matrix, *args: str, code: int) -> list[str]:
