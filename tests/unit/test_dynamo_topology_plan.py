@@ -4,6 +4,7 @@ role's mode on its own system port behind the one frontend; a `TopologySpec` who
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import itertools
 import json
@@ -142,6 +143,18 @@ METRICS = (
 )
 
 
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A real HTTP server on 127.0.0.1 with `handler`, its port yielded, shut down after."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def metrics_url() -> Iterator[str]:
     """A real HTTP server on loopback answering a Dynamo worker's /metrics text."""
@@ -157,12 +170,8 @@ def metrics_url() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with _serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/metrics"
 
 
 def test_the_instance_id_is_the_worker_id_label_in_decimal(metrics_url: str) -> None:
@@ -211,12 +220,8 @@ def chat_url() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
-    server.shutdown()
-    server.server_close()
+    with _serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions"
 
 
 def test_the_checks_own_requests_name_their_pairs_and_a_refused_one_fails(chat_url: str) -> None:
