@@ -387,7 +387,7 @@ def episodes_cmd(session: Session, open_only: bool, as_json: bool) -> None:
 
     from matrix.output import print_json, print_table
     from matrix.report.episodes import load_episodes
-    from matrix.report.fmt import fmt_seconds
+    from matrix.report.fmt import fmt_age
     from matrix.text import clean, clean_data
 
     now = dt.datetime.now(dt.UTC)
@@ -397,19 +397,20 @@ def episodes_cmd(session: Session, open_only: bool, as_json: bool) -> None:
         return
     rows = []
     for e in found:
-        age = e.age_s(now)
         good = f"{e.last_good.uid} (campaign {e.last_good.campaign_id})" if e.last_good else "never passed before"
         closed = f"{e.closed_by.uid} (campaign {e.closed_by.campaign_id})" if e.closed_by else ""
         rows.append((
             "open" if e.open else "closed", f"{e.case}@{e.runtime}",
             f"{e.first_bad.uid} (campaign {e.first_bad.campaign_id})", good, closed,
-            fmt_seconds(age) if age is not None else "-", e.failures, e.first_bad.failure_kind or "-",
+            fmt_age(e.age_s(now)), e.failures, e.first_bad.failure_kind or "-",
             clean(e.first_bad.signature),
         ))  # fmt: skip
-    print_table(("state", "cell", "first bad", "last good", "closed by", "age", "failures", "class", "signature"),
-                rows)  # fmt: skip
+    if rows:
+        print_table(("state", "cell", "first bad", "last good", "closed by", "age", "failures", "class", "signature"),
+                    rows)  # fmt: skip
     opened = sum(1 for e in found if e.open)
-    click.echo(f"{len(found)} episode(s), {opened} open" + ("" if found else ": no cell has failed"))
+    none = ": no episode is open" if open_only else ": no cell has failed"
+    click.echo(f"{len(found)} episode(s), {opened} open" + ("" if found else none))
 
 
 @click.command("notify")
