@@ -55,12 +55,15 @@ CHECK_NAMES = (NOT_EXERCISED, HANG, TRUNCATED, KV_RELEASED, REJOIN)
 POLL_S = 0.1
 # Requests sent after the restart, per worker of the role, until the new instance serves one.
 REJOIN_TURNS = 4
+# How long a SIGKILLed worker may take to be reaped. The kernel frees a large engine's memory before the exit
+# can be reaped, which took over 5 s for a vLLM CPU worker on a loaded 2-core host; the time is recorded.
+REAP_TIMEOUT_S = 60.0
 
 
 class Peers(Protocol):
     """What the check needs of the cell's processes (the supervisor has it)."""
 
-    def kill_role(self, role: str) -> tuple[int, int | None]: ...
+    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None]: ...
 
     def restart_role(self, role: str) -> int: ...
 
@@ -170,6 +173,7 @@ class _Round:
     role: str
     pid: int | None = None
     exit_code: int | None = None
+    reaped_s: float | None = None  # seconds from the SIGKILL until the pid was reaped
     streams: list[dict[str, Any]] = field(default_factory=list)
     down_probes: list[dict[str, Any]] = field(default_factory=list)
     survivors_before: dict[str, Reading] = field(default_factory=dict)
@@ -225,7 +229,9 @@ def _one_round(
     killed = time.monotonic()  # marked first: a stream ending during the kill counts as in flight
     for stream in streams:
         stream.kill_at.append(killed)
-    record.pid, record.exit_code = peers.kill_role(victim)
+    record.pid, record.exit_code = peers.kill_role(victim, REAP_TIMEOUT_S)
+    if record.exit_code is not None:
+        record.reaped_s = round(time.monotonic() - killed, 3)
     for thread in threads:
         thread.join(max(0.0, killed + spec.bound_s - time.monotonic()))
     stop.set()
@@ -236,7 +242,8 @@ def _one_round(
     record.streams = [asdict(s.end) for s in streams]
     failures: list[CheckFailure] = []
     if record.exit_code is None:
-        failures.append(CheckFailure(NOT_EXERCISED, f"{victim} (pid {record.pid}) was still not gone after SIGKILL"))
+        gone = f"{victim} (pid {record.pid}) was still not gone {REAP_TIMEOUT_S:g} s after SIGKILL"
+        failures.append(CheckFailure(NOT_EXERCISED, gone))
         return failures
     in_flight = [s for s in streams if not s.end.before_kill]
     if not in_flight:

@@ -241,13 +241,13 @@ class Supervisor:
 
     # -- one process lost and started again (the peer-loss check, `matrix.check.peer_loss`) ------------------
 
-    def kill_role(self, role: str) -> tuple[int, int | None]:
+    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None]:
         """SIGKILL the process group of `role`'s current process, as a crash would end it: (its pid, its exit
-        code once reaped, None if it was still not gone after the reap timeout)."""
+        code once reaped, None if it was still not gone after `reap_timeout_s`)."""
         child = self._current(role)
         _signal_group(child.popen.pid, signal.SIGKILL)
         try:
-            return child.popen.pid, child.popen.wait(timeout=_REAP_S)
+            return child.popen.pid, child.popen.wait(timeout=reap_timeout_s)
         except subprocess.TimeoutExpired:
             return child.popen.pid, None
 
