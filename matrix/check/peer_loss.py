@@ -63,7 +63,7 @@ REAP_TIMEOUT_S = 60.0
 class Peers(Protocol):
     """What the check needs of the cell's processes (the supervisor has it)."""
 
-    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None]: ...
+    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None, str]: ...
 
     def restart_role(self, role: str) -> int: ...
 
@@ -229,7 +229,7 @@ def _one_round(
     killed = time.monotonic()  # marked first: a stream ending during the kill counts as in flight
     for stream in streams:
         stream.kill_at.append(killed)
-    record.pid, record.exit_code = peers.kill_role(victim, REAP_TIMEOUT_S)
+    record.pid, record.exit_code, stuck = peers.kill_role(victim, REAP_TIMEOUT_S)
     if record.exit_code is not None:
         record.reaped_s = round(time.monotonic() - killed, 3)
     for thread in threads:
@@ -242,7 +242,7 @@ def _one_round(
     record.streams = [asdict(s.end) for s in streams]
     failures: list[CheckFailure] = []
     if record.exit_code is None:
-        gone = f"{victim} (pid {record.pid}) was still not gone {REAP_TIMEOUT_S:g} s after SIGKILL"
+        gone = f"{victim} (pid {record.pid}) was still not gone {REAP_TIMEOUT_S:g} s after SIGKILL ({stuck})"
         failures.append(CheckFailure(NOT_EXERCISED, gone))
         return failures
     in_flight = [s for s in streams if not s.end.before_kill]

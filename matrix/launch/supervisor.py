@@ -241,15 +241,16 @@ class Supervisor:
 
     # -- one process lost and started again (the peer-loss check, `matrix.check.peer_loss`) ------------------
 
-    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None]:
+    def kill_role(self, role: str, reap_timeout_s: float) -> tuple[int, int | None, str]:
         """SIGKILL the process group of `role`'s current process, as a crash would end it: (its pid, its exit
-        code once reaped, None if it was still not gone after `reap_timeout_s`)."""
+        code once reaped or None if it was still not gone after `reap_timeout_s`, and then what the kernel said
+        it was doing, e.g. "state D (disk sleep), in folio_wait_bit")."""
         child = self._current(role)
         _signal_group(child.popen.pid, signal.SIGKILL)
         try:
-            return child.popen.pid, child.popen.wait(timeout=reap_timeout_s)
+            return child.popen.pid, child.popen.wait(timeout=reap_timeout_s), ""
         except subprocess.TimeoutExpired:
-            return child.popen.pid, None
+            return child.popen.pid, None, _kernel_state(child.popen.pid)
 
     def restart_role(self, role: str) -> int:
         """Start `role` again from its spec (its log continues in the same file); the new pid. The old process
@@ -797,6 +798,17 @@ def _group_alive(child: _Child) -> bool:
         except (OSError, psutil.Error):
             continue
     return False
+
+
+def _kernel_state(pid: int) -> str:
+    """What a process that does not die is doing, from /proc (its state and the kernel function it waits in)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    state = next((line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("State:")), "?")
+    return f"state {state}" + (f", in {wchan}" if wchan not in ("", "0") else "")
 
 
 def _reap(child: _Child, *, killed: bool) -> ProcessExit:

@@ -9,14 +9,16 @@ timeout), and a server that answers is probed ever less often, up to every half 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from matrix.launch.launch_plan import HealthProbe, ProcessSpec
-from matrix.launch.supervisor import FATAL_GRACE_S, LOG_TAIL_LINES, Supervisor
+from matrix.launch.supervisor import FATAL_GRACE_S, LOG_TAIL_LINES, Supervisor, _kernel_state
 from tests.helpers.supervisor import make_plan, models_probe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -169,3 +171,18 @@ def test_ready_counts_the_frontends_instances_so_a_topology_waits_for_every_work
     assert ready.ok, ready
     answers = re.findall(r"answer (\d+) instances=(\d)", (tmp_path / "logs" / "frontend.log").read_text())
     assert answers[-1] == ("11", "4"), answers  # two endpoints listed from the start were not four workers
+
+
+def test_a_process_that_outlives_its_reap_wait_is_described_by_its_kernel_state() -> None:
+    """When a SIGKILLed worker is not reaped in time, the peer-loss check quotes what the kernel says it is doing
+    (state and wait channel), so a stuck exit is explained rather than only reported."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while "state S" not in (state := _kernel_state(sleeper.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert re.fullmatch(r"state S \(sleeping\)(, in \w+)?", state), state
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _kernel_state(sleeper.pid).startswith("unreadable (")
