@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 from pathlib import Path
@@ -28,18 +29,28 @@ def stop_gracefully(proc: subprocess.Popen[str], grace: float = 60) -> None:
 
 def assert_nothing_left(m: Matrix, uid: str) -> None:
     assert cell_processes(uid) == [], f"processes of {uid} survived"
-    (ports_json,) = m.sql("SELECT ports FROM cell_run WHERE uid = ?", uid)[0]
+    ports_json, started, finished = m.sql("SELECT ports, started_at, finished_at FROM cell_run WHERE uid = ?", uid)[0]
     ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
+    lifetime = (_epoch(started), _epoch(finished)) if started is not None and finished is not None else None
     for port in ports.values():
-        assert not port_still_held(int(port), uid), f"port {port} of {uid} still in use"
+        assert not port_still_held(int(port), uid, lifetime=lifetime), f"port {port} of {uid} still in use"
 
 
-def port_still_held(port: int, *uids: str) -> bool:
+def _epoch(value: object) -> float:
+    """A timestamp column as seconds since the epoch (SQLite gives naive UTC text, PostgreSQL a datetime)."""
+    moment = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(str(value))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def port_still_held(port: int, *uids: str, lifetime: tuple[float, float] | None = None) -> bool:
     """Whether something the cells `uids` may have left still listens on `port`.
 
     Test workers run cells side by side, so once a cell has released a port another worker's cell may be
-    handed it and listen there: a listener tagged with another cell's id is not a leftover. An untagged
-    listener, or one whose owner cannot be read, is counted as held (the strict reading).
+    handed it and listen there: a listener tagged with another cell's id is not a leftover. Neither is one
+    whose process was created outside the cells' `lifetime` (start, end; seconds since the epoch), as
+    nothing the cells started can be older or younger than they are: a released port once failed a test
+    this way, taken by an untagged server of another test (Ray's daemons, for one, pick their own ports).
+    Any other untagged listener, or one whose owner cannot be read, is counted as held (the strict reading).
     """
     if port_is_free(port, reuse_addr=True):
         return False
@@ -49,10 +60,13 @@ def port_still_held(port: int, *uids: str) -> bool:
             continue
         listeners += 1
         try:
-            owner = psutil.Process(conn.pid).environ().get("MATRIX_CELL_ID") if conn.pid else None
+            process = psutil.Process(conn.pid) if conn.pid else None
+            owner = process.environ().get("MATRIX_CELL_ID") if process else None
+            born = process.create_time() if process else None
         except psutil.Error:
-            owner = None
-        if owner is None or owner in uids:
+            owner = born = None
+        outside = lifetime is not None and born is not None and not lifetime[0] - 1 <= born <= lifetime[1] + 1
+        if owner in uids or (owner is None and not outside):
             return True
     if listeners:
         return False  # every listener belongs to another cell
