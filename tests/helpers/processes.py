@@ -33,7 +33,23 @@ def assert_nothing_left(m: Matrix, uid: str) -> None:
     ports = ports_json if isinstance(ports_json, dict) else json.loads(str(ports_json))  # PostgreSQL decodes JSON
     lifetime = (_epoch(started), _epoch(finished)) if started is not None and finished is not None else None
     for port in ports.values():
-        assert not port_still_held(int(port), uid, lifetime=lifetime), f"port {port} of {uid} still in use"
+        held = port_still_held(int(port), uid, lifetime=lifetime)
+        assert not held, f"port {port} of {uid} (alive {lifetime}) still in use: {listeners_of(int(port))}"
+
+
+def listeners_of(port: int) -> list[str]:
+    """Who listens on `port`, for a failure message: pid, name, cell id and creation time."""
+    found = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            try:
+                process = psutil.Process(conn.pid) if conn.pid else None
+                cell = process.environ().get("MATRIX_CELL_ID") if process else None
+                found.append(f"pid {conn.pid} {process.name() if process else '?'} cell={cell} "
+                             f"created={process.create_time() if process else '?'}")  # fmt: skip
+            except psutil.Error as exc:
+                found.append(f"pid {conn.pid}: {exc}")
+    return found
 
 
 def _epoch(value: object) -> float:
