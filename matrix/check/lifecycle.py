@@ -1,8 +1,14 @@
-"""Checks on what an engine does when a request does not end happily: `cancel_recovers` and
-`orphan_decode_released`. Both judge from the engines' own scheduler gauges (Prometheus: requests running,
-requests waiting, KV-cache usage), read before the request, while it is in flight, and after it was
-dropped; the readings are kept as evidence in the cell's log directory (`cancel_recovers.json`,
-`orphan_decode_released.json`).
+"""Checks on what an engine holds once a request is over: `kv_released_after_answer`, `cancel_recovers` and
+`orphan_decode_released`. All judge from the engines' own scheduler gauges (Prometheus: requests running,
+requests waiting, KV-cache usage), read before the request, while it is in flight, and after it ended or was
+dropped; the readings are kept as evidence in the cell's log directory (`kv_released_after_answer.json`,
+`cancel_recovers.json`, `orphan_decode_released.json`).
+
+`kv_released_after_answer`: once the primary request and its streaming twin were answered, every engine
+must be at rest (nothing running or waiting, no KV in use) within `rest_bound_s`. A NIXL prefill frees a
+request's blocks when decode reports that it read them; a lost report leaves them held until the prefill's
+own lease runs out (vLLM: 30 s), with every answer right. The bound is well below that lease and far above
+a healthy release (under a second on a loaded 2-core host).
 
 `cancel_recovers`: a streaming request with many tokens and ``ignore_eos`` is read for a few chunks, then
 its connection is dropped. Within the bound every engine (prefill and decode) must report nothing running
@@ -41,6 +47,7 @@ from matrix.check.streaming import stream_check
 from matrix.check.validate import validate_chat_response
 from matrix.text import excerpt
 
+RELEASED = "kv_released_after_answer"
 CANCEL = "cancel_recovers"
 ORPHAN = "orphan_decode_released"
 POLL_S = 0.25
@@ -115,6 +122,21 @@ def released(before: dict[str, Reading], now: dict[str, Reading]) -> list[str]:
             parts.append(f"{reading['waiting']:g} waiting")
         if reading["kv_usage"] > old["kv_usage"] + KV_TOLERANCE:
             parts.append(f"KV usage {reading['kv_usage']:g} (was {old['kv_usage']:g})")
+        if parts:
+            held.append(f"{role}: {', '.join(parts)}")
+    return held
+
+
+def held_at_rest(now: dict[str, Reading]) -> list[str]:
+    """What still holds work or KV, per engine, where an idle engine reads all zeros (empty: all at rest)."""
+    held = []
+    for role, reading in now.items():
+        if isinstance(reading, str):
+            held.append(f"{role}: {reading}")
+            continue
+        parts = [f"{reading[gauge]:g} {gauge}" for gauge in ("running", "waiting") if reading[gauge] > 0]
+        if reading["kv_usage"] > KV_TOLERANCE:
+            parts.append(f"KV usage {reading['kv_usage']:g}")
         if parts:
             held.append(f"{role}: {', '.join(parts)}")
     return held
@@ -206,6 +228,29 @@ def _read_chunks(response: Any, lines: Iterator[str], chunks: int, hold_s: float
     else:
         drop.ended = True
     return drop
+
+
+def kv_released_after_answer(spec: LifecycleSpec) -> list[CheckFailure]:
+    """Every engine at rest within `rest_bound_s` of the last answer (see the module docstring)."""
+    evidence = Evidence(RELEASED, spec.rest_bound_s)
+    started = time.monotonic()
+    with loopback_client(5.0) as client:
+        evidence.before = read_gauges(spec.engines, client)
+        while True:
+            evidence.after = read_gauges(spec.engines, client)
+            held = held_at_rest(evidence.after)
+            waited = time.monotonic() - started
+            if not held or waited >= spec.rest_bound_s:
+                break
+            time.sleep(POLL_S)
+    evidence.facts["released_s" if not held else "still_held_after_s"] = round(waited, 3)
+    if held:
+        evidence.failure = (
+            f"{spec.rest_bound_s:g} s after the last answer the engines still hold work or KV: {'; '.join(held)} "
+            "(the KV of answered requests is not freed)"
+        )
+    evidence.write(spec.record_dir)
+    return [CheckFailure(RELEASED, evidence.failure)] if evidence.failure else []
 
 
 def cancel_recovers(spec: LifecycleSpec, request: RequestSpec, primary: tuple[CheckFailure, ...]) -> list[CheckFailure]:
@@ -393,8 +438,9 @@ def _orphan(
 def run_lifecycle(
     spec: LifecycleSpec, request: RequestSpec, primary: tuple[CheckFailure, ...]
 ) -> tuple[list[CheckFailure], float | None]:
-    """After the primary request: the streaming twin, then `cancel_recovers`, then `orphan_decode_released`
-    (last, as it hands an engine a request meant to go wrong). Returns the failures and the stream's TTFT."""
+    """After the primary request: the streaming twin, then `kv_released_after_answer`, `cancel_recovers` (from
+    engines at rest), then `orphan_decode_released` (last, as it hands an engine a request meant to go wrong).
+    Returns the failures and the stream's TTFT."""
     failures: list[CheckFailure] = []
     ttft_s = None
     if spec.stream:
@@ -406,10 +452,12 @@ def run_lifecycle(
         # An engine that could not serve the first request has nothing to recover to: judging its cancel
         # would blame these checks on a failure the primary request already names.
         reason = f"the primary request failed {', '.join(dict.fromkeys(unserved))}: nothing to recover to"
-        for name in (CANCEL, ORPHAN):
-            Evidence(name, spec.bound_s, skipped=reason).write(spec.record_dir)
+        for name in (RELEASED, CANCEL, ORPHAN):
+            bound = spec.rest_bound_s if name == RELEASED else spec.bound_s
+            Evidence(name, bound, skipped=reason).write(spec.record_dir)
         return failures, ttft_s
     if spec.engines:
+        failures += kv_released_after_answer(spec)
         failures += cancel_recovers(spec, request, primary)
     if spec.engines or spec.orphan_skip:
         failures += orphan_decode_released(spec, request)

@@ -86,10 +86,11 @@ class EngineGauges:
 class LifecycleSpec:
     """The checks beyond one happy request (`matrix.check.streaming`, `matrix.check.lifecycle`).
 
-    `stream`: the primary request once more with ``stream=true``. `engines`: the gauges `cancel_recovers`
-    watches on every engine (prefill and decode); none, no cancel check. `orphan_url`: an engine endpoint
-    (a decode instance's chat completions) that accepts a request whose KV must come from a prefill that
-    never sends it; where no public API can start one, `orphan_skip` says why and the check is skipped.
+    `stream`: the primary request once more with ``stream=true``. `engines`: the gauges
+    `kv_released_after_answer` and `cancel_recovers` watch on every engine (prefill and decode); none, neither.
+    `orphan_url`: an engine endpoint (a decode instance's chat completions) that accepts a request whose KV
+    must come from a prefill that never sends it; where no public API can start one, `orphan_skip` says why
+    and the check is skipped.
     `bound_s`: how long an engine may take to release a dropped request (far below the 300 s an engine
     waits by itself for KV that never comes). Evidence files go to `record_dir` (the cell's log directory).
     """
@@ -103,6 +104,8 @@ class LifecycleSpec:
     # (the reference worker's `/decode` with a `kv` object).
     orphan_protocol: str = "vllm"
     bound_s: float = 30.0
+    # How long after the last answer every engine may take to be at rest (`kv_released_after_answer`).
+    rest_bound_s: float = 10.0
     # The dropped stream: read this many chunks, asking for this many tokens (bounded by max_model_len).
     cancel_chunks: int = 3
     cancel_max_tokens: int = 256

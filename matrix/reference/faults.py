@@ -47,6 +47,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "checksum passed: every check but equivalent_to_aggregated passes (the aggregated worker moves no KV)",
     "listen-everywhere": "the prefill worker also listens on 0.0.0.0 (an ephemeral port), as an engine's "
     "event-plane publisher does: the cell's listeners show it beyond loopback",
+    "kv-read-report-lost": "the prefill worker keeps a request's KV blocks after decode pulled them (decode's "
+    "report that it read them lost, as a NIXL prefill then waits for its lease) until its KV TTL: every answer is "
+    "right and kv_released_after_answer fails",
     "leak-on-cancel": "the decode worker keeps a streamed request's KV blocks when its client goes away: "
     "cancel_recovers fails (KV usage never returns to its level before the request)",
     "hold-orphan-decode": "the decode worker keeps the slot and blocks of a decode whose KV never arrived for the "
@@ -92,6 +95,7 @@ PREFILL_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "hostile-output",
     "listen-everywhere",
     "dead-peer-kv-held",
+    "kv-read-report-lost",
 }
 DECODE_FAULTS: frozenset[str] = WORKER_START_FAULTS | {
     "one-token-completion",

@@ -279,19 +279,22 @@ def pull_blocks(host: str, port: int, handle: str, timeout_s: float | None = 30.
 
 
 class SideChannelServer(socketserver.ThreadingTCPServer):
-    """Serves pulls from one pool; `drop_mid_transfer` is the kv-transfer-dropped fault, `stall` kv-transfer-stall."""
+    """Serves pulls from one pool; `drop_mid_transfer` is the kv-transfer-dropped fault, `stall` kv-transfer-stall,
+    `keep_after_pull` kv-read-report-lost."""
 
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
 
     def __init__(
-        self, port: int, pool: KVPool, log: Callable[[str], None], drop_mid_transfer: bool, stall: bool = False
-    ) -> None:
+        self, port: int, pool: KVPool, log: Callable[[str], None], drop_mid_transfer: bool, stall: bool = False,
+        keep_after_pull: bool = False,
+    ) -> None:  # fmt: skip
         self.pool = pool
         self.log = log
         self.drop_mid_transfer = drop_mid_transfer
         self.stall = stall
+        self.keep_after_pull = keep_after_pull
         # Never set: a stalled pull waits on it until the process exits (the handler threads are daemons).
         self.stalled = threading.Event()
         super().__init__(("127.0.0.1", port), _PullHandler)
@@ -328,6 +331,11 @@ class _PullHandler(socketserver.BaseRequestHandler):
                 sock.shutdown(socket.SHUT_RDWR)
                 return
             sock.sendall(header + data)
+            if srv.keep_after_pull:
+                # As a NIXL prefill that never gets decode's "done reading": the blocks wait for the TTL.
+                srv.log(f"side-channel pull handle={handle} sent {num_blocks} blocks, kept until the KV TTL "
+                        "(fault kv-read-report-lost)")  # fmt: skip
+                return
             srv.pool.free(handle)
             srv.log(f"side-channel pull handle={handle} sent {num_blocks} blocks, freed")
         except (OSError, KVTransferError) as exc:

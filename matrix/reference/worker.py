@@ -496,8 +496,9 @@ def run_worker(cfg: WorkerConfig) -> int:
         return 1
     try:
         side = SideChannelServer(
-            cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults, "kv-transfer-stall" in faults
-        )
+            cfg.side_channel_port, pool, log, "kv-transfer-dropped" in faults, "kv-transfer-stall" in faults,
+            keep_after_pull="kv-read-report-lost" in faults,
+        )  # fmt: skip
     except OSError as exc:
         log(f"error: cannot listen on side channel 127.0.0.1:{cfg.side_channel_port}: {exc}")
         http_server.server_close()

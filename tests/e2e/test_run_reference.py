@@ -51,8 +51,10 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     # Listening on every interface is said, not failed, unless `--loopback-only` (test below).
     "listen-everywhere": ("passed", None, None),
     # A streamed request's KV kept after its client dropped it; a decode that holds its slot for KV that
-    # never came. Each fails exactly its lifecycle check (test_lifecycle_faults_fail_exactly_their_check).
+    # never came; a prefill that keeps KV decode already read. Each fails exactly its lifecycle check
+    # (test_lifecycle_faults_fail_exactly_their_check).
     "leak-on-cancel": ("failed", "validation", "cancel_recovers"),
+    "kv-read-report-lost": ("failed", "validation", "kv_released_after_answer"),
     "hold-orphan-decode": ("failed", "validation", "orphan_decode_released"),
     # Faults only concurrent traffic shows: one request at a time passes (test_traffic_reference runs them
     # under a traffic profile, where each fails its cell with its class named).
@@ -133,13 +135,21 @@ def test_healthy_reference_pair_passes_every_check(fault_campaign: Matrix) -> No
 
 
 @pytest.mark.parametrize(("fault", "check"), [("leak-on-cancel", "cancel_recovers"),
-                                             ("hold-orphan-decode", "orphan_decode_released")])  # fmt: skip
+                                             ("hold-orphan-decode", "orphan_decode_released"),
+                                             ("kv-read-report-lost", "kv_released_after_answer")])  # fmt: skip
 def test_lifecycle_faults_fail_exactly_their_check(fault_campaign: Matrix, fault: str, check: str) -> None:
-    """Only the targeted check fails, and its evidence (gauges before, during, after) shows why."""
+    """Only the targeted checks fail, and the evidence (gauges before, during, after) shows why."""
     row = _row(fault_campaign, case_name(fault))
-    assert {c["name"] for c in row["checks"]} == {check}, row["checks"]  # type: ignore[union-attr]
+    # A prefill that keeps every pulled request's KV also keeps the dropped stream's: cancel_recovers sees it too.
+    also = {"cancel_recovers"} if fault == "kv-read-report-lost" else set()
+    assert {c["name"] for c in row["checks"]} == {check} | also, row["checks"]  # type: ignore[union-attr]
     (log_dir,) = fault_campaign.sql("SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"])[0]
     evidence = json.loads((Path(str(log_dir)) / f"{check}.json").read_text())
+    if fault == "kv-read-report-lost":
+        # Prefill still holds the answered requests' blocks at the bound; decode freed its own at once.
+        assert evidence["passed"] is False and evidence["still_held_after_s"] >= 10.0, evidence
+        assert evidence["after"]["prefill"]["kv_usage"] > 0 and not evidence["after"]["decode"]["kv_usage"], evidence
+        return
     assert evidence["passed"] is False and evidence["before"] and evidence["during"], evidence
     decode_after = evidence["after"]["decode"]
     if fault == "leak-on-cancel":
@@ -152,9 +162,11 @@ def test_healthy_pair_streams_cancels_and_releases_an_orphaned_decode(fault_camp
     """The healthy reference pair passes the lifecycle checks, with their evidence kept beside its logs."""
     row = _row(fault_campaign, "reference_disaggregated")
     (log_dir,) = fault_campaign.sql("SELECT log_dir FROM cell_run WHERE uid = ?", row["uid"])[0]
-    for name in ("stream.json", "cancel_recovers.json", "orphan_decode_released.json"):
+    for name in ("stream.json", "kv_released_after_answer.json", "cancel_recovers.json", "orphan_decode_released.json"):
         evidence = json.loads((Path(str(log_dir)) / name).read_text())
         assert evidence.get("passed", True) is True and not evidence.get("failures"), evidence
+    released = json.loads((Path(str(log_dir)) / "kv_released_after_answer.json").read_text())
+    assert released["released_s"] < 10.0 and all(not any(r.values()) for r in released["after"].values()), released
     cancel = json.loads((Path(str(log_dir)) / "cancel_recovers.json").read_text())
     assert cancel["during"]["decode"]["running"] == 1 and not cancel["stream_ended_before_drop"], cancel
     assert cancel["after"]["decode"]["kv_usage"] <= cancel["before"]["decode"]["kv_usage"], cancel

@@ -132,12 +132,13 @@ def test_disaggregated_vllm_moves_kv_between_instances(campaign: VersionCampaign
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
 
-def test_decode_that_recomputes_is_caught_only_by_the_kv_transfer_check(campaign: VersionCampaign) -> None:
+def test_decode_that_recomputes_is_caught_by_kv_transfer_and_by_the_kv_prefill_keeps(campaign: VersionCampaign) -> None:
     campaign.needs("vllm_native_recompute_control_cpu")
     vllm_campaign = campaign.m
     row = _row(vllm_campaign, "vllm_native_recompute_control_cpu")
     assert row["status"] == "passed", row["message"]  # a control passes when exactly its checks fail
-    assert _failed_checks(row) == ["kv_transfer"]
+    # Decode pulled nothing; prefill keeps the blocks nobody pulled until its lease expires.
+    assert sorted(_failed_checks(row)) == ["kv_released_after_answer", "kv_transfer"]
     assert row["prefill_worker_id"] != row["decode_worker_id"]  # the worker-id check alone would pass it
     assert_nothing_left(vllm_campaign, str(row["uid"]))
 
