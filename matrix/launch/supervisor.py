@@ -49,7 +49,7 @@ from matrix.check.http import loopback_client
 from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
 from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
-from matrix.launch.procenv import candidates
+from matrix.launch.procenv import candidates, environ_value
 from matrix.text import excerpt
 
 CELL_ENV = "MATRIX_CELL_ID"
@@ -550,7 +550,7 @@ def find_cell_processes(cell_id: str) -> list[psutil.Process]:
     for pid in candidates(CELL_ENV, cell_id):
         try:
             proc = psutil.Process(pid)
-            if proc.environ().get(CELL_ENV) == cell_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if environ_value(pid, CELL_ENV) == cell_id and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue

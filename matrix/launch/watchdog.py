@@ -56,9 +56,40 @@ def _read_until_eof(fd: int) -> bytes:
         data += chunk
 
 
+def tag_of(pid: int, env_name: str = CELL_ENV) -> str | None:
+    """`env_name`'s value in the environment block /proc shows for `pid` (None: none, or unreadable).
+
+    Read here, not through psutil's `Process.environ()`: a process that renames itself as vLLM's engine core
+    and workers do (setproctitle) overwrites the start of that block with NULs, which psutil takes for its
+    end, so it sees no variable at all while the tag further on is intact (`matrix.launch.procenv`, which
+    this script cannot import, says the same).
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            environ = file.read()
+    except OSError:
+        return None
+    prefix = f"{env_name}=".encode("utf-8", "surrogateescape")
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "surrogateescape")
+    return None
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL `pid`'s process group: a cell's processes start in sessions of their own, so the group is the
+    cell's, and it takes along any child whose tag cannot be read."""
+    try:
+        group = os.getpgid(pid)
+        if group > 1 and group != os.getpgrp():
+            os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def sweep(cell_id: str, env_name: str = CELL_ENV) -> int:
-    """SIGKILL every process of the cell (whose `env_name` is `cell_id`), again and again for a moment (a
-    dying parent may still fork)."""
+    """SIGKILL every process of the cell (whose `env_name` is `cell_id`) and its process group, again and
+    again for a moment (a dying parent may still fork)."""
     import psutil
 
     killed: set[int] = set()
@@ -66,11 +97,12 @@ def sweep(cell_id: str, env_name: str = CELL_ENV) -> int:
     while True:
         found = 0
         for proc in psutil.process_iter():
-            if proc.pid == os.getpid():
+            if proc.pid == os.getpid() or tag_of(proc.pid, env_name) != cell_id:
                 continue
             try:
-                if proc.environ().get(env_name) != cell_id or proc.status() == psutil.STATUS_ZOMBIE:
+                if proc.status() == psutil.STATUS_ZOMBIE:
                     continue
+                _kill_group(proc.pid)
                 proc.kill()
             except (psutil.Error, OSError):
                 continue

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
-from matrix.launch.procenv import candidates
+from matrix.launch.procenv import candidates, environ_value
+from matrix.launch.supervisor import CELL_ENV, find_cell_processes
+from matrix.launch.watchdog import sweep
 
 NAME = "MATRIX_TEST_PROCENV"
 
@@ -51,3 +57,73 @@ def test_processes_without_it_are_not(tagged: subprocess.Popen[bytes]) -> None:
         plain.wait()
     assert tagged.pid in found
     assert plain.pid not in found and os.getpid() not in found
+
+
+# A child that overwrites the start of its own environment block with NULs, as setproctitle does when vLLM
+# renames its engine core ("VLLM::EngineCore"): /proc then shows the block starting with NULs. Everything
+# before NAME goes; with `--all` NAME too. With `--child` it first starts a grandchild in its process group
+# that does the same with `--all` (a process whose tag nothing can read). Prints its pids once done.
+_RENAMED = r"""
+import os, subprocess, sys, time
+def clobber(everything):
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51 of proc(5), from 3
+    block = open("/proc/self/environ", "rb").read()
+    length = end - start if everything else block.index(sys.argv[1].encode() + b"=")
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(b"\0" * length)
+pids = [os.getpid()]
+if "--child" in sys.argv:
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1], sys.argv[2], "--all"],
+                             stdout=subprocess.PIPE)
+    pids += [int(p) for p in child.stdout.readline().split()]
+clobber("--all" in sys.argv)
+print(*pids, flush=True)
+time.sleep(60)
+"""
+
+
+TAG = f"cell-renamed-{os.getpid()}"
+
+
+@pytest.fixture
+def renamed() -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A tagged process in a session of its own, its environment's start overwritten, and an untaggable
+    grandchild in its group (its pids in that order)."""
+    env = {**{k: v for k, v in os.environ.items() if k != CELL_ENV}, CELL_ENV: TAG}  # the tag last, as ours are
+    proc = subprocess.Popen([sys.executable, "-c", _RENAMED, CELL_ENV, _RENAMED, "--child"], env=env,
+                            stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        yield proc, pids
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_renamed_process_keeps_its_tag_where_psutil_sees_no_environment(
+    renamed: tuple[subprocess.Popen[bytes], list[int]],
+) -> None:
+    _, (pid, grandchild) = renamed
+    assert psutil.Process(pid).environ() == {}  # why the sweeps no longer ask psutil
+    assert environ_value(pid, CELL_ENV) == TAG
+    assert pid in candidates(CELL_ENV, TAG)
+    assert environ_value(pid, "PATH") is None  # gone with the overwritten start
+    assert environ_value(grandchild, CELL_ENV) is None
+
+
+def test_the_sweeps_find_a_renamed_process_and_the_watchdog_takes_its_group(
+    renamed: tuple[subprocess.Popen[bytes], list[int]],
+) -> None:
+    proc, (pid, grandchild) = renamed
+    assert [p.pid for p in find_cell_processes(TAG)] == [pid]
+    assert sweep(TAG) == 1  # the tagged process, and with its group the grandchild nothing could find
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(grandchild) and time.monotonic() < deadline:  # reaped by init once killed
+        time.sleep(0.05)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE

@@ -38,6 +38,7 @@ import psutil
 import pytest
 
 from matrix.cells import cell_id
+from matrix.launch.procenv import environ_value
 from tests.helpers.cli import Matrix
 from tests.helpers.engine_store import engine_envs, home_with_store
 from tests.helpers.processes import assert_nothing_left
@@ -244,7 +245,7 @@ def _grid_engines() -> dict[int, str]:
     found = {}
     for proc in psutil.process_iter():
         try:
-            tag = proc.environ().get("MATRIX_CELL_ID", "")
+            tag = environ_value(proc.pid, "MATRIX_CELL_ID") or ""  # vLLM's renamed processes: see procenv
             if tag.startswith("grid-") and proc.status() != psutil.STATUS_ZOMBIE:
                 found[proc.pid] = tag
         except (psutil.Error, OSError):

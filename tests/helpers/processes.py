@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from matrix.hardware.ports import port_is_free
+from matrix.launch.procenv import environ_value
 
 if TYPE_CHECKING:  # the CLI helper imports this module
     from tests.helpers.cli import Matrix
@@ -44,7 +45,7 @@ def listeners_of(port: int) -> list[str]:
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
             try:
                 process = psutil.Process(conn.pid) if conn.pid else None
-                cell = process.environ().get("MATRIX_CELL_ID") if process else None
+                cell = environ_value(process.pid, "MATRIX_CELL_ID") if process else None
                 found.append(f"pid {conn.pid} {process.name() if process else '?'} cell={cell} "
                              f"created={process.create_time() if process else '?'}")  # fmt: skip
             except psutil.Error as exc:
@@ -77,7 +78,7 @@ def port_still_held(port: int, *uids: str, lifetime: tuple[float, float] | None 
         listeners += 1
         try:
             process = psutil.Process(conn.pid) if conn.pid else None
-            owner = process.environ().get("MATRIX_CELL_ID") if process else None
+            owner = environ_value(process.pid, "MATRIX_CELL_ID") if process else None
             born = process.create_time() if process else None
         except psutil.Error:
             owner = born = None
@@ -91,24 +92,29 @@ def port_still_held(port: int, *uids: str, lifetime: tuple[float, float] | None 
 
 
 def cell_processes(uid: str) -> list[psutil.Process]:
+    """Live processes tagged with the cell's id, read as the sweeps read it (`environ_value`: vLLM's renamed
+    engine cores and workers show psutil an empty environment)."""
     found = []
-    for proc in psutil.process_iter(["environ"]):
+    for proc in psutil.process_iter():
         try:
-            if (proc.info.get("environ") or {}).get("MATRIX_CELL_ID") == uid:
+            if environ_value(proc.pid, "MATRIX_CELL_ID") == uid and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:
             continue
     return found
 
 
 def home_cell_processes(home: Path) -> list[psutil.Process]:
-    """Processes of the cells of one data directory: they carry a MATRIX_CELL_ID and that MATRIX_HOME (so a
-    test never counts another test's, or another worker's, cells)."""
+    """Processes of the cells of one data directory: they carry a MATRIX_CELL_ID and that MATRIX_HOME, or run
+    in a directory under it (a process renamed by setproctitle may have lost MATRIX_HOME from the start of
+    its environment block, never its working directory), so a test never counts another test's cells."""
     found = []
     for proc in psutil.process_iter():
         try:
-            env = proc.environ()
-            if env.get("MATRIX_CELL_ID") and env.get("MATRIX_HOME") == str(home) and proc.status() != "zombie":
+            if not environ_value(proc.pid, "MATRIX_CELL_ID") or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            ours = environ_value(proc.pid, "MATRIX_HOME") == str(home) or Path(proc.cwd()).is_relative_to(home)
+            if ours:
                 found.append(proc)
         except psutil.Error:
             continue

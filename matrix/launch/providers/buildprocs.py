@@ -27,7 +27,7 @@ from typing import IO
 
 import psutil
 
-from matrix.launch.procenv import candidates
+from matrix.launch.procenv import candidates, environ_value
 
 OWNER_ENV = "MATRIX_PROVISION_OWNER"
 # How often a running build command checks for a stop request.
@@ -131,7 +131,7 @@ def kill_tagged(wanted: Callable[[str], bool], timeout_s: float = 5.0) -> list[i
     for pid in candidates(OWNER_ENV):
         try:
             proc = psutil.Process(pid)
-            tag = proc.environ().get(OWNER_ENV)
+            tag = environ_value(pid, OWNER_ENV)
             if tag is None or proc.status() == psutil.STATUS_ZOMBIE or not wanted(tag):
                 continue
             proc.kill()  # psutil checks the pid still names the same process before signalling
