@@ -5,10 +5,13 @@ dropped; the readings are kept as evidence in the cell's log directory (`kv_rele
 `cancel_recovers.json`, `orphan_decode_released.json`).
 
 `kv_released_after_answer`: once the primary request and its streaming twin were answered, every engine
-must be at rest (nothing running or waiting, no KV in use) within `rest_bound_s`. A NIXL prefill frees a
-request's blocks when decode reports that it read them; a lost report leaves them held until the prefill's
-own lease runs out (vLLM: 30 s), with every answer right. The bound is well below that lease and far above
-a healthy release (under a second on a loaded 2-core host).
+must be at rest within `rest_bound_s`: nothing running or waiting, and KV usage no higher than before the
+primary request (zero on a pair of its own; engines a skew grid shares keep what an earlier cell left, such
+as a refused pair's blocks waiting for their lease, and should that expire meanwhile it can hide this cell's
+own: a limit of shared engines). A NIXL prefill frees a request's blocks when decode reports that it read
+them; a lost report leaves them held until the prefill's own lease runs out (vLLM: 30 s), with every answer
+right. The bound is well below that lease and far above a healthy release (under a second on a loaded
+2-core host).
 
 `cancel_recovers`: a streaming request with many tokens and ``ignore_eos`` is read for a few chunks, then
 its connection is dropped. Within the bound every engine (prefill and decode) must report nothing running
@@ -127,16 +130,20 @@ def released(before: dict[str, Reading], now: dict[str, Reading]) -> list[str]:
     return held
 
 
-def held_at_rest(now: dict[str, Reading]) -> list[str]:
-    """What still holds work or KV, per engine, where an idle engine reads all zeros (empty: all at rest)."""
+def held_at_rest(now: dict[str, Reading], floor: dict[str, Reading] | None = None) -> list[str]:
+    """What still holds work or KV, per engine (empty: all at rest): nothing may run or wait, and KV usage may
+    not exceed the engine's `floor` reading (an engine without a readable one: zero, what an idle one reads)."""
     held = []
     for role, reading in now.items():
         if isinstance(reading, str):
             held.append(f"{role}: {reading}")
             continue
         parts = [f"{reading[gauge]:g} {gauge}" for gauge in ("running", "waiting") if reading[gauge] > 0]
-        if reading["kv_usage"] > KV_TOLERANCE:
-            parts.append(f"KV usage {reading['kv_usage']:g}")
+        old = (floor or {}).get(role)
+        level = old["kv_usage"] if isinstance(old, dict) else 0.0
+        if reading["kv_usage"] > level + KV_TOLERANCE:
+            was = f" (was {level:g} before the request)" if level else ""
+            parts.append(f"KV usage {reading['kv_usage']:g}{was}")
         if parts:
             held.append(f"{role}: {', '.join(parts)}")
     return held
@@ -189,7 +196,8 @@ class _Drop:
     body_excerpt: str = ""
 
 
-def _gauges_now(engines: tuple[EngineGauges, ...]) -> dict[str, Reading]:
+def gauges_now(engines: tuple[EngineGauges, ...]) -> dict[str, Reading]:
+    """Every engine's gauges read once (a reading that failed is its reason, as text)."""
     with loopback_client(5.0) as client:
         return read_gauges(engines, client)
 
@@ -230,15 +238,18 @@ def _read_chunks(response: Any, lines: Iterator[str], chunks: int, hold_s: float
     return drop
 
 
-def kv_released_after_answer(spec: LifecycleSpec) -> list[CheckFailure]:
-    """Every engine at rest within `rest_bound_s` of the last answer (see the module docstring)."""
+def kv_released_after_answer(spec: LifecycleSpec, floor: dict[str, Reading] | None = None) -> list[CheckFailure]:
+    """Every engine at rest within `rest_bound_s` of the last answer (see the module docstring); `floor`: the
+    gauges before the cell's first request (`before_request` in the evidence)."""
     evidence = Evidence(RELEASED, spec.rest_bound_s)
+    if floor is not None:
+        evidence.facts["before_request"] = floor
     started = time.monotonic()
     with loopback_client(5.0) as client:
         evidence.before = read_gauges(spec.engines, client)
         while True:
             evidence.after = read_gauges(spec.engines, client)
-            held = held_at_rest(evidence.after)
+            held = held_at_rest(evidence.after, floor)
             waited = time.monotonic() - started
             if not held or waited >= spec.rest_bound_s:
                 break
@@ -406,7 +417,7 @@ def _orphan(
         started = time.monotonic()
         # A decode waiting for KV may send nothing at all: reading is limited to the hold (a read timeout
         # then closes the connection, which is the drop), and the gauges are read on the side just before.
-        during = threading.Timer(ORPHAN_HOLD_S * 0.8, lambda: evidence.during.update(_gauges_now(decode)))
+        during = threading.Timer(ORPHAN_HOLD_S * 0.8, lambda: evidence.during.update(gauges_now(decode)))
         during.start()
         drop = _Drop()
         try:
@@ -436,11 +447,15 @@ def _orphan(
 
 
 def run_lifecycle(
-    spec: LifecycleSpec, request: RequestSpec, primary: tuple[CheckFailure, ...]
+    spec: LifecycleSpec,
+    request: RequestSpec,
+    primary: tuple[CheckFailure, ...],
+    floor: dict[str, Reading] | None = None,
 ) -> tuple[list[CheckFailure], float | None]:
     """After the primary request: the streaming twin, then `kv_released_after_answer`, `cancel_recovers` (from
     engines at rest), then `orphan_decode_released` (last, as it hands an engine a request meant to go wrong).
-    Returns the failures and the stream's TTFT."""
+    `floor`: the engines' gauges before the primary request (see `kv_released_after_answer`). Returns the
+    failures and the stream's TTFT."""
     failures: list[CheckFailure] = []
     ttft_s = None
     if spec.stream:
@@ -457,7 +472,7 @@ def run_lifecycle(
             Evidence(name, bound, skipped=reason).write(spec.record_dir)
         return failures, ttft_s
     if spec.engines:
-        failures += kv_released_after_answer(spec)
+        failures += kv_released_after_answer(spec, floor)
         failures += cancel_recovers(spec, request, primary)
     if spec.engines or spec.orphan_skip:
         failures += orphan_decode_released(spec, request)

@@ -21,7 +21,7 @@ from typing import Any
 
 from matrix.check import ledger, metrics, oracle, topology
 from matrix.check.client import send_chat
-from matrix.check.lifecycle import run_lifecycle
+from matrix.check.lifecycle import gauges_now, run_lifecycle
 from matrix.check.peer_loss import judge_peer_loss
 from matrix.check.specs import CheckFailure
 from matrix.check.traffic import TrafficSession
@@ -134,9 +134,16 @@ def _lifecycle(exchange: Exchange) -> None:
     plan = exchange.plan
     if plan.lifecycle is None:
         return
-    failures, ttft_s = run_lifecycle(plan.lifecycle, plan.request, tuple(exchange.failures))
+    floor = exchange.looks.get("lifecycle")
+    failures, ttft_s = run_lifecycle(plan.lifecycle, plan.request, tuple(exchange.failures), floor)
     exchange.failures += failures
     exchange.fields["ttft_s"] = ttft_s
+
+
+def _lifecycle_look(exchange: Exchange) -> Any:
+    """The engines' gauges before the primary request: the level `kv_released_after_answer` returns to."""
+    spec = exchange.plan.lifecycle
+    return gauges_now(spec.engines) if spec is not None and spec.engines else None
 
 
 def _traffic(exchange: Exchange) -> None:
@@ -201,7 +208,7 @@ def _oracle_prompts(exchange: Exchange) -> None:
 # In order; a new family of checks is one more step here (before `oracle_prompts`, which stays last).
 CHECK_STEPS: tuple[CheckStep, ...] = (
     CheckStep("kv_metrics", _metrics_judge, look=_metrics_look),
-    CheckStep("lifecycle", _lifecycle),
+    CheckStep("lifecycle", _lifecycle, look=_lifecycle_look),
     CheckStep("traffic", _traffic),
     CheckStep("topology", _topology, look=_topology_look),
     CheckStep("peer_loss", _peer_loss),

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from matrix.check.lifecycle import Evidence, orphan_payload, parse_gauges, released
+from matrix.check.lifecycle import Evidence, held_at_rest, orphan_payload, parse_gauges, released
 from matrix.check.specs import EngineGauges, RequestSpec
 from matrix.kv_bound import KvBound
 from matrix.launch.arms import get_arm
@@ -47,6 +47,25 @@ def test_released_names_what_each_engine_still_holds() -> None:
     assert released(before, {"prefill": "cannot read x", "decode": idle}) == ["prefill: cannot read x"]
     # KV usage at or below its earlier level is back (prefix caching may even lower it).
     assert released({"decode": {**idle, "kv_usage": 0.2}}, {"decode": {**idle, "kv_usage": 0.1}}) == []
+
+
+def test_at_rest_is_nothing_in_flight_and_no_more_kv_than_before_the_cells_first_request() -> None:
+    idle = {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+    kept = {**idle, "kv_usage": 0.00097704}  # four blocks a NIXL prefill keeps for its lease
+    assert held_at_rest({"prefill": idle, "decode": idle}) == []
+    assert held_at_rest({"prefill": kept, "decode": idle}) == ["prefill: KV usage 0.00097704"]
+    # Engines a skew grid shares may start the cell holding an earlier cell's blocks: that level is the floor.
+    assert held_at_rest({"prefill": kept}, {"prefill": kept}) == []
+    more = {**idle, "kv_usage": 0.00195408}
+    assert held_at_rest({"prefill": more}, {"prefill": kept}) == [
+        "prefill: KV usage 0.00195408 (was 0.00097704 before the request)"
+    ]
+    # No readable floor: zero, what an idle engine reads; work in flight is never at rest.
+    assert held_at_rest({"prefill": kept}, {"prefill": "cannot read x"}) == ["prefill: KV usage 0.00097704"]
+    assert held_at_rest({"decode": {**idle, "waiting": 1.0}}, {"decode": {**idle, "waiting": 1.0}}) == [
+        "decode: 1 waiting"
+    ]
+    assert held_at_rest({"decode": "cannot read x"}) == ["decode: cannot read x"]
 
 
 def test_the_orphaned_decode_promises_kv_from_a_prefill_that_does_not_exist() -> None:
