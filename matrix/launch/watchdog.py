@@ -76,20 +76,21 @@ def tag_of(pid: int, env_name: str = CELL_ENV) -> str | None:
     return None
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL `pid`'s process group: a cell's processes start in sessions of their own, so the group is the
-    cell's, and it takes along any child whose tag cannot be read."""
+def _kill_group(pid: int, cell_id: str, env_name: str) -> None:
+    """SIGKILL `pid`'s process group when its leader is of the cell too: the supervisor starts each process of
+    a cell in a session of its own, whose group takes along any child whose tag cannot be read. A tagged
+    process in someone else's group (a test's, a shell's) is killed alone: its group is not the cell's."""
     try:
         group = os.getpgid(pid)
-        if group > 1 and group != os.getpgrp():
+        if group > 1 and group != os.getpgrp() and tag_of(group, env_name) == cell_id:
             os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
 
 
 def sweep(cell_id: str, env_name: str = CELL_ENV) -> int:
-    """SIGKILL every process of the cell (whose `env_name` is `cell_id`) and its process group, again and
-    again for a moment (a dying parent may still fork)."""
+    """SIGKILL every process of the cell (whose `env_name` is `cell_id`) and, where its leader is of the cell,
+    its process group, again and again for a moment (a dying parent may still fork)."""
     import psutil
 
     killed: set[int] = set()
@@ -102,7 +103,7 @@ def sweep(cell_id: str, env_name: str = CELL_ENV) -> int:
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     continue
-                _kill_group(proc.pid)
+                _kill_group(proc.pid, cell_id, env_name)
                 proc.kill()
             except (psutil.Error, OSError):
                 continue

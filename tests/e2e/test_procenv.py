@@ -127,3 +127,33 @@ def test_the_sweeps_find_a_renamed_process_and_the_watchdog_takes_its_group(
     while psutil.pid_exists(grandchild) and time.monotonic() < deadline:  # reaped by init once killed
         time.sleep(0.05)
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_tagged_process_in_a_group_that_is_not_the_cells_is_killed_alone() -> None:
+    """The group goes only with a leader of the cell: here the leader carries no tag (as a test's or a
+    shell's group would not), so the sweep kills the tagged child and leaves the leader."""
+    env = {k: v for k, v in os.environ.items() if k != CELL_ENV}
+    script = (
+        "import os, subprocess, sys, time\n"
+        f"env = {{**os.environ, {CELL_ENV!r}: {TAG!r}}}\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env)\n"
+        "print(child.pid, flush=True)\n"
+        "child.wait()\n"
+        "time.sleep(60)\n"
+    )  # fmt: skip
+    leader = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        deadline = time.monotonic() + 10
+        while environ_value(child, CELL_ENV) != TAG and time.monotonic() < deadline:  # until exec filled /proc
+            time.sleep(0.02)
+        assert sweep(TAG) == 1
+        while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert leader.poll() is None, "the untagged leader of the group was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
