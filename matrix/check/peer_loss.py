@@ -4,10 +4,12 @@ How P/D fails when a peer dies is rarely an error: requests hang at 0 % load (sg
 KV for the dead peer for good (smg #2464), a stream is cut and handed over as if whole. So for each role of
 the spec in turn, the role's first worker is the victim:
 
-1. `streams` streaming requests are opened and read to their first token (in flight), then the victim's
-   process group is killed (SIGKILL). The kill must prove it took effect (the pid reaped), and at least one
-   stream must still have been in flight at it: otherwise the check was not exercised, which fails the cell
-   (`peer_loss_not_exercised`), never passes it.
+1. `streams` streaming requests are opened and read until each has its first token, or one is halfway through
+   its answer (in flight), then the victim's process group is killed (SIGKILL). Halfway, because a stream that
+   is slow to start (its KV still being read) must not let the others finish first: on a fast host a whole
+   answer took less time than one late first token. The kill must prove it took effect (the pid reaped), and
+   at least one stream must still have been in flight at it: otherwise the check was not exercised, which
+   fails the cell (`peer_loss_not_exercised`), never passes it.
 2. Every stream must end within `bound_s` of the kill, served whole or with an error: one still open is a hang
    (`peer_loss_hang`, with who waited on what); one that ended as if complete, with fewer tokens than it
    asked for and no error, is a truncated answer served as whole (`peer_loss_truncated`).
@@ -95,6 +97,9 @@ class _Stream:
     max_tokens: int
     stop: threading.Event
     first: threading.Event = field(default_factory=threading.Event)
+    # Set once half of `max_tokens` came (text chunks counted; an API server that sends what piled up as one
+    # chunk makes this late, never early), or the stream ended.
+    halfway: threading.Event = field(default_factory=threading.Event)
     end: StreamEnd = field(default_factory=StreamEnd)
     kill_at: list[float] = field(default_factory=list)  # set once the kill happened (monotonic time)
 
@@ -130,6 +135,7 @@ class _Stream:
                 self.end.before_kill = not self.kill_at
                 self.end.ended_s = round(time.monotonic() - (self.kill_at[0] if self.kill_at else started), 3)
             self.first.set()  # last: a stream that ended before its first token is not waited for
+            self.halfway.set()
 
     def _see(self, line: str, started: float) -> None:
         if not line.startswith("data:"):
@@ -159,6 +165,8 @@ class _Stream:
                 if not self.first.is_set():
                     self.end.first_token_s = round(time.monotonic() - started, 3)
                     self.first.set()
+                if self.end.tokens >= self.max_tokens // 2:
+                    self.halfway.set()
             self.end.finish_reason = choice.get("finish_reason") or self.end.finish_reason
         usage = event.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -174,6 +182,7 @@ class _Round:
     pid: int | None = None
     exit_code: int | None = None
     reaped_s: float | None = None  # seconds from the SIGKILL until the pid was reaped
+    killed_when: str = ""  # what the kill waited for: every stream's first token, a stream halfway, the bound
     streams: list[dict[str, Any]] = field(default_factory=list)
     down_probes: list[dict[str, Any]] = field(default_factory=list)
     survivors_before: dict[str, Reading] = field(default_factory=dict)
@@ -223,9 +232,7 @@ def _one_round(
                for i, s in enumerate(streams)]  # fmt: skip
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + spec.bound_s
-    for stream in streams:
-        stream.first.wait(max(0.0, deadline - time.monotonic()))
+    record.killed_when = _kill_moment(streams, time.monotonic() + spec.bound_s)
     killed = time.monotonic()  # marked first: a stream ending during the kill counts as in flight
     for stream in streams:
         stream.kill_at.append(killed)
@@ -265,6 +272,20 @@ def _one_round(
     failures += _survivors_release(spec, survivors, record)
     failures += _rejoin(spec, request, peers, record, of_role)
     return failures
+
+
+def _kill_moment(streams: list[_Stream], deadline: float) -> str:
+    """Wait until every stream has its first token or one is halfway through its answer (or the deadline):
+    the moment most of them are mid-answer. Says which it was, for the record."""
+    while True:
+        if all(s.first.is_set() for s in streams):
+            return "every stream had its first token (or had ended)"
+        if any(s.halfway.is_set() for s in streams):
+            started = sum(s.first.is_set() for s in streams)
+            return f"a stream was halfway through its answer ({started} of {len(streams)} had their first token)"
+        if time.monotonic() >= deadline:
+            return "the bound passed before every stream had its first token"
+        time.sleep(0.01)
 
 
 def _at_rest(survivors: tuple[EngineGauges, ...], timeout_s: float) -> tuple[dict[str, Reading], float | None]:

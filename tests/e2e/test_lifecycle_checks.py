@@ -122,10 +122,12 @@ ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "
 
 class _FastEngine(_LoopbackServer):
     """Streams: the first `finishes` are generated whole (running back to 0) before the client can read the
-    gauges; later ones stay running until their client goes away. Non-streaming: `ANSWER`."""
+    gauges, in `whole_chunks` text chunks and [DONE] (vLLM's API server sends what piled up while it waited for
+    the CPU as one chunk); later ones stay running until their client goes away. Non-streaming: `ANSWER`."""
 
-    def __init__(self, finishes: int) -> None:
+    def __init__(self, finishes: int, whole_chunks: int = 8) -> None:
         self.finishes = finishes
+        self.whole_chunks = whole_chunks
         self.streams = 0
         self.running = 0
         super().__init__()
@@ -161,7 +163,8 @@ class _FastEngine(_LoopbackServer):
                     finished = engine.streams <= engine.finishes
                     engine.running += 0 if finished else 1
                 # The whole answer was generated before the client reads it: only the transfer is left.
-                self._send(chunk * 8 + b"data: [DONE]\n\n" if finished else chunk * 4, "text/event-stream")
+                whole = chunk * engine.whole_chunks + b"data: [DONE]\n\n"
+                self._send(whole if finished else chunk * 4, "text/event-stream")
                 if finished:
                     return
                 self.connection.settimeout(30)
@@ -173,9 +176,14 @@ class _FastEngine(_LoopbackServer):
         return Handler
 
 
+@pytest.mark.parametrize("whole_chunks", [8, 2], ids=["read-before-done", "done-within-the-chunks-read"])
 @pytest.mark.parametrize("finishes", [CANCEL_ATTEMPTS - 1, CANCEL_ATTEMPTS])
-def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(finishes: int, tmp_path: Path) -> None:
-    engine = _FastEngine(finishes)
+def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(
+    finishes: int, whole_chunks: int, tmp_path: Path
+) -> None:
+    """Whether the client saw [DONE] before it would drop (2 chunks, fewer than the 3 it reads) or not, a stream
+    the engine had finished is no cancel: tried again, and skipped if no attempt caught one in flight."""
+    engine = _FastEngine(finishes, whole_chunks)
     try:
         spec = LifecycleSpec(str(tmp_path), engines=(EngineGauges("decode", engine.url("/metrics")),), bound_s=3.0)
         request = RequestSpec(engine.url("/v1/chat/completions"), "m", "hi", timeout_s=30.0)
@@ -184,7 +192,8 @@ def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(finishe
         engine.close()
     evidence = json.loads((tmp_path / "cancel_recovers.json").read_text())
     assert evidence["attempts"] == min(finishes + 1, CANCEL_ATTEMPTS) == engine.streams, evidence
-    assert evidence["stream_ended_before_drop"] is False, evidence  # three chunks read, [DONE] never
+    # The last attempt's stream: three chunks read and [DONE] never, unless no attempt caught one in flight.
+    assert evidence["stream_ended_before_drop"] is (finishes == CANCEL_ATTEMPTS and whole_chunks < 3), evidence
     if finishes < CANCEL_ATTEMPTS:
         assert failures == [], failures
         assert evidence["in_flight_during"] == 1 and evidence["after"]["decode"]["running"] == 0, evidence

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 def variant_wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One base environment for the module (the one full build here); each test's variant has its own key."""
     folder = tmp_path_factory.mktemp("wheels")
-    make_wheel(folder, "mtoolpkg", "1.0", "1.0.0")
+    make_wheel(folder, "mtoolpkg", "1.0", "1.2.3")
     for version in ("2.0", "3.0", "4.0", "5.0"):
         make_wheel(folder, "othertool", version, f"{version}.1")
     with pytest.MonkeyPatch.context() as patch:

@@ -108,12 +108,16 @@ def test_streams_a_dead_prefill_left_are_served_whole_by_decode(peer: Matrix) ->
 def test_streams_a_dead_decode_cut_end_with_the_proxys_error(peer: Matrix) -> None:
     """Each stream in flight at the kill ended with the proxy's error, or was whole already (one may finish at the
     instant of the kill: seen once with 384-token answers, which is why the case asks for 1536); at least one
-    was cut mid-answer, so the proxy's error path met the real engine's end of stream."""
+    was cut mid-answer, so the proxy's error path met the real engine's end of stream. (The kill comes when one
+    stream is halfway, if another is still waiting for its first token: that one may end with any error.)"""
     record = _rounds(peer)["decode"]
+    print("the kill came when", record["killed_when"])
     in_flight = [s for s in record["streams"] if not s["before_kill"]]
     cut = [s for s in in_flight if s["outcome"] == "error"]
-    assert cut and all(s in cut or (s["outcome"], s["tokens"]) == ("served", TOKENS) for s in in_flight), in_flight
-    assert all("ended the stream before the answer was complete" in s["error"] for s in cut)
+    assert all(s in cut or (s["outcome"], s["tokens"]) == ("served", TOKENS) for s in in_flight), in_flight
+    mid_answer = [s for s in cut if s["first_token_s"] is not None]
+    assert mid_answer, in_flight
+    assert all("ended the stream before the answer was complete" in s["error"] for s in mid_answer), mid_answer
     assert "cut by decode" in _log(peer, "proxy")
 
 
