@@ -31,7 +31,7 @@ arm = "reference"
 model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 20
-launch = {{ teardown_grace_s = 0.5, lifecycle = false, faults = [{faults}] }}
+launch = {{ lifecycle = false, faults = [{faults}] }}
 """
 
 

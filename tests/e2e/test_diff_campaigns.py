@@ -51,7 +51,7 @@ model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 20
 request_timeout_s = 10
-launch = {{ teardown_grace_s = 0.5, lifecycle = false, faults = [{listed}]{extra} }}
+launch = {{ lifecycle = false, faults = [{listed}]{extra} }}
 """
 
 

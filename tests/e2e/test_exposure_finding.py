@@ -32,7 +32,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e"]
 startup_timeout_s = 30
 request_timeout_s = 10
-launch = { faults = ["listen-everywhere"], teardown_grace_s = 0.5, lifecycle = false }
+launch = { faults = ["listen-everywhere"], lifecycle = false }
 
 [[gate]]
 name = "upgrade"

@@ -20,7 +20,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e", "pre_merge"]
 startup_timeout_s = 20
 request_timeout_s = 10
-launch = { teardown_grace_s = 0.5, lifecycle = false }
+launch = { lifecycle = false }
 
 [[gate]]
 name = "plain"

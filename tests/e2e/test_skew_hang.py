@@ -34,7 +34,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e"]
 startup_timeout_s = 30
 request_timeout_s = 4
-launch = { faults = ["kv-transfer-stall"], teardown_grace_s = 0.5 }
+launch = { faults = ["kv-transfer-stall"] }
 """
 
 

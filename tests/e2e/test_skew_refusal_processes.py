@@ -37,7 +37,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e"]
 startup_timeout_s = 30
 request_timeout_s = 20
-launch = { faults = ["kv-handshake-refusal"], teardown_grace_s = 0.5, lifecycle = false }
+launch = { faults = ["kv-handshake-refusal"], lifecycle = false }
 
 [[case]]
 name = "transfer_dropped"
@@ -47,7 +47,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e"]
 startup_timeout_s = 30
 request_timeout_s = 20
-launch = { faults = ["kv-transfer-dropped"], teardown_grace_s = 0.5, lifecycle = false }
+launch = { faults = ["kv-transfer-dropped"], lifecycle = false }
 """
 
 

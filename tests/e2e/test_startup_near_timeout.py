@@ -60,7 +60,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e"]
 startup_timeout_s = 12
 request_timeout_s = 20
-launch = { faults = ["slow-start"], slow_start_s = 10.9, teardown_grace_s = 0.5, lifecycle = false }
+launch = { faults = ["slow-start"], slow_start_s = 10.9, lifecycle = false }
 """
 
 

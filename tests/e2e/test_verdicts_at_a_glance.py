@@ -45,7 +45,7 @@ model = "tiny"
 markers = ["gpu_0", "e2e", "pre_merge"]
 startup_timeout_s = 20
 request_timeout_s = 10
-launch = { token_delay_ms = 10, teardown_grace_s = 0.5, lifecycle = false }  # a timing study: the primary request only
+launch = { token_delay_ms = 10, lifecycle = false }  # a timing study: the primary request only
 payload = { max_tokens = 16 }
 """
 REPEATS = 6  # 6 against 6 fully separated samples: Mann-Whitney p = 0.0022, below the default alpha 0.01

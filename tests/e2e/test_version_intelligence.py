@@ -205,7 +205,7 @@ model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 20
 request_timeout_s = 10
-launch = { teardown_grace_s = 0.5 }
+launch = {}
 """
 
 
@@ -293,7 +293,7 @@ model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 30
 request_timeout_s = 10
-launch = {{ teardown_grace_s = 0.5 }}
+launch = {{}}
 """)
     sync_synth(matrix, str(tmp_path / "dep.toml"))
     write_project(tmp_path / "index", "refdep", [wheel("refdep", v) for v in versions]

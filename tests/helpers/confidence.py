@@ -15,7 +15,7 @@ startup_timeout_s = 20
 request_timeout_s = 10
 # 16 tokens at 10 ms each: a request of ~170 ms, long enough that a 15 % change stands above the jitter.
 # A timing study of the primary request: the streaming, cancel and orphan checks would only add time.
-launch = { token_delay_ms = 10, teardown_grace_s = 0.5, lifecycle = false }
+launch = { token_delay_ms = 10, lifecycle = false }
 payload = { max_tokens = 16 }
 """
 

@@ -36,7 +36,7 @@ def oracle_catalog(directory: Path) -> list[Path]:
             f'name = "{name}"',
             'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0"]',
             "startup_timeout_s = 20\nrequest_timeout_s = 20",
-            f"launch = {{ faults = {faults}, teardown_grace_s = 1, equivalence = {{ prompts = 16, tokens = 64 }} }}",
+            f"launch = {{ faults = {faults}, equivalence = {{ prompts = 16, tokens = 64 }} }}",
             "",
         ]
     directory.mkdir(parents=True, exist_ok=True)

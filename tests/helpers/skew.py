@@ -41,7 +41,7 @@ def skew_catalog(directory: Path) -> list[str]:
     (directory / "cases.toml").write_text(
         f'[[case]]\nname = "{SKEW_CASE}"\nbackend = "reference"\narm = "reference"\nmodel = "tiny"\n'
         'markers = ["gpu_0", "e2e", "post_merge"]\nstartup_timeout_s = 30\nrequest_timeout_s = 15\n'
-        "launch = { teardown_grace_s = 1 }\n"
+        "launch = {}\n"
     )
     (directory / "runtimes.toml").write_text(
         '[[runtime]]\nbackend = "reference"\nversion = "0.1.0"\nchannel = "release"\nprovider = { kind = "builtin" }\n'

@@ -17,7 +17,7 @@ def synthetic_catalog(path: Path, n: int, break_at: int, *, fault: str = "crash-
         lines.append(f'[[runtime]]\nbackend = "synth"\nversion = "1.{i}.0"\nprovider = {{ kind = "builtin"{env} }}\n')
     lines.append('[[case]]\nname = "synth_pair"\nbackend = "synth"\narm = "reference"\nmodel = "tiny"\n'
                  'markers = ["gpu_0"]\nstartup_timeout_s = 20\nrequest_timeout_s = 10\n'
-                 'launch = { teardown_grace_s = 0.5 }\n')  # fmt: skip
+                 'launch = {}\n')  # fmt: skip
     path.write_text("\n".join(lines))
     return str(path)
 

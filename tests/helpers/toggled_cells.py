@@ -28,7 +28,7 @@ model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 30
 request_timeout_s = 10
-launch = {{ {BROKEN if broken else ""}teardown_grace_s = 0.5, lifecycle = false }}
+launch = {{ {BROKEN if broken else ""}lifecycle = false }}
 """
 
 

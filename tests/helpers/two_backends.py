@@ -31,7 +31,7 @@ arm = "reference"
 model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 30
-launch = { teardown_grace_s = 0.5, lifecycle = false }
+launch = { lifecycle = false }
 
 [[case]]
 name = "synth_quick"
@@ -40,5 +40,5 @@ arm = "reference"
 model = "tiny"
 markers = ["gpu_0"]
 startup_timeout_s = 30
-launch = { teardown_grace_s = 0.5, lifecycle = false }
+launch = { lifecycle = false }
 """
