@@ -25,6 +25,7 @@ import pytest
 from matrix.launch.supervisor import find_cell_processes
 from tests.helpers.cli import DATA, Matrix
 from tests.helpers.processes import port_still_held
+from tests.helpers.reference_cells import SHORT_GRACE
 
 pytest.importorskip("ray", reason="the Ray executor needs the ray extra (pip install -e '.[dev]' has it)")
 
@@ -49,7 +50,7 @@ def catalog(directory: Path) -> list[str]:
     cases.append(_case("ray_cpu", '"gpu_0", "ray_suite"', '{ device = "cpu" }'))
     for fault in FAULT_CASES:
         name = "ray_fault_" + fault.replace("-", "_")
-        cases.append(_case(name, '"gpu_0", "ray_suite"', f'{{ faults = ["{fault}"], teardown_grace_s = 0.5 }}'))
+        cases.append(_case(name, '"gpu_0", "ray_suite"', f'{{ faults = ["{fault}"]{SHORT_GRACE.get(fault, "")} }}'))
     slow = '{ device = "cpu", faults = ["slow-start"], slow_start_s = %d }'
     cases.append(_case("ray_slow", '"gpu_1", "slow"', slow % 120, startup=180))
     cases.append(_case("ray_slow_once", '"gpu_1", "slow"', slow % 3, startup=60))

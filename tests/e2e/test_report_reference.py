@@ -85,7 +85,7 @@ def write_catalog(m: Matrix, cases: dict[str, str]) -> list[str]:
             f'name = "{name}"',
             'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0", "e2e", "pre_merge"]',
             "startup_timeout_s = 20\nrequest_timeout_s = 10",
-            f"launch = {{ faults = {faults}, teardown_grace_s = 0.5 }}",
+            f"launch = {{ faults = {faults} }}",
             'requires_fixes = ["reference#2"]' if name == "ref_needs_fix" else "",
             "",
         ]

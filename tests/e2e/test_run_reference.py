@@ -17,6 +17,7 @@ import pytest
 from matrix.reference.faults import FAULTS
 from tests.helpers.cli import DATA, Matrix
 from tests.helpers.processes import assert_nothing_left, cell_processes
+from tests.helpers.reference_cells import SHORT_GRACE
 
 # fault -> (status, failure kind, failed check or None)
 EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
@@ -87,7 +88,7 @@ def fault_catalog(directory: Path, *, extra: str = "") -> list[str]:
             f'name = "{case_name(fault)}"',
             'backend = "reference"\narm = "reference"\nmodel = "tiny"\nmarkers = ["gpu_0", "e2e"]',
             f"startup_timeout_s = {startup}\nrequest_timeout_s = 10",
-            f'launch = {{ faults = ["{fault}"], slow_start_s = 4, teardown_grace_s = 0.5 }}',
+            f'launch = {{ faults = ["{fault}"], slow_start_s = 4{SHORT_GRACE.get(fault, "")} }}',
             "",
         ]
     directory.mkdir(parents=True, exist_ok=True)
