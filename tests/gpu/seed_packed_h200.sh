@@ -33,8 +33,9 @@
 #   resume   `matrix run --resume` of the latest campaign when it was cut; nothing when it finished.
 #   again    the SGLang cells once more, packed: does a runtime's engine cache (`matrix/launch/caches.py`)
 #            make the second start of a version warm? (the first took ~137 s on 2026-12-04, later ones 38-46 s)
-#   traffic  [M27]'s traffic cell on CUDA (`vllm_native_traffic`, tests/gpu/catalog-traffic-cuda.toml) on
-#            $TRAFFIC_RUNTIME, GPU 0 sampled as in `packed`.
+#   traffic  [M27]'s traffic cell and 1p2d topology on CUDA ($TRAFFIC_CASES: `vllm_native_traffic`,
+#            `vllm_native_topology_1p2d`, tests/gpu/catalog-traffic-cuda.toml) on $TRAFFIC_RUNTIME, one at a
+#            time, GPU 0 sampled as in `packed`.
 #   collect  rows (campaign_h200.sh's query), makespan / median / sum per campaign, gates, report, `ps`,
 #            `nvidia-smi`, tarballs of the report and the cells' logs.
 set -uo pipefail
@@ -52,6 +53,7 @@ RUNTIMES=${RUNTIMES:-"vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 vllm=0.29.0+vllm.rs.0.
 CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_native_disaggregated"
 CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml"
 TRAFFIC_RUNTIME=${TRAFFIC_RUNTIME:-vllm=0.31.0}
+TRAFFIC_CASES=${TRAFFIC_CASES:-"vllm_native_traffic vllm_native_topology_1p2d"}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # shellcheck source=tests/gpu/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -160,11 +162,12 @@ print(sqlite3.connect(sys.argv[1]).execute("SELECT id, status FROM campaign ORDE
     stamp "GPU after"; smi; left
     ;;
   traffic)
-    stamp "the traffic cell on $TRAFFIC_RUNTIME"; smi
+    stamp "the traffic cells ($TRAFFIC_CASES) on $TRAFFIC_RUNTIME"; smi
     sample_gpu > "$OUT/gpu-trace-traffic.txt" 2>&1 &
     sampler=$!
-    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run --case vllm_native_traffic --runtime "$TRAFFIC_RUNTIME" \
-      "${offline[@]}" --gpus 0 --no-report
+    sel=(--runtime "$TRAFFIC_RUNTIME")
+    for c in $TRAFFIC_CASES; do sel+=(--case "$c"); done
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${sel[@]}" "${offline[@]}" --gpus 0 -j 1 --no-report
     echo "matrix run (traffic): exit $?"
     sleep 3; kill "$sampler"; wait "$sampler" 2>/dev/null
     stamp "GPU after"; smi; left
