@@ -36,6 +36,8 @@
 #   traffic  [M27]'s traffic cell and 1p2d topology on CUDA ($TRAFFIC_CASES: `vllm_native_traffic`,
 #            `vllm_native_topology_1p2d`, tests/gpu/catalog-traffic-cuda.toml) on $TRAFFIC_RUNTIME, one at a
 #            time, GPU 0 sampled as in `packed`.
+#   faults   [M28]'s detection table on CUDA: `vllm_kv_fault_*` (tests/gpu/catalog-kv-faults-cuda.toml), the A/A
+#            control and one cell per KV fault class, on $TRAFFIC_RUNTIME, packed on GPU 0.
 #   collect  rows (campaign_h200.sh's query), makespan / median / sum per campaign, gates, report, `ps`,
 #            `nvidia-smi`, tarballs of the report and the cells' logs.
 set -uo pipefail
@@ -51,7 +53,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-520}
 # vllm-rs of the 0.30.0 wheel (tests/gpu/catalog-vllm-rs-skew.toml), so 14 cells; RUNTIMES overrides.
 RUNTIMES=${RUNTIMES:-"vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 vllm=0.29.0+vllm.rs.0.30.0 sglang=0.5.18 sglang=0.5.19 sglang=0.5.21"}
 CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_native_disaggregated"
-CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml"
+CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml tests/gpu/catalog-kv-faults-cuda.toml"
 TRAFFIC_RUNTIME=${TRAFFIC_RUNTIME:-vllm=0.31.0}
 TRAFFIC_CASES=${TRAFFIC_CASES:-"vllm_native_traffic vllm_native_topology_1p2d"}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
@@ -172,6 +174,20 @@ print(sqlite3.connect(sys.argv[1]).execute("SELECT id, status FROM campaign ORDE
     sleep 3; kill "$sampler"; wait "$sampler" 2>/dev/null
     stamp "GPU after"; smi; left
     ;;
+  faults)
+    # [M28]'s detection table on CUDA: the A/A control and one cell per KV fault class, packed on GPU 0.
+    sel=(--runtime "$TRAFFIC_RUNTIME")
+    for c in $(grep -o '^name = "vllm_kv_fault_[a-z_]*"' "$HERE/catalog-kv-faults-cuda.toml" | cut -d'"' -f2); do
+      sel+=(--case "$c")
+    done
+    stamp "the KV fault cells on $TRAFFIC_RUNTIME"; smi
+    sample_gpu > "$OUT/gpu-trace-faults.txt" 2>&1 &
+    sampler=$!
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${sel[@]}" "${offline[@]}" --gpus 0 --pack -j 7 --no-report
+    echo "matrix run (faults): exit $?"
+    sleep 3; kill "$sampler"; wait "$sampler" 2>/dev/null
+    stamp "GPU after"; smi; left
+    ;;
   collect)
     stamp "rows (the query of campaign_h200.sh's collect phase)"
     awk '/<<.PYEOF./ {on = 1; next} /^PYEOF/ {on = 0} on' "$HERE/campaign_h200.sh" > "$WORK/rows.py"
@@ -207,7 +223,7 @@ PYEOF
     tar -czf "$OUT/logs.tgz" -C "$MATRIX_HOME" $(cd "$MATRIX_HOME" && ls -d runs envs/*/provision.log 2>/dev/null)
     ls -l "$OUT"
     ;;
-  *) echo "unknown phase $phase (prepare, packed, resume, again, traffic, collect)"; exit 2 ;;
+  *) echo "unknown phase $phase (prepare, packed, resume, again, traffic, faults, collect)"; exit 2 ;;
   esac
 done
 stamp "done"

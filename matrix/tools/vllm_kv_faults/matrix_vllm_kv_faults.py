@@ -117,11 +117,15 @@ def _block_views(worker: Any) -> list[tuple[Any, int]]:
     return views
 
 
-def _snapshot(worker: Any, blocks: list[int]) -> list[Any]:
+def _index(blocks: list[int], tensor: Any) -> Any:
+    """The block ids as an index on `tensor`'s device (a CUDA cache takes no index held in host memory)."""
     import torch
 
-    index = torch.tensor(blocks, dtype=torch.long)
-    return [tensor.index_select(dim, index).clone() for tensor, dim in _block_views(worker)]
+    return torch.tensor(blocks, dtype=torch.long, device=tensor.device)
+
+
+def _snapshot(worker: Any, blocks: list[int]) -> list[Any]:
+    return [tensor.index_select(dim, _index(blocks, tensor)).clone() for tensor, dim in _block_views(worker)]
 
 
 def _received(worker: Any, blocks: list[int]) -> list[Any]:
@@ -129,11 +133,8 @@ def _received(worker: Any, blocks: list[int]) -> list[Any]:
 
 
 def _write(worker: Any, blocks: list[int], per_layer: list[Any]) -> None:
-    import torch
-
-    index = torch.tensor(blocks, dtype=torch.long)
     for (tensor, dim), values in zip(_block_views(worker), per_layer, strict=True):
-        tensor.index_copy_(dim, index, values)
+        tensor.index_copy_(dim, _index(blocks, tensor), values)
 
 
 def _changed(before: list[Any], after: list[Any]) -> int:
