@@ -36,6 +36,9 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         patch.setenv("PIP_CONFIG_FILE", os.devnull)
         patch.setenv("PIP_NO_INDEX", "1")
         patch.setenv("PIP_FIND_LINKS", str(folder))
+        # uv keys a flat index's wheel by the folder's path, and pytest reuses temporary paths from one run to
+        # the next: a cache shared with earlier runs handed out an older run's wheel of the same name.
+        patch.setenv("UV_CACHE_DIR", str(tmp_path_factory.mktemp("uv-cache")))
         yield folder
 
 

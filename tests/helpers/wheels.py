@@ -19,9 +19,10 @@ def _record_line(name: str, data: bytes) -> str:
 def make_wheel(folder: Path, name: str, version: str, tool_version: str) -> Path:
     """A minimal valid wheel: a package holding an executable shell script, and its dist-info.
 
-    One (name, version) must always get the same `tool_version` across the suite: uv caches a flat index's
+    One (name, version) should always get the same `tool_version` across the suite: uv caches a flat index's
     wheel by the folder's path and the file's name, and pytest reuses temporary paths from one run to the
-    next, so another test's wheel of the same name could be installed from the cache instead of this one.
+    next, so another test's wheel of the same name could be installed from the cache instead of this one
+    (the fixtures that install these wheels also give uv a cache of their own).
     """
     files = {
         f"{name}/__init__.py": b"",
