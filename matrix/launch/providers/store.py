@@ -14,6 +14,7 @@ from typing import Any
 
 from matrix.cells import RuntimeInfo
 from matrix.errors import MatrixError
+from matrix.launch.providers.buildprocs import sweep_orphans
 from matrix.launch.providers.venv import (
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -119,7 +120,13 @@ def prune(referenced: set[str], *, dry_run: bool = False, root: Path | None = No
     removed: list[Removal] = []
     kept: list[str] = []
     busy: list[str] = []
-    for entry in list_envs(root):
+    entries = list_envs(root)
+    if not dry_run and any(entry.state == "stale" for entry in entries):
+        # A build command of a runner killed outright (its own session, outside the runner's group) may still
+        # write into the stale directory until the runner's build watchdog ends it; end it first, or it
+        # recreates what is removed.
+        sweep_orphans()
+    for entry in entries:
         if entry.state == "building":
             busy.append(entry.path.name)
             continue
