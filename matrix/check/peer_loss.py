@@ -88,7 +88,9 @@ class StreamEnd:
     finish_reason: str | None = None
     error: str | None = None
     first_token_s: float | None = None
-    ended_s: float | None = None  # seconds after the kill (negative: before it)
+    ended_s: float | None = None  # seconds after the kill (before it: after the stream's start)
+    # Tokens it had when the kill came: 0 for a stream still waiting for its first (its KV not yet with decode).
+    tokens_at_kill: int | None = None
 
 
 @dataclass
@@ -97,15 +99,18 @@ class _Stream:
     max_tokens: int
     stop: threading.Event
     first: threading.Event = field(default_factory=threading.Event)
-    # Set once half of `max_tokens` came (text chunks counted; an API server that sends what piled up as one
-    # chunk makes this late, never early), or the stream ended.
+    # Set once half of `max_tokens` came, or the stream ended after its first token. Tokens are counted from the
+    # usage each chunk carries where the server sends it (`continuous_usage_stats`), else one per text chunk:
+    # vLLM's API server sends what piled up while it was busy as one chunk, so on a loaded host counting chunks
+    # saw three 1536-token answers end whole before any was "halfway" (CI, 2 cores).
     halfway: threading.Event = field(default_factory=threading.Event)
     end: StreamEnd = field(default_factory=StreamEnd)
     kill_at: list[float] = field(default_factory=list)  # set once the kill happened (monotonic time)
 
     def run(self, bound_s: float) -> None:
         started = time.monotonic()
-        payload = {**build_payload(self.request, stream=True), "max_tokens": self.max_tokens}
+        payload = {**build_payload(self.request, stream=True), "max_tokens": self.max_tokens,
+                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
         # The caller names a hang at the bound after the kill; the read itself gives up only after the
         # request's own timeout, so a slow first token before the kill is not cut short.
         timeout = httpx.Timeout(self.request.timeout_s, read=max(bound_s, self.request.timeout_s))
@@ -134,8 +139,9 @@ class _Stream:
             if self.end.outcome != "hang":
                 self.end.before_kill = not self.kill_at
                 self.end.ended_s = round(time.monotonic() - (self.kill_at[0] if self.kill_at else started), 3)
+            if self.first.is_set():
+                self.halfway.set()  # an answer that ended is past its half; an error before it is no sign of one
             self.first.set()  # last: a stream that ended before its first token is not waited for
-            self.halfway.set()
 
     def _see(self, line: str, started: float) -> None:
         if not line.startswith("data:"):
@@ -165,12 +171,12 @@ class _Stream:
                 if not self.first.is_set():
                     self.end.first_token_s = round(time.monotonic() - started, 3)
                     self.first.set()
-                if self.end.tokens >= self.max_tokens // 2:
-                    self.halfway.set()
             self.end.finish_reason = choice.get("finish_reason") or self.end.finish_reason
         usage = event.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             self.end.tokens = max(self.end.tokens, usage["completion_tokens"])
+        if self.end.tokens >= self.max_tokens // 2:
+            self.halfway.set()
 
 
 @dataclass
@@ -198,6 +204,10 @@ class _Round:
     new_instance_id: str | None = None
     rejoined_s: float | None = None
     served_after_rejoin: list[dict[str, Any]] = field(default_factory=list)
+    # Requests refused after the new instance had served (sent to the dead one's entry), and the seconds from the
+    # restart until a run of requests in a row was served (the deployment whole again; see `_whole_again`).
+    refused_after_rejoin: list[dict[str, Any]] = field(default_factory=list)
+    whole_s: float | None = None
     failures: list[str] = field(default_factory=list)
 
 
@@ -236,6 +246,7 @@ def _one_round(
     killed = time.monotonic()  # marked first: a stream ending during the kill counts as in flight
     for stream in streams:
         stream.kill_at.append(killed)
+        stream.end.tokens_at_kill = stream.end.tokens
     record.pid, record.exit_code, stuck = peers.kill_role(victim, REAP_TIMEOUT_S)
     if record.exit_code is not None:
         record.reaped_s = round(time.monotonic() - killed, 3)
@@ -252,6 +263,7 @@ def _one_round(
         gone = f"{victim} (pid {record.pid}) was still not gone {REAP_TIMEOUT_S:g} s after SIGKILL ({stuck})"
         failures.append(CheckFailure(NOT_EXERCISED, gone))
         return failures
+    failures += _failed_before_kill(streams, record)
     in_flight = [s for s in streams if not s.end.before_kill]
     if not in_flight:
         failures.append(CheckFailure(NOT_EXERCISED, (
@@ -272,6 +284,19 @@ def _one_round(
     failures += _survivors_release(spec, survivors, record)
     failures += _rejoin(spec, request, peers, record, of_role)
     return failures
+
+
+def _failed_before_kill(streams: list[_Stream], record: _Round) -> list[CheckFailure]:
+    """A stream that ended in an error before the kill: the deployment did not serve the check's load while whole,
+    so what the kill did to it proves less than it seems (seen: a router still sending every other request to a
+    worker killed in the round before; `_whole_again` now waits that out)."""
+    failed = [s.end for s in streams if s.end.before_kill and s.end.outcome != "served"]
+    if not failed:
+        return []
+    first = failed[0]
+    return [CheckFailure(NOT_EXERCISED, (
+        f"{len(failed)} of {len(streams)} stream(s) ended with {first.outcome} before {record.victim} was killed "
+        f"(status {first.status_code}: {first.error}): the deployment did not serve the load whole"))]  # fmt: skip
 
 
 def _kill_moment(streams: list[_Stream], deadline: float) -> str:
@@ -364,12 +389,40 @@ def _rejoin(spec: PeerLossSpec, request: RequestSpec, peers: Peers, record: _Rou
                                            "error": response.error})  # fmt: skip
         if response.status_code == 200 and served_by is not None and str(served_by) == record.new_instance_id:
             record.rejoined_s = round(time.monotonic() - started, 3)
-            return []
+            return _whole_again(spec, request, record, of_role, started)
     answered = sorted({str(s.get(key)) for s in record.served_after_rejoin})
     return [CheckFailure(REJOIN, (
         f"{victim} started again (pid {record.new_pid}, instance {record.new_instance_id}) and was ready, but none of "
         f"{len(record.served_after_rejoin)} request(s) after it was served by it (statuses "
         f"{sorted({str(s['status_code']) for s in record.served_after_rejoin})}, {key}s {answered})"))]  # fmt: skip
+
+
+def _whole_again(spec: PeerLossSpec, request: RequestSpec, record: _Round, of_role: int, started: float
+                 ) -> list[CheckFailure]:  # fmt: skip
+    """After the new instance served, requests are sent one by one until a run of them in a row was served: a
+    router may still send some to the dead instance until its registration runs out (Dynamo 1.6.1 with file
+    discovery: every other request of a 1p1d cell got 503 at once). The next round, or the next cell's user,
+    meets the deployment only once it is whole again; how long that took is recorded, and never getting there
+    within `rejoin_timeout_s` of the restart fails the rejoin."""
+    run = 2 * (of_role + 1)  # a round robin over the role's live workers and one dead entry, twice
+    in_a_row = 0
+    while in_a_row < run:
+        refused = record.refused_after_rejoin
+        if refused and time.monotonic() - started >= spec.rejoin_timeout_s:
+            return [CheckFailure(REJOIN, (
+                f"{record.victim} rejoined (instance {record.new_instance_id}) but {spec.rejoin_timeout_s:g} s after "
+                f"its restart requests were still refused ({len(refused)} since it served, the last: status "
+                f"{refused[-1]['status_code']}, {refused[-1]['error']}): the router still sends some to the dead "
+                "instance"))]  # fmt: skip
+        response = send_chat(request)
+        if response.status_code == 200:
+            in_a_row += 1
+            continue
+        in_a_row = 0
+        record.refused_after_rejoin.append({"status_code": response.status_code, "error": response.error,
+                                            "after_restart_s": round(time.monotonic() - started, 3)})  # fmt: skip
+    record.whole_s = round(time.monotonic() - started, 3)
+    return []
 
 
 def _write(spec: PeerLossSpec, rounds: list[_Round]) -> None:

@@ -70,6 +70,9 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "(finish_reason 'length', no error): a truncated answer served as whole (peer_loss_truncated)",
     "dead-peer-never-rejoins": "the frontend stops routing to a worker it once failed to reach, for good: a "
     "worker started again never serves (peer_loss_rejoin)",
+    "dead-peer-still-routed": "the frontend keeps an entry for a worker it once failed to reach in its round robin "
+    "for good, beside the worker started again: every other request to the role is refused, the deployment "
+    "never whole again (peer_loss_rejoin)",
     "dead-peer-kv-held": "the prefill worker never expires KV that no decode took (its decode died): a survivor "
     "holds the dead peer's KV for good (peer_loss_kv_released)",
     "topology-decode-unused": "the frontend never routes to its last decode worker when it has several (an "
@@ -129,6 +132,7 @@ FRONTEND_FAULTS: frozenset[str] = frozenset(
         "dead-peer-hang",
         "dead-peer-truncation",
         "dead-peer-never-rejoins",
+        "dead-peer-still-routed",
     }
 )
 # Faults under which the frontend waits on decode without a timeout, as a gateway without one of its own.

@@ -134,6 +134,9 @@ class FrontendApp:
         self._turn_lock = threading.Lock()
         # Fault dead-peer-never-rejoins: the workers this frontend once failed to reach, dropped for good.
         self._dropped: set[Upstream] = set()
+        # Fault dead-peer-still-routed: an entry per worker it once failed to reach, kept in the round robin for
+        # good beside the worker's own (which serves again once it is back), as a registration never expired.
+        self._ghosts: dict[Upstream, Upstream] = {}
 
     def route(self) -> tuple[Upstream, Upstream]:
         """The (prefill, decode) workers of the next request (each child of an `n > 1` request is one):
@@ -149,7 +152,15 @@ class FrontendApp:
             decodes = tuple(up for up in decodes if up not in self._dropped)
             if not prefills or not decodes:
                 raise HTTPError(503, "no prefill or decode worker left to route to", "service_unavailable")
-        return prefills[turn % len(prefills)], decodes[(turn // len(prefills)) % len(decodes)]
+        ghosts = tuple(self._ghosts.values())
+        prefills += tuple(g for g in ghosts if g.role == "prefill")
+        decodes += tuple(g for g in ghosts if g.role == "decode")
+        pair = prefills[turn % len(prefills)], decodes[(turn // len(prefills)) % len(decodes)]
+        for up in pair:
+            if up in ghosts:
+                raise HTTPError(503, f"{up.role} worker at {up.url} unreachable: the entry of a dead instance "
+                                "(fault dead-peer-still-routed)", "service_unavailable")  # fmt: skip
+        return pair
 
     def unreachable(self, up: Upstream, exc: HTTPError) -> HTTPError:
         """A worker could not be reached (a dead peer): the error to answer with, after the faults that make
@@ -157,6 +168,10 @@ class FrontendApp:
         if "dead-peer-hang" in self.cfg.faults:
             self.log(f"{up.role} worker at {up.url} unreachable: waiting for it forever (fault dead-peer-hang)")
             threading.Event().wait()
+        if "dead-peer-still-routed" in self.cfg.faults and up not in self._ghosts:
+            self._ghosts[up] = Upstream(up.role, f"{up.url}#dead", up.host, up.port)
+            self.log(f"{up.role} worker at {up.url} unreachable: its entry stays routed for good "
+                     "(fault dead-peer-still-routed)")  # fmt: skip
         if "dead-peer-never-rejoins" in self.cfg.faults:
             self._dropped.add(up)
             self.log(f"{up.role} worker at {up.url} dropped for good (fault dead-peer-never-rejoins)")

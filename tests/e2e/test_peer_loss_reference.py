@@ -23,6 +23,8 @@ from tests.helpers.reference_cells import Ran, run_reference_cases
 TRAFFIC = "{ streams = 4, rounds = 1, shared_prefix_tokens = 8, max_prompt_tokens = 32, bound_s = 20 }"
 BOTH = "{ streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8, rejoin_timeout_s = 30 }"
 DECODE = '{ roles = ["decode"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8 }'
+STILL_ROUTED = ('{ roles = ["decode"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8, '
+                'rejoin_timeout_s = 3 }')  # fmt: skip
 PREFILL = '{ roles = ["prefill"], streams = 4, stream_tokens = 32, bound_s = 8, release_timeout_s = 8 }'
 # case -> (topology, faults, peer_loss table, token delay in ms)
 CASES = {
@@ -34,6 +36,7 @@ CASES = {
     "peer_truncation": ("", '["dead-peer-truncation"]', DECODE, 10),
     "peer_never_rejoins": ("1p2d", '["dead-peer-never-rejoins"]', DECODE, 10),
     "peer_kv_held": ("", '["dead-peer-kv-held"]', DECODE, 10),
+    "peer_still_routed": ("", '["dead-peer-still-routed"]', STILL_ROUTED, 10),
 }
 
 
@@ -83,6 +86,8 @@ def test_each_role_loses_a_worker_under_load_and_it_rejoins(runs: dict[str, Ran]
         assert isinstance(streams, list) and len(streams) == 4
         assert all(not s["before_kill"] and s["outcome"] in ("served", "error") for s in streams), streams
         assert record["released_s"] is not None and record["failures"] == []
+        # Whole again at once: the run of requests after the restart was served, none refused.
+        assert isinstance(record["whole_s"], float) and record["refused_after_rejoin"] == [], record
     decode_round = rounds[1]
     assert isinstance(decode_round["streams"], list)
     outcomes = [s["outcome"] for s in decode_round["streams"]]
@@ -116,6 +121,19 @@ def test_a_worker_the_frontend_dropped_for_good_does_not_rejoin(runs: dict[str, 
     assert "was ready, but none of 8 request(s) after it was served by it" in ran.checks["peer_loss_rejoin"]
     (record,) = _rounds(ran)
     assert record["new_pid"] != record["pid"] and record["new_instance_id"] is not None
+
+
+def test_a_dead_workers_entry_still_routed_after_the_rejoin_fails_it(runs: dict[str, Ran]) -> None:
+    """The restarted decode serves, but every other request still goes to the dead one's entry: the deployment
+    is never whole again, which the rejoin rule names once `rejoin_timeout_s` (3 s) has passed."""
+    ran = runs["peer_still_routed"]
+    assert ran.status == "failed" and set(ran.checks) == {"peer_loss_rejoin"}, ran.message
+    message = ran.checks["peer_loss_rejoin"]
+    assert "requests were still refused" in message and "the router still sends some to the dead instance" in message
+    (record,) = _rounds(ran)
+    assert record["rejoined_s"] is not None and record["whole_s"] is None
+    refused = record["refused_after_rejoin"]
+    assert isinstance(refused, list) and refused and all(r["status_code"] == 503 for r in refused), refused
 
 
 def test_kv_held_for_a_dead_decode_past_the_engines_timeout_fails(runs: dict[str, Ran]) -> None:

@@ -70,6 +70,7 @@ EXPECTED: dict[str, tuple[str, str | None, str | None]] = {
     "dead-peer-hang": ("passed", None, None),
     "dead-peer-truncation": ("passed", None, None),
     "dead-peer-never-rejoins": ("passed", None, None),
+    "dead-peer-still-routed": ("passed", None, None),
     "dead-peer-kv-held": ("passed", None, None),
 }
 

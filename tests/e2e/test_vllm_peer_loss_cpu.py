@@ -95,10 +95,16 @@ def test_every_kill_took_effect_and_the_new_pid_serves(peer: Matrix, victim: str
 
 
 def test_streams_a_dead_prefill_left_are_served_whole_by_decode(peer: Matrix) -> None:
+    """A stream with its first token at the kill had its KV with decode: served whole. One still waiting for it
+    (the kill comes once a stream is halfway) may end with an error, never a hang or a cut answer."""
     record = _rounds(peer)["prefill"]
+    print("the kill came when", record["killed_when"])
     in_flight = [s for s in record["streams"] if not s["before_kill"]]
-    assert in_flight and all(s["outcome"] == "served" and s["tokens"] == TOKENS for s in in_flight), record["streams"]
-    assert record["survivors_held"] == []  # decode had pulled every stream's KV before the kill
+    decoding = [s for s in in_flight if s["tokens_at_kill"]]
+    assert decoding and all(s["outcome"] == "served" and s["tokens"] == TOKENS for s in decoding), in_flight
+    assert all(s["outcome"] == "error" for s in in_flight if s not in decoding), in_flight
+    if decoding == in_flight:
+        assert record["survivors_held"] == []  # decode had pulled every stream's KV before the kill
     # Decode met the restarted prefill's new NIXL engine on the same side channel and dropped the old one.
     decode = _log(peer, "decode")
     assert re.search(r"Remote engine at 127\.0\.0\.1:\d+ changed from \S+ to \S+\.", decode)
@@ -115,7 +121,7 @@ def test_streams_a_dead_decode_cut_end_with_the_proxys_error(peer: Matrix) -> No
     in_flight = [s for s in record["streams"] if not s["before_kill"]]
     cut = [s for s in in_flight if s["outcome"] == "error"]
     assert all(s in cut or (s["outcome"], s["tokens"]) == ("served", TOKENS) for s in in_flight), in_flight
-    mid_answer = [s for s in cut if s["first_token_s"] is not None]
+    mid_answer = [s for s in cut if s["tokens_at_kill"]]
     assert mid_answer, in_flight
     assert all("ended the stream before the answer was complete" in s["error"] for s in mid_answer), mid_answer
     assert "cut by decode" in _log(peer, "proxy")
@@ -125,18 +131,21 @@ def test_prefill_holds_the_kv_of_a_request_whose_decode_died_until_its_lease_run
     """The request sent while decode was down was prefilled first: the proxy names the prefill request whose KV it
     left unclaimed, and prefill's own log releases exactly that request's KV when its lease runs out, having been
     read by no decode; the check saw that block on prefill's KV gauge until then. (How long it held it is in
-    docs/results/traffic.md: the lease, 30 s.)"""
+    docs/results/traffic.md: the lease, 30 s.) A stream still waiting for its first token at the kill may have
+    been prefilled too: its KV is left the same way (seen in CI: two unclaimed, each released at its lease)."""
     record = _rounds(peer)["decode"]
     assert record["settled_s"] is not None and record["released_s"] is not None
     assert [h for h in record["survivors_held"] if h.startswith("prefill: KV usage")], record["survivors_held"]
     unclaimed = re.findall(r"^(\S+) .* prefill's KV of request (\S+) \(\d+ blocks, engine \S+\) left unclaimed",
                            _log(peer, "proxy"), re.M)  # fmt: skip
-    assert len(unclaimed) == 1, unclaimed
-    left_at, request = unclaimed[0]
-    released = [(at, r) for at, r in LEASE_EXPIRED.findall(_log(peer, "prefill")) if r == request]
-    assert len(released) == 1, f"prefill never said it released {request}'s expired KV"
-    assert released[0][0] > left_at  # ISO-8601 stamps of one clock, in order
-    print(f"prefill held {request}'s KV from {left_at} to {released[0][0]}")
+    waiting = [s for s in record["streams"] if not s["before_kill"] and not s["tokens_at_kill"]]
+    assert 1 <= len(unclaimed) <= 1 + len(waiting), (unclaimed, waiting)
+    expired = LEASE_EXPIRED.findall(_log(peer, "prefill"))
+    for left_at, request in unclaimed:
+        released = [at for at, r in expired if r == request]
+        assert len(released) == 1, f"prefill never said it released {request}'s expired KV"
+        assert released[0] > left_at  # ISO-8601 stamps of one clock, in order
+        print(f"prefill held {request}'s KV from {left_at} to {released[0]}")
 
 
 def test_nothing_is_left_running(peer: Matrix) -> None:
