@@ -9,7 +9,8 @@ the spec in turn, the role's first worker is the victim:
    is slow to start (its KV still being read) must not let the others finish first: on a fast host a whole
    answer took less time than one late first token. The kill must prove it took effect (the pid reaped), and
    at least one stream must still have been in flight at it: otherwise the check was not exercised, which
-   fails the cell (`peer_loss_not_exercised`), never passes it.
+   fails the cell (`peer_loss_not_exercised`), never passes it. So does a stream that ended with an error
+   before the kill: the deployment did not serve the load while whole.
 2. Every stream must end within `bound_s` of the kill, served whole or with an error: one still open is a hang
    (`peer_loss_hang`, with who waited on what); one that ended as if complete, with fewer tokens than it
    asked for and no error, is a truncated answer served as whole (`peer_loss_truncated`).
@@ -21,7 +22,8 @@ the spec in turn, the role's first worker is the victim:
    level before the streams, read once they held nothing) within `release_timeout_s`, the engine's own timeout
    for KV nobody takes (`peer_loss_kv_released`); the time it took is recorded.
 5. The victim is started again: it must be ready within `rejoin_timeout_s` and serve a request under its new
-   instance id within a few turns of the router (`peer_loss_rejoin`).
+   instance id within a few turns of the router, and then the deployment must be whole again (a run of
+   requests in a row served) within `rejoin_timeout_s` of the restart (`peer_loss_rejoin`).
 
 Everything seen goes to `peer_loss.json` in the cell's log directory: pids, exit codes, each stream's end,
 the probes, the gauges and the times.
@@ -85,6 +87,7 @@ class StreamEnd:
     before_kill: bool = False
     status_code: int | None = None
     tokens: int = 0
+    chunks: int = 0  # events with text: fewer than `tokens` where the server sent several tokens in one
     finish_reason: str | None = None
     error: str | None = None
     first_token_s: float | None = None
@@ -167,6 +170,7 @@ class _Stream:
             return
         for choice in event.get("choices") or ():
             if (choice.get("delta") or {}).get("content"):
+                self.end.chunks += 1
                 self.end.tokens += 1
                 if not self.first.is_set():
                     self.end.first_token_s = round(time.monotonic() - started, 3)
