@@ -17,11 +17,13 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -289,7 +291,18 @@ class CellRun(Base):
 
     __tablename__ = "cell_run"
     # One row per attempt: two runners racing for the same attempt of a cell cannot both insert it.
-    __table_args__ = (UniqueConstraint("campaign_id", "case_id", "runtime_id", "roles_key", "attempt"),)
+    # A cell's attempts, oldest first, are a range of `ix_cell_run_cell`: what the statistics read (its newest).
+    __table_args__ = (
+        UniqueConstraint("campaign_id", "case_id", "runtime_id", "roles_key", "attempt"),
+        Index("ix_cell_run_cell", "case_id", "runtime_id", "id"),
+        # The cases with skew attempts (`matrix.report.skew.skew_cases`): those rows alone.
+        Index(
+            "ix_cell_run_skew",
+            "case_id",
+            sqlite_where=text("roles_key != ''"),
+            postgresql_where=text("roles_key != ''"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # The MATRIX_CELL_ID every process of this attempt carries.

@@ -244,8 +244,9 @@ def _latest_by_case(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, Out
 
 def _statuses(side: Side, attempts: Iterable[AttemptRow]) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
+    runtime_ids = side.runtime_ids  # a set built per access: once, not once per attempt
     for attempt in attempts:
-        if attempt.runtime_id in side.runtime_ids:
+        if attempt.runtime_id in runtime_ids:
             found.setdefault(attempt.case_id, []).append(attempt.status)
     return found
 

@@ -99,6 +99,10 @@ def episodes_of(case: str, runtime: str, attempts: Iterable[Attempt]) -> list[Ep
     return found
 
 
+# Past this many ids the attempts of failing cells are picked in Python, not by an IN list (SQLite's variable limit).
+IN_LIST_LIMIT = 900
+
+
 def load_episodes(session: Session) -> list[Episode]:
     """Every episode in the database, newest first (open ones first of all)."""
     labels = {
@@ -108,17 +112,28 @@ def load_episodes(session: Session) -> list[Episode]:
         )
     }
     names = {case_id: name for case_id, name in session.execute(select(Case.id, Case.name))}
+    # Only a cell that ever failed has episodes: the database finds those cells in one pass, and only their
+    # attempts are read whole (over a year of nightlies most cells never fail: 2 of 100 in the benchmark).
+    failing = {(case_id, runtime_id, roles_key) for case_id, runtime_id, roles_key in session.execute(
+        select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key).where(CellRun.status.in_(CELL_FAULT_STATUSES))
+        .distinct())}  # fmt: skip
+    if not failing:
+        return []
     stmt = (
         select(CellRun.case_id, CellRun.runtime_id, CellRun.roles_key, CellRun.uid, CellRun.campaign_id,
                CellRun.status, CellRun.finished_at, CellRun.failure_kind)
         .where(CellRun.status.in_((PASSED, *CELL_FAULT_STATUSES)))
         .order_by(CellRun.id)
     )  # fmt: skip
+    case_ids, runtime_ids = sorted({c for c, _, _ in failing}), sorted({r for _, r, _ in failing})
+    if len(case_ids) + len(runtime_ids) <= IN_LIST_LIMIT:
+        stmt = stmt.where(CellRun.case_id.in_(case_ids), CellRun.runtime_id.in_(runtime_ids))
     cells: dict[tuple[int, int, str], list[Attempt]] = {}
     for case_id, runtime_id, roles_key, uid, campaign_id, status, finished_at, kind in session.execute(stmt):
-        cells.setdefault((case_id, runtime_id, roles_key), []).append(
-            Attempt(uid, campaign_id, status, finished_at, kind, "")
-        )
+        if (case_id, runtime_id, roles_key) in failing:
+            cells.setdefault((case_id, runtime_id, roles_key), []).append(
+                Attempt(uid, campaign_id, status, finished_at, kind, "")
+            )
     found = []
     for (case_id, runtime_id, roles_key), attempts in cells.items():
         runtime = labels.get(runtime_id, f"runtime {runtime_id}") + (f"[{roles_key}]" if roles_key else "")

