@@ -89,10 +89,10 @@ def real_results(work: Path, n_cases: int, tree: Path = REPO) -> Path:
     """Run the cells for real and import the results file into a fresh central database; return its home.
     `tree` makes the central database (the oldest tree timed: a newer one upgrades its copy, never the reverse)."""
     runner, central = work / "runner", work / "central"
-    for home in (runner, central):
+    for home, syncing in ((runner, REPO), (central, tree)):
         home.mkdir()
         (home / "synth.toml").write_text(catalog(n_cases))
-        sync = matrix(tree, home, "catalog", "sync", str(home / "synth.toml"), str(REPO / "data" / "markers.toml"))
+        sync = matrix(syncing, home, "catalog", "sync", str(home / "synth.toml"), str(REPO / "data" / "markers.toml"))
         assert sync.returncode == 0, sync.stdout + sync.stderr
     out = work / "results.json"
     run = matrix(REPO, runner, "run", "--runtime", "synth=1.0.0", "--runtime", "synth=1.1.0", "--results-out",
