@@ -47,6 +47,19 @@ class HealthProbe:
 
 
 @dataclass(frozen=True)
+class LogSettle:
+    """Once a process has logged a line matching `opened`, readiness also waits until it logs one matching
+    `settled`, for at most `wait_s` (then it goes on: a release that words it otherwise must not time out).
+    For a server that answers its probes while it is still finishing what it announced: Dynamo 1.6.1's
+    frontend listed a prefill worker's endpoint on /health 65 ms before it logged "Prefill router target
+    activated", and a request in between got 503 "Service temporarily unavailable" (CI, 2026-12-05)."""
+
+    opened: str  # regular expressions, searched in each line of the process's output
+    settled: str
+    wait_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class ProcessSpec:
     """One process of a pair: its role name, argv (never a shell string), extra environment and probes."""
 
@@ -55,6 +68,8 @@ class ProcessSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     health: tuple[HealthProbe, ...] = ()
+    # Lines that make readiness wait for a later line (see `LogSettle`); checked once every probe passed.
+    settles: tuple[LogSettle, ...] = ()
     # Roles (earlier in the plan) whose probes must pass before this process is started: a sidecar that
     # connects to its engine's gRPC port once, at start, must not start before the engine listens.
     start_after: tuple[str, ...] = ()

@@ -48,7 +48,7 @@ import psutil
 from matrix.check.http import loopback_client
 from matrix.errors import MatrixError
 from matrix.hardware.ports import port_is_free
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LogSettle, ProcessSpec
 from matrix.launch.procenv import candidates, environ_value
 from matrix.text import excerpt
 
@@ -142,6 +142,30 @@ class _FatalWatch:
             self.at = time.monotonic()
 
 
+class _SettleWatch:
+    """When each of a process's `LogSettle` lines was opened and whether it settled (set by its log pump)."""
+
+    def __init__(self, settles: tuple[LogSettle, ...]) -> None:
+        self.settles = [(re.compile(s.opened.encode()), re.compile(s.settled.encode()), s) for s in settles]
+        self.opened_at: dict[int, float] = {}
+        self.settled: set[int] = set()
+
+    def see(self, line: bytes) -> None:
+        for index, (opened, settled, _) in enumerate(self.settles):
+            if index not in self.opened_at and opened.search(line):
+                self.opened_at[index] = time.monotonic()
+            if index in self.opened_at and settled.search(line):
+                self.settled.add(index)
+
+    def waiting(self, now: float) -> LogSettle | None:
+        """The first opened line still waiting for its settled one within its `wait_s`, if any."""
+        for index, at in self.opened_at.items():
+            spec = self.settles[index][2]
+            if index not in self.settled and now < at + spec.wait_s:
+                return spec
+        return None
+
+
 @dataclass
 class _Child:
     spec: ProcessSpec
@@ -149,6 +173,7 @@ class _Child:
     log_path: Path
     pump: threading.Thread
     fatal: _FatalWatch
+    settle: _SettleWatch
 
     @property
     def role(self) -> str:
@@ -233,9 +258,14 @@ class Supervisor:
             raise MatrixError(f"cannot start {spec.role} ({spec.argv[0]}): {exc}") from exc
         # Owned at once, so an interruption from here on still ends in this process's teardown.
         assert popen.stdout is not None  # stdout=PIPE
-        fatal = _FatalWatch()
-        pump = threading.Thread(target=_pump, args=(popen.stdout, log, fatal.see), name=f"log-{spec.role}", daemon=True)
-        self._children.append(_Child(spec, popen, log_path, pump, fatal))
+        fatal, settle = _FatalWatch(), _SettleWatch(spec.settles)
+
+        def see(line: bytes) -> None:
+            fatal.see(line)
+            settle.see(line)
+
+        pump = threading.Thread(target=_pump, args=(popen.stdout, log, see), name=f"log-{spec.role}", daemon=True)
+        self._children.append(_Child(spec, popen, log_path, pump, fatal, settle))
         _write_line(log, f"[matrix] {spec.role} started as pid {popen.pid}")
         pump.start()
 
@@ -353,8 +383,12 @@ class Supervisor:
                 if not pending and plan_probes:
                     pending, plan_probes = plan_probes, []
                     continue
-                if not pending:
+                settling = next((c for c in self._children if c.settle.waiting(time.monotonic())), None)
+                if not pending and settling is None:
                     return self._ready()
+                if not pending:
+                    time.sleep(_POLL_FIRST_S)  # every probe passed; a process still finishes what it logged
+                    continue
                 if time.monotonic() >= deadline:
                     return self._timed_out(*pending[0], last_answer)
                 if answered_since is not None:

@@ -248,7 +248,7 @@ def check_dynamo_shape(data: dict[str, Any], max_tokens: int) -> None:
 
 def test_fault_table_is_consistent() -> None:
     assert frozenset(FAULT_DESCRIPTIONS) == FAULTS
-    assert len(FAULTS) == 34
+    assert len(FAULTS) == 35
     assert all(desc.strip() for desc in FAULT_DESCRIPTIONS.values())
     # Every fault is acted on by at least one process.
     assert FAULTS == PREFILL_FAULTS | DECODE_FAULTS | FRONTEND_FAULTS

@@ -35,7 +35,7 @@ from matrix.launch.arms.sidecar import AGGREGATED_ROLE
 from matrix.launch.arms.topology import role_of, worker_names
 from matrix.launch.arms.vllm_sidecar import decode_metrics, scratch_env, vllm_sidecar_processes
 from matrix.launch.arms.vllm_sidecar import lifecycle as vllm_lifecycle
-from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, MetricsCheck, ProcessSpec
+from matrix.launch.launch_plan import HealthProbe, LaunchPlan, LifecycleSpec, LogSettle, MetricsCheck, ProcessSpec
 
 # Dynamo parses DYN_SYSTEM_PORT as a signed 16-bit integer.
 SYSTEM_PORT_MAX = 32767
@@ -182,6 +182,9 @@ class DynamoArm:
                 str(frontend_port),
             ),
             env=env,
+            # /health lists a prefill worker's endpoint before the frontend's prefill router for it is active:
+            # a request in between got 503 (1.6.1). Ready waits for the activation it announced.
+            settles=(LogSettle(r"activating prefill router", r"[Pp]refill router target activated"),),
         )
         metrics: tuple[MetricsCheck, ...] = ()
         lifecycle: LifecycleSpec | None = None
