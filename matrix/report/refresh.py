@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,9 +87,13 @@ def write_state(out_dir: Path, state: ReportState) -> None:
         "badges": {str(k): [list(b) for b in v] for k, v in state.badges.items()},
         "comparisons": state.comparisons,
     }
-    staging = out_dir / f"{STATE_FILE}.tmp"
-    staging.write_text(json.dumps(raw), encoding="utf-8")
-    staging.replace(out_dir / STATE_FILE)  # never half a state: a reader falls back to a full write
+    # This writer's own staging file: two runners of one campaign may refresh one report at once.
+    staging = out_dir / f".{STATE_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        staging.write_text(json.dumps(raw), encoding="utf-8")
+        staging.replace(out_dir / STATE_FILE)  # never half a state: a reader falls back to a full write
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def remove_state(out_dir: Path) -> None:
