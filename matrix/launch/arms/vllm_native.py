@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default, peer_loss_options
+from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default, peer_loss_options, topology_counts
 from matrix.cells import CaseInfo
 from matrix.check.specs import PeerLossSpec, TopologySpec, TopologyWorker
 from matrix.engines import ENGINES, Engine
@@ -250,7 +250,12 @@ def topology(ctx: LaunchContext) -> TopologySpec:
     health = [loopback_url(proxy, f"/workers/{name}/health") for name in names]
     metrics = [loopback_url(ctx.ports[f"{name}_http"], "/metrics") for name in names]
     workers = tuple(TopologyWorker(*four) for four in zip(names, map(role_of, names), health, metrics, strict=True))
-    return TopologySpec(_launch(ctx).topology or "1p1d", workers, str(ctx.work_dir), decode_counters=DECODE_COUNTERS)
+    # Without a traffic load (a peer-loss case's topology) the check sends its own requests: as many as there
+    # are (prefill, decode) pairs, which the proxy's round robin then uses once each.
+    prefills, decodes = topology_counts(_launch(ctx).topology)
+    requests = 0 if ctx.case.traffic is not None else prefills * decodes
+    return TopologySpec(_launch(ctx).topology or "1p1d", workers, str(ctx.work_dir), decode_counters=DECODE_COUNTERS,
+                        requests=requests)  # fmt: skip
 
 
 def peer_loss(ctx: LaunchContext) -> PeerLossSpec | None:
