@@ -9,6 +9,7 @@ shared by every process on the host, whatever data directory it uses.
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import tempfile
 from pathlib import Path
@@ -21,6 +22,12 @@ def data_dir() -> Path:
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
     return base / "matrix"
+
+
+def staging_path(path: Path) -> Path:
+    """A hidden file beside `path` whose name is this writer's own (pid and a random token): written, then
+    moved onto `path`, so two processes writing the same file at once never move each other's work away."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
 def default_db_path() -> Path:

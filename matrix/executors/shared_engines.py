@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from matrix.arm_table import SHARED_ENGINE_ARMS
-from matrix.case_launch import topology_counts
+from matrix.case_launch import peer_loss_options, topology_counts
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
@@ -94,8 +94,8 @@ def owns_its_engines(case: CaseInfo) -> bool:
     which other pairs of the grid would be using). Such a case's skew cells run one at a time, each composing
     its roles' plans (`launch.roles`)."""
     launch = case.launch
-    topology = getattr(launch, "topology", None)
-    return topology_counts(topology) != (1, 1) or bool(getattr(launch, "peer_loss", None))
+    peer_loss = peer_loss_options(getattr(launch, "peer_loss", None))
+    return topology_counts(getattr(launch, "topology", None)) != (1, 1) or peer_loss is not None
 
 
 @dataclass

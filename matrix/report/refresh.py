@@ -16,8 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from matrix import __version__
 from matrix.db.models import GatePolicy, Quarantine, Waiver
+from matrix.paths import staging_path
 from matrix.report.data import Results
 from matrix.report.views import GateBadge
 from matrix.resources import resource_dir
@@ -87,8 +86,7 @@ def write_state(out_dir: Path, state: ReportState) -> None:
         "badges": {str(k): [list(b) for b in v] for k, v in state.badges.items()},
         "comparisons": state.comparisons,
     }
-    # This writer's own staging file: two runners of one campaign may refresh one report at once.
-    staging = out_dir / f".{STATE_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    staging = staging_path(out_dir / STATE_FILE)  # two runners of one campaign may refresh one report at once
     try:
         staging.write_text(json.dumps(raw), encoding="utf-8")
         staging.replace(out_dir / STATE_FILE)  # never half a state: a reader falls back to a full write

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from jinja2 import BytecodeCache, Environment, FileSystemBytecodeCache, FileSyst
 from sqlalchemy.orm import Session
 
 from matrix import __version__
+from matrix.paths import staging_path
 from matrix.plan import Selection
 from matrix.redact import redact_pair
 from matrix.report import links, refresh
@@ -112,7 +112,7 @@ def _now() -> str:
 def _write(env: Environment, template: str, path: Path, context: Mapping[str, Any]) -> None:
     """Stream a page to a temporary file, then move it into place: a reader never sees half a page. The file's
     name is this writer's own: two runners of one campaign may refresh one report at once."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = staging_path(path)
     stream = env.get_template(template).stream(generated=_now(), **context)
     stream.enable_buffering(256)  # join small pieces before writing: fewer calls per page
     try:
