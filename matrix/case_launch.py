@@ -83,6 +83,7 @@ class CommonLaunch:
     lifecycle: bool | None = _key("bool")
     # A KV fault injected on purpose into one role's engine ([M28]): "CLASS" or "CLASS:ROLE" (matrix.launch.faults;
     # armed by the vllm_native arm). A cell where it never fired is "not exercised" (matrix.check.faults).
+    # "none": the healthy twin (the detection table's A/A cells); no fault, and it joins the fault grid.
     kv_fault: str | None = _key("str")
 
 

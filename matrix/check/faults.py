@@ -28,6 +28,9 @@ DEFAULT_ROLE = {
     "lost_notification": "prefill",
 }
 CLASSES = tuple(DEFAULT_ROLE)
+# `kv_fault = "none"`: the healthy twin of fault cells (the detection table's A/A cells): no fault anywhere,
+# but the case is part of the table, and it shares a fault grid's pair with the cases of its engines.
+NONE = "none"
 # In the cell's directory: the plugin appends here.
 EVENTS_FILE = "kv-fault-events.jsonl"
 
@@ -39,10 +42,14 @@ class FaultSpec:
 
 
 def parse(spec: str, roles: tuple[str, ...] = ("prefill", "decode")) -> FaultSpec:
-    """`CLASS` or `CLASS:ROLE` -> FaultSpec; a wrong name is a one-line config error naming the known ones."""
+    """`CLASS` or `CLASS:ROLE` -> FaultSpec (`none`: the healthy twin, on no role); a wrong name is a one-line
+    config error naming the known ones."""
     fault, _, role = spec.partition(":")
+    if fault == NONE and not role:
+        return FaultSpec(NONE, "")
     if fault not in DEFAULT_ROLE:
-        raise ConfigError(f"kv_fault {spec!r}: unknown fault class {fault!r}; known: {', '.join(CLASSES)}")
+        raise ConfigError(f"kv_fault {spec!r}: unknown fault class {fault!r}; known: {', '.join(CLASSES)}, "
+                          f"or {NONE!r} (the healthy twin)")  # fmt: skip
     role = role or DEFAULT_ROLE[fault]
     if role not in roles:
         raise ConfigError(f"kv_fault {spec!r}: unknown role {role!r}; known: {', '.join(roles)}")
@@ -95,6 +102,8 @@ def evidence(spec: str | None, work_dir: Path) -> tuple[int, str, str] | None:
     try:
         fault = parse(spec)
     except ConfigError:
+        return None
+    if fault.fault == NONE:
         return None
     events = read_events(events_path(work_dir), fault.fault)
     return events.fired, f"{fault.fault} on {fault.role}", events.evidence()

@@ -8,12 +8,27 @@ from __future__ import annotations
 import gc
 import sys
 
-from matrix.cli import catalog, db, diff, evidence, fanout, images, quarantine, report, run, runtime, skew, versions
+from matrix.cli import (
+    catalog,
+    db,
+    detection,
+    diff,
+    evidence,
+    fanout,
+    images,
+    quarantine,
+    report,
+    run,
+    runtime,
+    skew,
+    versions,
+)
 from matrix.cli.app import cli, pause_gc
 
 __all__ = ["cli", "main"]
 
-for _module in (db, catalog, runtime, images, run, report, diff, skew, versions, fanout, quarantine, evidence):
+_COMMANDS = (db, catalog, runtime, images, run, report, diff, skew, versions, fanout, quarantine, evidence, detection)
+for _module in _COMMANDS:
     _module.register(cli)
 
 

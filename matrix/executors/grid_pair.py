@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from matrix.cells import Cell
-from matrix.check.specs import CheckFailure
+from matrix.check import faults
+from matrix.check.specs import CheckFailure, EngineGauges
 from matrix.errors import MatrixError
+from matrix.executors import fault_grid
 from matrix.executors.handshake_retry import serve_retrying_handshake_timeout
 from matrix.executors.shared_engines import Acquired, Engine, EngineKey, SharedEngines, engine_keys
 from matrix.hardware.ports import PortAllocator, PortRequest
@@ -42,6 +44,7 @@ from matrix.outcome import (
     failure,
     judge_control,
     judge_expectation,
+    judge_fault,
     not_ready,
 )
 
@@ -69,6 +72,9 @@ def run_pair(
     total = time.monotonic() - started - queued
     outcome = replace(outcome, queued_s=queued, total_s=total, log_dir=str(log_dir))
     outcome = judge_control(outcome, cell.case.launch.expect_failed_checks or ())
+    # [M28]: a fault grid's cell is judged as a per-cell one with a fault: whether it fired and was caught.
+    if (fault := faults.evidence(cell.case.launch.kv_fault, log_dir)) is not None:
+        outcome = judge_fault(outcome, *fault)
     return judge_expectation(outcome, cell.expected_failure if cell.missing_fixes else "")
 
 
@@ -110,18 +116,34 @@ def _pair(
         notes += [f"{r} {cell.runtime_of(r).version} did not start for this pair" for r, _ready in failed]
         return _with_engines(outcome, acquired, {}, reports, notes, log_dir)
     offsets = {role: _size(a.engine.log_path) for role, a in acquired.items()}
+    switch = _arm_fault(cell, engines, acquired)
+    gauges: list[EngineGauges] = []  # the engines' gauges, as the cell's plan names them
     try:
         # A request whose KV handshake timed out (a loaded host, other engines starting) is sent once more.
         outcome = serve_retrying_handshake_timeout(
-            lambda: _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"]),
+            lambda: _serve(cell, cell_id, log_dir, allocator, resources, live, acquired, environments["decode"],
+                           gauges),
             {role: (a.engine.log_path, offsets[role]) for role, a in acquired.items()},
         )
         # The pair's ready time counts from its start: the start-up of the engines started for it included.
         if outcome.ready_s is not None:
             outcome = replace(outcome, ready_s=outcome.ready_s + acquire_s)
     except BaseException:
+        if switch is not None:
+            fault_grid.disarm(switch, log_dir)
         engines.release(keys)
         raise
+    restarts: list[tuple[Engine, TeardownReport]] = []
+    if switch is not None:
+        fault_grid.disarm(switch, log_dir)
+        waited, held = fault_grid.settle(tuple(gauges))
+        if held:
+            restarts = engines.stop_now(keys)
+            note = (f"fault grid: the pair still held work {waited:.1f} s after this cell ({'; '.join(held)}); "
+                    "its engines are restarted for the next cell")  # fmt: skip
+        else:
+            note = f"fault grid: the pair was at rest {waited:.1f} s after this cell"
+        outcome = replace(outcome, message=f"{outcome.message}\n{note}" if outcome.message else note)
     # What the engines listen on, as a per-cell row lists its engines' sockets (`--loopback-only` reads them).
     listeners = [
         sock for used in acquired.values() if used.engine.supervisor is not None and used.engine.plan is not None
@@ -145,7 +167,17 @@ def _pair(
     # pair's slices of them give the row the error lines a per-cell row gets from its own engines.
     outcome = with_refusal_evidence(outcome, {role: log_dir / f"{role}.log" for role in acquired})
     reports = engines.release(keys)
-    return _with_engines(outcome, acquired, died, reports, notes, log_dir)
+    return _with_engines(outcome, acquired, died, reports, notes, log_dir, restarts)
+
+
+def _arm_fault(cell: Cell, engines: SharedEngines, acquired: dict[str, Acquired]) -> fault_grid.FaultSwitch | None:
+    """In a fault grid, the cell's KV fault (or none, for its healthy twin) put in force on the pair."""
+    controls = {role: engines.fault_control(role) for role in acquired}
+    work_dirs = {role: a.engine.work_dir for role, a in acquired.items()}
+    if not engines.grid.faults:
+        return None
+    return fault_grid.arm(cell.case.launch.kv_fault, {r: c for r, c in controls.items() if c is not None},
+                          {r: d for r, d in work_dirs.items() if d is not None})  # fmt: skip
 
 
 def _grid_environments(engines: SharedEngines) -> list[tuple[EngineKey, Environment]]:
@@ -161,10 +193,10 @@ def _grid_environments(engines: SharedEngines) -> list[tuple[EngineKey, Environm
 
 def _serve(
     cell: Cell, cell_id: str, log_dir: Path, allocator: PortAllocator, resources: Resources, live: LiveCells,
-    acquired: dict[str, Acquired], environment: Environment,
+    acquired: dict[str, Acquired], environment: Environment, gauges: list[EngineGauges],
 ) -> CellOutcome:  # fmt: skip
     """The pair's proxy started, the request sent and checked, the proxy torn down (`serve_and_judge`, as a
-    per-cell attempt)."""
+    per-cell attempt). The engines' gauges, as the plan names them, go to `gauges`."""
     case = cell.case
     arm = get_arm(case.arm)
     try:
@@ -189,6 +221,8 @@ def _serve(
                              model_dir=model_dir)  # fmt: skip
         except MatrixError as exc:
             return error("config", str(exc), ports=ports)
+        if full.lifecycle is not None:
+            gauges[:] = full.lifecycle.engines
         # Only the proxy is the pair's own process; its teardown checks cover its port alone.
         proxy = tuple(p for p in full.processes if p.role == "proxy")
         plan = replace(full, processes=proxy, ports=dict(ports), scratch_dirs=())
@@ -206,15 +240,18 @@ def _serve(
 def _with_engines(
     outcome: CellOutcome, acquired: dict[str, Acquired], died: dict[str, int],
     reports: list[tuple[Engine, TeardownReport]], notes: list[str], log_dir: Path,
+    restarts: list[tuple[Engine, TeardownReport]] | None = None,
 ) -> CellOutcome:  # fmt: skip
-    """The engines' part of the row: exit codes of engines that died or were stopped after this pair, the
-    teardown checks of those stopped, and the note saying what the pair ran on."""
+    """The engines' part of the row: exit codes of engines that died or were stopped after this pair (its
+    last, or `restarts`: stopped to start afresh for the next), the teardown checks of those stopped, and the
+    note saying what the pair ran on."""
     exit_codes: dict[str, Any] = {**outcome.exit_codes, **died}
     checks: list[CheckFailure] = []
-    for engine, report in reports:
+    stopped = [(e, r, "stopped to start afresh for the next pair") for e, r in restarts or ()]
+    for engine, report, why in [*stopped, *((e, r, "stopped after its last pair") for e, r in reports)]:
         exit_codes.update({e.role: e.returncode for e in report.exits})
         checks += [replace(c, message=f"{engine.name}: {c.message}") for c in teardown_checks(report)]
-        notes.append(f"{engine.name} stopped after its last pair")
+        notes.append(f"{engine.name} {why}")
     outcome = after_teardown(replace(outcome, exit_codes=exit_codes), checks)
     note = "shared engines: " + "; ".join(notes) if notes else ""
     if not note:

@@ -45,7 +45,7 @@ class LocalExecutor:
         self._baseline = {gpu.index: gpu.memory_used for gpu in gpus}
         self._live = LiveCells()
         self._threads = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="cell")
-        # Skew grids whose pairs share engines (`matrix.executors.shared_engines`), by case name; each grid's
+        # Grids whose pairs share engines (`matrix.executors.shared_engines`), by grid name; each grid's
         # engines are made on its first pair and stopped by its last, or at shutdown.
         self._grids = dict(grids or {})
         self._shared: dict[str, SharedEngines] = {}
@@ -77,8 +77,8 @@ class LocalExecutor:
             engines.close()
 
     def _engines_for(self, submission: Submission) -> SharedEngines | None:
-        grid = self._grids.get(submission.cell.case.name)
-        if grid is None or submission.cell.key not in grid.keys:
+        grid = next((g for g in self._grids.values() if submission.cell.key in g.keys), None)
+        if grid is None:
             return None
         with self._shared_lock:
             if grid.case not in self._shared:

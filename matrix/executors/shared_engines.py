@@ -31,6 +31,7 @@ from matrix.case_launch import peer_loss_options, topology_counts
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
+from matrix.launch import faults
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
 from matrix.launch.caches import cache_env
@@ -63,6 +64,9 @@ class GridPlan:
     uses: Counter[EngineKey]
     # Each engine's runtime, in the order the grid's pairs first need them (the order they start in).
     runtimes: dict[EngineKey, RuntimeInfo] = field(default_factory=dict)
+    # A fault grid ([M28]): cases that differ only in `kv_fault` share a pair whose engines load the fault
+    # plugin armed for every class; each cell puts its own class in force (`fault_control`).
+    faults: bool = False
 
     @property
     def engines(self) -> int:
@@ -70,8 +74,14 @@ class GridPlan:
 
 
 def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
-    """case name -> its grid, for each case of a sharing arm with at least one skew cell among `cells` (one
-    entry per attempt: a repeat uses the engines again). A case without skew cells runs per cell."""
+    """grid name -> its grid (one entry per attempt in `cells`: a repeat uses the engines again):
+
+    * a skew grid, named by its case: each case of a sharing arm with at least one skew cell;
+    * a fault grid ([M28]), named `faults-` and its first case: the unskewed cells of cases that differ only
+      in `kv_fault`, when one of them has a fault: one pair per runtime serves every class and the healthy
+      twin (A/A), where each would start a pair of its own.
+
+    Every other cell runs on engines of its own."""
     plans: dict[str, GridPlan] = {}
     by_case = sorted(cells, key=lambda c: c.case.name)
     for name, group in itertools.groupby(by_case, key=lambda c: c.case.name):
@@ -79,13 +89,45 @@ def grid_plans(cells: Sequence[Cell]) -> dict[str, GridPlan]:
         case = members[0].case
         if case.arm not in SHARED_ENGINE_ARMS or not any(c.skewed for c in members) or owns_its_engines(case):
             continue
-        uses: Counter[EngineKey] = Counter(key for cell in members for key in engine_keys(cell))
-        runtimes: dict[EngineKey, RuntimeInfo] = {}
-        for cell in members:
-            for key in engine_keys(cell):
-                runtimes.setdefault(key, cell.runtime_of(key[0]))
-        plans[name] = GridPlan(name, frozenset(c.key for c in members), uses, runtimes)
+        plans[name] = _plan(name, members)
+    in_skew_grid = {key for plan in plans.values() for key in plan.keys}
+    for members in _fault_groups([c for c in by_case if c.key not in in_skew_grid]):
+        name = f"faults-{members[0].case.name}"
+        plans[name] = replace(_plan(name, members), faults=True)
     return plans
+
+
+def _plan(name: str, members: Sequence[Cell]) -> GridPlan:
+    uses: Counter[EngineKey] = Counter(key for cell in members for key in engine_keys(cell))
+    runtimes: dict[EngineKey, RuntimeInfo] = {}
+    for cell in members:
+        for key in engine_keys(cell):
+            runtimes.setdefault(key, cell.runtime_of(key[0]))
+    return GridPlan(name, frozenset(c.key for c in members), uses, runtimes)
+
+
+def engine_identity(case: CaseInfo) -> CaseInfo:
+    """What of `case` its engines are made of: the case without its name, markers and `kv_fault`. Two cases
+    with equal identities start equal engines (the fault plugin aside, which a fault grid's engines load for
+    every class)."""
+    return replace(case, name="", id=None, markers=(), marker_texts=(), launch=replace(case.launch, kv_fault=None))
+
+
+def _fault_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
+    """The cells of a sharing arm, unskewed and not owning their engines, grouped by engine identity; only
+    groups with a `kv_fault` cell (their fault plugin is what lets one pair serve different cases)."""
+    groups: list[tuple[CaseInfo, list[Cell]]] = []
+    for cell in cells:
+        case = cell.case
+        if case.arm not in SHARED_ENGINE_ARMS or cell.skewed or owns_its_engines(case):
+            continue
+        identity = engine_identity(case)  # not hashable (launch tables hold dicts): compared one by one
+        group = next((members for known, members in groups if known == identity), None)
+        if group is None:
+            groups.append((identity, [cell]))
+        else:
+            group.append(cell)
+    return [members for _identity, members in groups if any(c.case.launch.kv_fault for c in members)]
 
 
 def owns_its_engines(case: CaseInfo) -> bool:
@@ -108,6 +150,7 @@ class Engine:
     supervisor: Supervisor | None = None
     plan: LaunchPlan | None = None
     log_path: Path | None = None
+    work_dir: Path | None = None  # the current instance's directory (a fault grid's events file is there)
     ports: dict[str, int] = field(default_factory=dict)
     ready_s: float = 0.0
     ready_warning: str = ""  # ready only just, near its start-up timeout (with the host's load)
@@ -237,10 +280,12 @@ class SharedEngines:
         engine_id = f"{self._id}-{role}-{_safe(label)}-{engine.starts}"
         work_dir = self._root / engine_id
         work_dir.mkdir(parents=True, exist_ok=True)
+        engine.work_dir = work_dir
         try:
             engine.ports = self._allocator.allocate(engine_id, (PortRequest(f"{role}_http"),
                                                                 PortRequest(f"{role}_side_channel")))  # fmt: skip
-            engine.plan = engine_plan(engine.key, engine.runtime, environment, case, engine_id, engine.ports, work_dir)
+            engine.plan = engine_plan(engine.key, engine.runtime, environment, case, engine_id, engine.ports, work_dir,
+                                      self.fault_control(role))  # fmt: skip
         except Exception as exc:  # a model that could not be generated in time too: this engine's failure
             self._allocator.release(engine_id)
             return ReadyResult(False, "startup", f"cannot start shared {engine.name}: {exc!r}", 0.0, "")
@@ -258,7 +303,23 @@ class SharedEngines:
         engine.ready_s, engine.ready_warning = ready.ready_s, ready.warning
         return ready
 
+    def fault_control(self, role: str) -> Path | None:
+        """The file a fault grid's `role` engine reads its fault class from (None: not a fault grid). In the
+        grid's directory, not the engine's: a restarted engine reads the same file."""
+        return self._root / f"kv-fault-control-{role}" if self.grid.faults else None
+
     # -- release ------------------------------------------------------------------------------------
+
+    def stop_now(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
+        """Stop these engines although later pairs name them (they start afresh for the next one): a pair
+        left them holding work or KV that would be the next pair's."""
+        reports = []
+        for key in keys:
+            engine = self._engines.get(key)
+            if engine is not None and engine.supervisor is not None:
+                reports.append((engine, self._stop(engine)))
+        return reports
+
 
     def release(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
         """One planned use of each engine is done; an engine no later pair names is stopped now, and its
@@ -313,11 +374,14 @@ def start_slots() -> int:
 
 def engine_plan(
     key: EngineKey, runtime: RuntimeInfo, environment: Environment, case: CaseInfo, engine_id: str,
-    ports: dict[str, int], work_dir: Path,
+    ports: dict[str, int], work_dir: Path, fault_control: Path | None = None,
 ) -> LaunchPlan:  # fmt: skip
     """The arm's pair plan for `runtime`, cut down to the one process of `key`'s role: the same argv and
-    environment a per-cell run gives that role, on the engine's own ports."""
+    environment a per-cell run gives that role, on the engine's own ports. With `fault_control` (a fault
+    grid's engine) the process loads the fault plugin for every class instead of the case's own fault."""
     role = key[0]
+    if fault_control is not None:
+        case = replace(case, launch=replace(case.launch, kv_fault=None))
     arm = get_arm(case.arm)
     caches = cache_env(runtime) if environment.container is None else {}
     caches = {name: path for name, path in caches.items() if name not in environment.env}
@@ -328,8 +392,12 @@ def engine_plan(
         cell_id=engine_id, case=case, runtime=runtime, ports={**all_ports, **ports}, work_dir=work_dir,
         python=environment.python, env={**environment.env, **caches}, caches=caches, model_dir=model_dir,
     )  # fmt: skip
-    plan = wrap_plan(environment, arm.plan(context), case=case, runtime=runtime, workspace=work_dir,
-                     model_dir=model_dir)  # fmt: skip
+    pair = arm.plan(context)
+    if fault_control is not None:
+        pair = replace(pair, processes=tuple(
+            replace(p, env={**p.env, **faults.control_env(fault_control, work_dir, dict(p.env))}) if p.role == role
+            else p for p in pair.processes))  # fmt: skip
+    plan = wrap_plan(environment, pair, case=case, runtime=runtime, workspace=work_dir, model_dir=model_dir)
     processes = tuple(p for p in plan.processes if p.role == role)
     if len(processes) != 1:
         raise MatrixError(f"arm {case.arm}'s plan has {len(processes)} {role!r} processes, not one")

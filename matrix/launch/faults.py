@@ -11,10 +11,12 @@ role, the oracle's aggregated baseline and every cell without a fault run the en
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from matrix.check.faults import events_path, parse
+from matrix.paths import staging_path
 
 PLUGIN_MODULE = "matrix_vllm_kv_faults"
 PLUGIN_SOURCE = Path(__file__).resolve().parent.parent / "tools" / "vllm_kv_faults" / f"{PLUGIN_MODULE}.py"
@@ -40,7 +42,7 @@ def role_env(spec: str | None, role: str, work_dir: Path, env: dict[str, str]) -
     if not spec:
         return {}
     fault = parse(spec)
-    if fault.role != role:
+    if fault.role != role:  # the other role's fault, or `none` (on no role)
         return {}
     site = install_site(work_dir)
     inherited = env.get("PYTHONPATH", "")
@@ -49,3 +51,24 @@ def role_env(spec: str | None, role: str, work_dir: Path, env: dict[str, str]) -
         "MATRIX_KV_FAULT": fault.fault,
         "MATRIX_KV_FAULT_EVENTS": str(events_path(work_dir)),
     }
+
+
+def control_env(control: Path, work_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """The variables that load the plugin into an engine shared by several cells: it arms every class and
+    reads the one in force from `control` on every transfer (`write_control`), so the cells of a fault
+    grid switch the class between them without a new engine. Events go to the engine's `work_dir`."""
+    site = install_site(work_dir)
+    inherited = env.get("PYTHONPATH", "")
+    return {
+        "PYTHONPATH": str(site) + (f":{inherited}" if inherited else ""),
+        "MATRIX_KV_FAULT_CONTROL": str(control),
+        "MATRIX_KV_FAULT_EVENTS": str(events_path(work_dir)),
+    }
+
+
+def write_control(control: Path, fault: str | None) -> None:
+    """Put `fault` (a class, or None: no fault) in force for the engine reading `control`. Replaced whole,
+    so the plugin, which reads the file at every transfer, never sees half a name."""
+    staged = staging_path(control)
+    staged.write_text(fault or "", encoding="utf-8")
+    os.replace(staged, control)

@@ -5,9 +5,10 @@ pass (the A/A control).
 The environment is the engine suite's (`engine_envs`: built once per session from the catalog's recipe, or
 taken from `MATRIX_TEST_ENVS_DIR`); the fault plugin is not part of it: matrix puts it on the faulted role's
 PYTHONPATH (`matrix.launch.faults`). The cases are written here, not in data/, so that a plain
-`matrix run --backend vllm-cpu` never runs a fault cell. Cost: one engine pair (and one aggregated
-baseline, shared by the campaign's cells when they are the same process) per class; the plugin can switch
-the class per transfer (MATRIX_KV_FAULT_CONTROL) but matrix does not yet reuse one pair across cells.
+`matrix run --backend vllm-cpu` never runs a fault cell. Cost: one engine pair and one aggregated baseline
+for every class: the cases differ only in `kv_fault`, so they form a fault grid (`executors/fault_grid.py`),
+whose engines load the plugin for every class and switch it per cell through its control file; the healthy
+cell runs on the same pair with no class in force (the A/A twin).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def cases_toml(faults: tuple[str, ...]) -> str:
     oracle on (8 prompts x 32 token ids); a request unanswered in 90 s is a hang (never_complete)."""
     entries = []
     for fault in (HEALTHY, *faults):
-        option = "" if fault == HEALTHY else f', kv_fault = "{fault}"'
+        option = f', kv_fault = "{fault}"'  # "none": the healthy twin (A/A)
         entries.append(
             f'[[case]]\nname = "{case_name(fault)}"\nbackend = "vllm-cpu"\narm = "vllm_native"\n'
             f'model = "matrix-tiny-random"\ndescription = "KV fault {fault} in the NIXL pair on CPU."\n'
@@ -82,10 +83,21 @@ def _row(m: Matrix, case: str) -> dict[str, object]:
     return dict(zip(columns, row, strict=True))
 
 
-def test_the_healthy_cell_passes_and_no_fault_plugin_ran(fault_campaign: Matrix) -> None:
+def test_the_healthy_twin_passes_on_the_same_pair_with_no_fault_in_force(fault_campaign: Matrix) -> None:
     row = _row(fault_campaign, case_name(HEALTHY))
     assert row["status"] == "passed", row["message"]
-    assert not (Path(str(row["log_dir"])) / "kv-fault-events.jsonl").exists()
+    assert not (Path(str(row["log_dir"])) / "kv-fault-events.jsonl").exists()  # nothing injected in its turn
+    assert "fault grid: the pair was at rest" in str(row["message"]), row["message"]
+
+
+def test_every_cell_ran_on_one_pair_of_engines(fault_campaign: Matrix) -> None:
+    """One start-up per role for the campaign, unless a fault left the pair busy (then it was restarted,
+    and the row of the cell that did says so)."""
+    messages = [str(_row(fault_campaign, case_name(fault))["message"]) for fault in (HEALTHY, *SELECTED)]
+    restarted = sum("restarted for the next cell" in message for message in messages)
+    started = sum(message.count("started ahead of this pair") + message.count("started for this pair")
+                  + message.count("restarted (start") for message in messages)  # fmt: skip
+    assert started == 2 * (1 + restarted), messages
 
 
 @pytest.mark.parametrize("fault", SELECTED)

@@ -1,0 +1,161 @@
+"""The detection table ([M28]): per KV fault class, how many cells the default checks caught, with the Wilson
+95 % interval, and which check caught each first; and the healthy twin's false alarms (A/A).
+
+Read from the attempts of cases with a `kv_fault` (`matrix.check.faults`), as `outcome.judge_fault` left them:
+
+* a fault cell that **passed** fired and was caught; its first failed check (the checks are recorded in the
+  order they ran) is the one that caught it first;
+* one that **failed** with `fault_undetected` fired and every check passed: missed;
+* one **skipped** "not exercised" never fired: it counts for nothing, and so do attempts that ended without
+  evidence (interrupted; startup, config, recipe or infra failures: the pair never served);
+* a healthy twin (`kv_fault = "none"`) that **failed** for a check of its own is a false alarm, named by its
+  first failed check.
+
+A release manager reads "what would this campaign have missed?" from the rate's lower bound: a class caught in
+30 of 30 cells is caught in at least 88.6 % of such cells (95 %), not in all of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from matrix.check.faults import CLASSES, NONE, parse
+from matrix.db.models import CellRun
+from matrix.errors import ConfigError
+from matrix.outcome import FAILED, NO_EVIDENCE_KINDS, PASSED
+from matrix.report.data import load_cases, load_runtimes
+from matrix.report.stats import wilson
+
+__all__ = ["DetectionRow", "detection_table", "markdown"]
+
+UNDETECTED = "fault_undetected"
+
+
+@dataclass
+class DetectionRow:
+    """One fault class (or the healthy twin, `none`) on one runtime."""
+
+    fault: str
+    runtime: str
+    cells: int = 0  # with evidence: caught + missed (fault), passed + false alarms (healthy)
+    flagged: int = 0  # caught (a fault class) or false alarms (the healthy twin)
+    not_exercised: int = 0
+    no_evidence: int = 0
+    fired: int = 0  # effective injections, summed over the cells
+    first: Counter[str] = field(default_factory=Counter)  # the check that caught it (or alarmed) first
+
+    @property
+    def healthy(self) -> bool:
+        return self.fault == NONE
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.flagged, self.cells)
+
+    def rate_text(self) -> str:
+        if not self.cells:
+            return "-"
+        low, high = self.interval
+        return f"{self.flagged}/{self.cells} = {self.flagged / self.cells:.1%} [{low:.1%}, {high:.1%}]"
+
+    def first_text(self) -> str:
+        return ", ".join(f"{name} {count}" for name, count in self.first.most_common()) or "-"
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.interval
+        return {
+            "fault": self.fault, "runtime": self.runtime, "cells": self.cells,
+            "false_alarms" if self.healthy else "caught": self.flagged,
+            "rate": self.flagged / self.cells if self.cells else None, "wilson95": [low, high] if self.cells else None,
+            "not_exercised": self.not_exercised, "no_evidence": self.no_evidence, "fired": self.fired,
+            "first": dict(self.first.most_common()),
+        }  # fmt: skip
+
+
+def _first_check(checks: Iterable[Any], skip: str = "") -> str:
+    for check in checks or ():
+        name = str(check.get("name", "")) if isinstance(check, dict) else ""
+        if name and name != skip:
+            return name
+    return ""
+
+
+def _fired(message: str) -> int:
+    """The injections `judge_fault` wrote into the message ("kv fault C on R fired N times ...")."""
+    head = message.split(" fired ", 1)
+    if len(head) < 2:
+        return 0
+    count = head[1].split(" ", 1)[0]
+    return int(count) if count.isdigit() else 0
+
+
+def detection_table(
+    session: Session, campaigns: Iterable[int] = (), runtimes: Iterable[str] = ()
+) -> list[DetectionRow]:
+    """The table's rows, by class in the plugin's order (the healthy twin first), then runtime; `campaigns`
+    and `runtimes` (`BACKEND=V` labels or bare versions) narrow the attempts read. Fault cases only."""
+    faults: dict[int, str] = {}
+    for case in load_cases(session):
+        spec = case.info.launch.kv_fault
+        if not spec:
+            continue
+        try:
+            faults[case.id] = parse(spec).fault
+        except ConfigError:
+            continue  # a value the arm refused: its cells never ran a fault
+    labels = {r.id: f"{r.backend}={r.version}" for r in load_runtimes(session)}
+    wanted = set(runtimes)
+    query = select(CellRun.case_id, CellRun.runtime_id, CellRun.status, CellRun.failure_kind, CellRun.message,
+                   CellRun.checks).where(CellRun.case_id.in_(faults))  # fmt: skip
+    if chosen := list(campaigns):
+        query = query.where(CellRun.campaign_id.in_(chosen))
+    rows: dict[tuple[str, str], DetectionRow] = {}
+    for case_id, runtime_id, status, kind, message, checks in session.execute(query):
+        label = labels.get(runtime_id, str(runtime_id))
+        if wanted and label not in wanted and label.split("=", 1)[-1] not in wanted:
+            continue
+        fault = faults[case_id]
+        row = rows.setdefault((fault, label), DetectionRow(fault, label))
+        if status not in (PASSED, FAILED) or kind in NO_EVIDENCE_KINDS:
+            if status == "skipped" and str(message).startswith("not exercised"):
+                row.not_exercised += 1
+            else:
+                row.no_evidence += 1
+            continue
+        row.cells += 1
+        if fault == NONE:
+            if status == FAILED:
+                row.flagged += 1
+                row.first[_first_check(checks) or str(kind)] += 1
+            continue
+        row.fired += _fired(str(message))
+        if status == PASSED:  # fired and caught (`judge_fault`)
+            row.flagged += 1
+            row.first[_first_check(checks, skip=UNDETECTED) or "failed without a named check"] += 1
+    order = {name: i for i, name in enumerate((NONE, *CLASSES))}
+    return sorted(rows.values(), key=lambda r: (order.get(r.fault, len(order)), r.fault, r.runtime))
+
+
+COLUMNS = ("class", "runtime", "cells", "caught (healthy: false alarms), Wilson 95 %", "first caught by",
+           "not exercised", "injections")  # fmt: skip
+
+
+def table_rows(rows: Iterable[DetectionRow]) -> list[tuple[str, ...]]:
+    return [
+        (f"{r.fault} (A/A)" if r.healthy else r.fault, r.runtime, str(r.cells), r.rate_text(), r.first_text(),
+         str(r.not_exercised), "-" if r.healthy else str(r.fired))
+        for r in rows
+    ]  # fmt: skip
+
+
+def markdown(rows: list[DetectionRow]) -> str:
+    """The table as Markdown (for docs/results/detection.md)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table_rows(rows)]
+    return "\n".join(lines) + "\n"
