@@ -4,8 +4,8 @@ The plugin (matrix/tools/vllm_kv_faults) appends one JSON line per injection to 
 a `not_armed` line when the engine's release lacks a method the class needs. Only injections that changed
 something count as fired (`effective`): a fault that silently did nothing must never make a cell pass or
 fail, so a cell with zero effective injections is "not exercised" (`outcome.judge_fault`, which the runner
-calls with `evidence`). The fault classes and the `kv_fault` launch value's grammar live here too (pure
-data, so the launch side and the runner read the same).
+calls with `evidence`). The fault classes and the `kv_fault` launch value's grammar are the leaf
+`matrix.kv_faults`.
 """
 
 from __future__ import annotations
@@ -17,43 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from matrix.errors import ConfigError
+from matrix.kv_faults import NONE, parse
 
-# The classes the plugin knows (matrix/tools/vllm_kv_faults), with the role each acts on by default.
-DEFAULT_ROLE = {
-    "bit_flip": "decode",
-    "stale": "decode",
-    "off_by_one": "decode",
-    "drop_last": "decode",
-    "never_complete": "decode",
-    "lost_notification": "prefill",
-}
-CLASSES = tuple(DEFAULT_ROLE)
-# `kv_fault = "none"`: the healthy twin of fault cells (the detection table's A/A cells): no fault anywhere,
-# but the case is part of the table, and it shares a fault grid's pair with the cases of its engines.
-NONE = "none"
 # In the cell's directory: the plugin appends here.
 EVENTS_FILE = "kv-fault-events.jsonl"
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    fault: str
-    role: str
-
-
-def parse(spec: str, roles: tuple[str, ...] = ("prefill", "decode")) -> FaultSpec:
-    """`CLASS` or `CLASS:ROLE` -> FaultSpec (`none`: the healthy twin, on no role); a wrong name is a one-line
-    config error naming the known ones."""
-    fault, _, role = spec.partition(":")
-    if fault == NONE and not role:
-        return FaultSpec(NONE, "")
-    if fault not in DEFAULT_ROLE:
-        raise ConfigError(f"kv_fault {spec!r}: unknown fault class {fault!r}; known: {', '.join(CLASSES)}, "
-                          f"or {NONE!r} (the healthy twin)")  # fmt: skip
-    role = role or DEFAULT_ROLE[fault]
-    if role not in roles:
-        raise ConfigError(f"kv_fault {spec!r}: unknown role {role!r}; known: {', '.join(roles)}")
-    return FaultSpec(fault, role)
 
 
 def events_path(work_dir: Path) -> Path:

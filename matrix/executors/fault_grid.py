@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.check.faults import EVENTS_FILE, events_path, parse
+from matrix.check.faults import EVENTS_FILE, events_path
 from matrix.check.http import loopback_client
 from matrix.check.lifecycle import POLL_S, held_at_rest, read_gauges
 from matrix.check.specs import EngineGauges
+from matrix.kv_faults import parse
 from matrix.launch.faults import write_control
 
 # vLLM's NIXL lease (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 30 s) with room for a loaded host.

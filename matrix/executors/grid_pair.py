@@ -38,6 +38,7 @@ from matrix.outcome import (
     FAILED,
     PASSED,
     REQUEST,
+    TIMEOUT,
     CellOutcome,
     after_teardown,
     error,
@@ -136,13 +137,18 @@ def _pair(
     restarts: list[tuple[Engine, TeardownReport]] = []
     if switch is not None:
         fault_grid.disarm(switch, log_dir)
-        waited, held = fault_grid.settle(tuple(gauges))
-        if held:
+        if outcome.status == TIMEOUT:
+            # A request was cut: the engine still waits on it (vLLM's own limit for KV that never comes is
+            # minutes), so waiting for rest would only delay the restart.
             restarts = engines.stop_now(keys)
-            note = (f"fault grid: the pair still held work {waited:.1f} s after this cell ({'; '.join(held)}); "
-                    "its engines are restarted for the next cell")  # fmt: skip
+            note = "fault grid: a request of this cell was cut; the pair's engines are restarted for the next cell"
         else:
-            note = f"fault grid: the pair was at rest {waited:.1f} s after this cell"
+            waited, held = fault_grid.settle(tuple(gauges))
+            if held:
+                restarts = engines.stop_now(keys)
+            note = (f"fault grid: the pair still held work {waited:.1f} s after this cell ({'; '.join(held)}); its "
+                    "engines are restarted for the next cell" if held else
+                    f"fault grid: the pair was at rest {waited:.1f} s after this cell")  # fmt: skip
         outcome = replace(outcome, message=f"{outcome.message}\n{note}" if outcome.message else note)
     # What the engines listen on, as a per-cell row lists its engines' sockets (`--loopback-only` reads them).
     listeners = [

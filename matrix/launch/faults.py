@@ -15,7 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
-from matrix.check.faults import events_path, parse
+from matrix.check.faults import events_path
+from matrix.kv_faults import parse
 from matrix.paths import staging_path
 
 PLUGIN_MODULE = "matrix_vllm_kv_faults"

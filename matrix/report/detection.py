@@ -6,10 +6,10 @@ Read from the attempts of cases with a `kv_fault` (`matrix.check.faults`), as `o
 * a fault cell that **passed** fired and was caught; its first failed check (the checks are recorded in the
   order they ran) is the one that caught it first;
 * one that **failed** with `fault_undetected` fired and every check passed: missed;
-* one **skipped** "not exercised" never fired: it counts for nothing, and so do attempts that ended without
-  evidence (interrupted; startup, config, recipe or infra failures: the pair never served);
-* a healthy twin (`kv_fault = "none"`) that **failed** for a check of its own is a false alarm, named by its
-  first failed check.
+* one **skipped** "not exercised" never fired (a pair that never came up included): it counts for nothing,
+  and so do attempts that ended without evidence (interrupted; config, provision, recipe or infra failures);
+* a healthy twin (`kv_fault = "none"`) that **failed**, erred or timed out on its own is a false alarm, named
+  by its first failed check.
 
 A release manager reads "what would this campaign have missed?" from the rate's lower bound: a class caught in
 30 of 30 cells is caught in at least 88.6 % of such cells (95 %), not in all of them.
@@ -25,16 +25,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from matrix.check.faults import CLASSES, NONE, parse
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
-from matrix.outcome import FAILED, NO_EVIDENCE_KINDS, PASSED
+from matrix.kv_faults import CLASSES, NONE, parse
+from matrix.outcome import CELL_FAULT_STATUSES, FAILED, NO_EVIDENCE_KINDS, PASSED
 from matrix.report.data import load_cases, load_runtimes
 from matrix.report.stats import wilson
 
 __all__ = ["DetectionRow", "detection_table", "markdown"]
 
 UNDETECTED = "fault_undetected"
+UNFINISHED = ("pending", "running")
 
 
 @dataclass
@@ -117,12 +118,18 @@ def detection_table(
         query = query.where(CellRun.campaign_id.in_(chosen))
     rows: dict[tuple[str, str], DetectionRow] = {}
     for case_id, runtime_id, status, kind, message, checks in session.execute(query):
+        if status in UNFINISHED:
+            continue
         label = labels.get(runtime_id, str(runtime_id))
         if wanted and label not in wanted and label.split("=", 1)[-1] not in wanted:
             continue
         fault = faults[case_id]
         row = rows.setdefault((fault, label), DetectionRow(fault, label))
-        if status not in (PASSED, FAILED) or kind in NO_EVIDENCE_KINDS:
+        names = [str(c.get("name", "")) for c in checks or () if isinstance(c, dict)]
+        missed = status == FAILED and UNDETECTED in names
+        alarm = fault == NONE and status in CELL_FAULT_STATUSES  # a hang (timeout) of the healthy twin too
+        evidence = kind not in NO_EVIDENCE_KINDS and (status == PASSED or missed or alarm)
+        if not evidence:
             if status == "skipped" and str(message).startswith("not exercised"):
                 row.not_exercised += 1
             else:
@@ -130,7 +137,7 @@ def detection_table(
             continue
         row.cells += 1
         if fault == NONE:
-            if status == FAILED:
+            if alarm:
                 row.flagged += 1
                 row.first[_first_check(checks) or str(kind)] += 1
             continue

@@ -12,6 +12,7 @@ import re
 from urllib.parse import urlsplit
 
 __all__ = [
+    "DETECTION",
     "EPISODES",
     "EVIDENCE",
     "INDEX",
@@ -36,6 +37,8 @@ QUARANTINE = "quarantine.html"
 EVIDENCE = "evidence.html"
 # Failure episodes, open ones first (`matrix.report.episodes`).
 EPISODES = "episodes.html"
+# Per KV fault class, what the checks caught (`matrix.report.detection`).
+DETECTION = "detection.html"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -347,8 +347,10 @@ def _write_pages(
     quarantine = _write_quarantine(session, counter, out_dir)
     evidence = _write_evidence(session, counter, out_dir)
     episodes = _write_episodes(session, counter, out_dir)
+    detection = _write_detection(session, counter, out_dir)
     index = out_dir / links.INDEX
     counter.write("index.html", index, {
+        "detection": detection,
         "since_last": since_last,
         "quarantine": quarantine,
         "evidence": evidence,
@@ -439,6 +441,24 @@ def _write_evidence(session: Session, pages: _Pages, out_dir: Path) -> list[dict
         return []
     pages.write("evidence.html", path, {"policies": found, "days": DEFAULT_DAYS, "anchor": links.slug})
     return [{"href": f"{links.EVIDENCE}#{links.slug(p.policy)}", "summary": p.summary()} for p in found]
+
+
+def _write_detection(session: Session, pages: _Pages, out_dir: Path) -> dict[str, Any] | None:
+    """The detection page ([M28]): per KV fault class and runtime, what the checks caught, and the healthy
+    twin's false alarms. Written on every write (a run adds cells); None (and no page) without fault cells."""
+    from matrix.report.detection import detection_table
+
+    rows = detection_table(session)
+    path = out_dir / links.DETECTION
+    if not rows:
+        path.unlink(missing_ok=True)
+        return None
+    pages.write("detection.html", path, {"rows": rows})
+    faults = [r for r in rows if not r.healthy]
+    missed = sum(r.cells - r.flagged for r in faults)
+    alarms = sum(r.flagged for r in rows if r.healthy)
+    return {"href": links.DETECTION, "classes": len({r.fault for r in faults}), "cells": sum(r.cells for r in rows),
+            "missed": missed, "false_alarms": alarms}  # fmt: skip
 
 
 def _member_href(member: Any) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.check.faults import CLASSES
+from matrix.kv_faults import CLASSES
 from tests.helpers.cli import Matrix
 from tests.helpers.engine_store import engine_envs, home_with_store
 
@@ -115,3 +115,15 @@ def test_each_fault_fires_in_the_engine_and_a_default_check_catches_it(fault_cam
         return
     assert row["status"] == "passed", row["message"]
     assert "caught by:" in str(row["message"])
+
+
+def test_the_detection_table_reads_the_campaign_back(fault_campaign: Matrix) -> None:
+    """`matrix detection` over the campaign: one cell per class, each caught, and no false alarm."""
+    result = fault_campaign.subprocess("detection", "--campaign", "last", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["fault"]: row for row in json.loads(result.stdout)["rows"]}
+    assert set(rows) == {HEALTHY, *SELECTED}
+    assert rows[HEALTHY]["cells"] == 1 and rows[HEALTHY]["false_alarms"] == 0
+    for fault in SELECTED:
+        assert (rows[fault]["cells"], rows[fault]["caught"]) == (1, 0 if fault in MISSED else 1), rows[fault]
+        assert rows[fault]["fired"] > 0 and sum(rows[fault]["first"].values()) == rows[fault]["caught"]

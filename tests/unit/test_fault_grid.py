@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
-from matrix.check.faults import EVENTS_FILE, FaultSpec, evidence, parse
+from matrix.check.faults import EVENTS_FILE, evidence
 from matrix.errors import ConfigError
 from matrix.executors import fault_grid
 from matrix.executors.shared_engines import engine_plan, grid_plans
+from matrix.kv_faults import FaultSpec, parse
 from matrix.launch.faults import role_env, write_control
 from matrix.launch.providers import Environment
 from matrix.skew import expand_skew

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix.check.faults import events_path, evidence, parse, read_events
+from matrix.check.faults import events_path, evidence, read_events
 from matrix.check.specs import CheckFailure
 from matrix.errors import ConfigError
+from matrix.kv_faults import parse
 from matrix.outcome import FAILED, PASSED, SKIPPED, CellOutcome, checked, failure, judge_fault, passed
 
 
@@ -57,3 +58,11 @@ def test_a_fired_fault_passes_the_cell_when_caught_and_fails_it_when_every_check
     # Only effective injections count: a fault whose injections all changed nothing is not exercised.
     _write_events(tmp_path, {"event": "injected", "class": "drop_last", "request_id": "a", "effective": False})
     assert judge(passed(), "drop_last", tmp_path).status == SKIPPED
+
+
+def test_the_plugin_inside_the_engine_knows_the_same_classes_on_the_same_sides() -> None:
+    """The plugin imports nothing of matrix (it runs in the engine's interpreter), so it has its own copy."""
+    from matrix.kv_faults import CLASSES, DEFAULT_ROLE
+    from matrix.tools.vllm_kv_faults import matrix_vllm_kv_faults as plugin
+
+    assert plugin.CLASSES == CLASSES and plugin.SIDE == DEFAULT_ROLE
