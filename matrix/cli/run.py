@@ -218,8 +218,9 @@ def _versions(cell: Any) -> str:
               "Slack-compatible), and retry events earlier runs failed to post. Default: $MATRIX_NOTIFY_URL.")
 @auto_quarantine_options
 @click.option("--per-cell-engines", is_flag=True,
-              help="Skew grids: start both engines of every pair for that pair alone, instead of starting each "
-              "(role, runtime) engine once per grid and routing each pair through its own proxy.")
+              help="Skew and fault grids: start both engines of every pair for that pair alone, instead of "
+              "starting each (role, runtime) engine once per grid and routing each pair through its own proxy "
+              "(a fault grid: cases that differ only in `kv_fault`).")
 @pass_app
 def run_cmd(
     app: App, /, jobs: int | None, gpus: str | None, pack: bool, max_attempts: int, repeat: int, fail_fast: bool,

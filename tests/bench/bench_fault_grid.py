@@ -3,10 +3,11 @@
 The same cases (tests/helpers/kv_fault_cases.py: the healthy twin and `--faults`, vLLM's NIXL pair on CPU with
 the oracle on) run twice, one cell at a time: once as matrix runs them by default (cases that differ only in
 `kv_fault` share one pair per runtime) and once with `--per-cell-engines` (each cell starts its own pair), in
-`--order` (`grid-first` or `per-cell-first`). Each campaign starts one aggregated instance for the oracle, reused
-by its cells; the tiny model is generated once, before both. Reported per mode: the campaign's wall time
-(`matrix run` start to exit), the sum and median of the cells' total time, every cell's verdict, and the ratio
-of the wall times. The environment comes from `$MATRIX_HOME` (provisioned there on first use).
+`--order` (`grid-first` or `per-cell-first`). Each campaign starts one aggregated instance for the oracle,
+reused by its cells; the tiny model is generated on first use (bench on a home that has it). Reported per mode:
+the campaign's wall time (`matrix run` start to exit), the sum and median of the cells' total time, every
+cell's verdict, and the ratio of the wall times. The environment comes from `$MATRIX_HOME` (provisioned there
+on first use).
 Run: MATRIX_HOME=... python tests/bench/bench_fault_grid.py [--version 0.32.0] [--faults stale,off_by_one]
 """
 
