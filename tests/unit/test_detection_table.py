@@ -73,12 +73,13 @@ def test_caught_missed_not_exercised_and_false_alarms_are_counted_apart(matrix: 
     stale, healthy = rows["stale"], rows["none"]
     assert (stale["cells"], stale["caught"], stale["not_exercised"], stale["no_evidence"]) == (4, 3, 2, 1)
     assert stale["first"] == {"equivalent_to_aggregated": 2, "content_nonblank": 1} and stale["fired"] == 48
+    assert stale["without_oracle"] == 1  # the cell content_nonblank caught
     low, high = stale["wilson95"]
     assert 0.3 < low < 0.75 < high < 1.0
     assert (healthy["cells"], healthy["false_alarms"], healthy["first"]) == (4, 2, {"kv_transfer": 1, "request": 1})
 
     table = matrix("detection", "--markdown").output
-    assert "| 4 | 3/4 = 75.0% [30.1%, 95.4%] | equivalent_to_aggregated 2, content_nonblank 1 | 2 | 48 |" in table
+    assert "| 4 | 3/4 = 75.0% [30.1%, 95.4%] | equivalent_to_aggregated 2, content_nonblank 1 | 1/4 | 2 | 48 |" in table
     assert "| none (A/A) |" in table
     assert matrix("report", "--out", str(tmp_path / "report")).exit_code == 0
     page = (tmp_path / "report" / "detection.html").read_text()
@@ -92,3 +93,10 @@ def test_bad_input_is_one_line_and_exit_2(matrix: Matrix) -> None:
                        (("--campaign", "41"), "no campaign 41")):  # fmt: skip
         result = matrix("detection", *args)
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_the_table_names_the_oracle_as_the_oracle_does() -> None:
+    from matrix.check.oracle import CHECK_NAME
+    from matrix.report.detection import ORACLE
+
+    assert ORACLE == CHECK_NAME
