@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from matrix.db.models import CellRun
 from matrix.errors import ConfigError
 from matrix.kv_faults import CLASSES, NONE, parse
-from matrix.outcome import CELL_FAULT_STATUSES, FAILED, NO_EVIDENCE_KINDS, PASSED
+from matrix.outcome import CELL_FAULT_STATUSES, FAILED, FINISHED_STATUSES, NO_EVIDENCE_KINDS, PASSED, SKIPPED
 from matrix.report.data import load_cases, load_runtimes
 from matrix.report.stats import wilson
 
@@ -39,7 +39,6 @@ __all__ = ["DetectionRow", "detection_table", "markdown"]
 UNDETECTED = "fault_undetected"
 # The equivalence oracle's check (`matrix.check.oracle.CHECK_NAME`; report may not import check).
 ORACLE = "equivalent_to_aggregated"
-UNFINISHED = ("pending", "running")
 
 
 @dataclass
@@ -125,7 +124,7 @@ def detection_table(
         query = query.where(CellRun.campaign_id.in_(chosen))
     rows: dict[tuple[str, str], DetectionRow] = {}
     for case_id, runtime_id, status, kind, message, checks in session.execute(query):
-        if status in UNFINISHED:
+        if status not in FINISHED_STATUSES:
             continue
         label = labels.get(runtime_id, str(runtime_id))
         if wanted and label not in wanted and label.split("=", 1)[-1] not in wanted:
@@ -137,7 +136,7 @@ def detection_table(
         alarm = fault == NONE and status in CELL_FAULT_STATUSES  # a hang (timeout) of the healthy twin too
         evidence = kind not in NO_EVIDENCE_KINDS and (status == PASSED or missed or alarm)
         if not evidence:
-            if status == "skipped" and str(message).startswith("not exercised"):
+            if status == SKIPPED and str(message).startswith("not exercised"):
                 row.not_exercised += 1
             else:
                 row.no_evidence += 1
