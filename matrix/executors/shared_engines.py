@@ -320,7 +320,6 @@ class SharedEngines:
                 reports.append((engine, self._stop(engine)))
         return reports
 
-
     def release(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
         """One planned use of each engine is done; an engine no later pair names is stopped now, and its
         teardown report goes to the row of the pair that used it last."""
