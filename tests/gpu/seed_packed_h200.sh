@@ -37,7 +37,9 @@
 #            `vllm_native_topology_1p2d`, tests/gpu/catalog-traffic-cuda.toml) on $TRAFFIC_RUNTIME, one at a
 #            time, GPU 0 sampled as in `packed`.
 #   faults   [M28]'s detection table on CUDA: `vllm_kv_fault_*` (tests/gpu/catalog-kv-faults-cuda.toml), the A/A
-#            control and one cell per KV fault class, on $TRAFFIC_RUNTIME, packed on GPU 0.
+#            control and one cell per KV fault class ($FAULT_CASES narrows them, $FAULT_REPEAT repeats each),
+#            on $TRAFFIC_RUNTIME, on GPU 0: one fault grid (one pair serves every cell); then `matrix
+#            detection`.
 #   collect  rows (campaign_h200.sh's query), makespan / median / sum per campaign, gates, report, `ps`,
 #            `nvidia-smi`, tarballs of the report and the cells' logs.
 set -uo pipefail
@@ -56,6 +58,10 @@ CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_
 CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml tests/gpu/catalog-kv-faults-cuda.toml"
 TRAFFIC_RUNTIME=${TRAFFIC_RUNTIME:-vllm=0.31.0}
 TRAFFIC_CASES=${TRAFFIC_CASES:-"vllm_native_traffic vllm_native_topology_1p2d"}
+# Default: every case of catalog-kv-faults-cuda.toml once. `never_complete` costs its 90 s request timeout and a
+# pair restart per cell, `lost_notification` about 30 s of the prefill's lease: leave the first out of a series.
+FAULT_CASES=${FAULT_CASES:-$(grep -o '^name = "vllm_kv_fault_[a-z_]*"' "$HERE/catalog-kv-faults-cuda.toml" | cut -d'"' -f2)}
+FAULT_REPEAT=${FAULT_REPEAT:-1}
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # shellcheck source=tests/gpu/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -175,18 +181,17 @@ print(sqlite3.connect(sys.argv[1]).execute("SELECT id, status FROM campaign ORDE
     stamp "GPU after"; smi; left
     ;;
   faults)
-    # [M28]'s detection table on CUDA: the A/A control and one cell per KV fault class, packed on GPU 0.
-    sel=(--runtime "$TRAFFIC_RUNTIME")
-    for c in $(grep -o '^name = "vllm_kv_fault_[a-z_]*"' "$HERE/catalog-kv-faults-cuda.toml" | cut -d'"' -f2); do
-      sel+=(--case "$c")
-    done
-    stamp "the KV fault cells on $TRAFFIC_RUNTIME"; smi
+    # [M28]'s detection table on CUDA: the A/A control and the KV fault classes on one pair (a fault grid).
+    sel=(--runtime "$TRAFFIC_RUNTIME" --repeat "$FAULT_REPEAT")
+    for c in $FAULT_CASES; do sel+=(--case "$c"); done
+    stamp "the KV fault cells on $TRAFFIC_RUNTIME, $FAULT_REPEAT time(s) each"; smi
     sample_gpu > "$OUT/gpu-trace-faults.txt" 2>&1 &
     sampler=$!
     timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${sel[@]}" "${offline[@]}" --gpus 0 --pack -j 7 --no-report
     echo "matrix run (faults): exit $?"
     sleep 3; kill "$sampler"; wait "$sampler" 2>/dev/null
     stamp "GPU after"; smi; left
+    m detection --campaign last --markdown | tee "$OUT/detection.md"
     ;;
   collect)
     stamp "rows (the query of campaign_h200.sh's collect phase)"
