@@ -312,13 +312,14 @@ class SharedEngines:
 
     def stop_now(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
         """Stop these engines although later pairs name them (they start afresh for the next one): a pair
-        left them holding work or KV that would be the next pair's."""
-        reports = []
-        for key in keys:
-            engine = self._engines.get(key)
-            if engine is not None and engine.supervisor is not None:
-                reports.append((engine, self._stop(engine)))
-        return reports
+        left them holding work or KV that would be the next pair's. They get SIGTERM together, as a per-cell
+        pair's engines do: a vLLM prefill still holding KV for its decode did not exit within the grace
+        period while the decode was alive and waiting for its own teardown (a `never_complete` cell)."""
+        running = [e for key in keys if (e := self._engines.get(key)) is not None and e.supervisor is not None]
+        if not running:
+            return []
+        with ThreadPoolExecutor(max_workers=len(running), thread_name_prefix="grid-stop") as pool:
+            return list(zip(running, pool.map(self._stop, running), strict=True))
 
     def release(self, keys: Iterable[EngineKey]) -> list[tuple[Engine, TeardownReport]]:
         """One planned use of each engine is done; an engine no later pair names is stopped now, and its
