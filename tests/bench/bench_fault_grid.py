@@ -54,7 +54,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     faults = tuple(f for f in args.faults.split(",") if f)
-    home = Path(os.environ.setdefault("MATRIX_HOME", tempfile.mkdtemp(prefix="matrix-bench-faults-")))
+    if "MATRIX_HOME" not in os.environ:  # not `setdefault(..., mkdtemp())`: that makes a directory every time
+        os.environ["MATRIX_HOME"] = tempfile.mkdtemp(prefix="matrix-bench-faults-")
+    home = Path(os.environ["MATRIX_HOME"])
     db = home / "matrix.db"
     cases = home / "bench-kv-faults.toml"
     cases.write_text(cases_toml(faults))
