@@ -178,12 +178,11 @@ def _pair(
 
 def _arm_fault(cell: Cell, engines: SharedEngines, acquired: dict[str, Acquired]) -> fault_grid.FaultSwitch | None:
     """In a fault grid, the cell's KV fault (or none, for its healthy twin) put in force on the pair."""
-    controls = {role: engines.fault_control(role) for role in acquired}
-    work_dirs = {role: a.engine.work_dir for role, a in acquired.items()}
     if not engines.grid.faults:
         return None
-    return fault_grid.arm(cell.case.launch.kv_fault, {r: c for r, c in controls.items() if c is not None},
-                          {r: d for r, d in work_dirs.items() if d is not None})  # fmt: skip
+    controls = {role: control for role in acquired if (control := engines.fault_control(role)) is not None}
+    work_dirs = {role: a.engine.work_dir for role, a in acquired.items() if a.engine.work_dir is not None}
+    return fault_grid.arm(cell.case.launch.kv_fault, controls, work_dirs)
 
 
 def _grid_environments(engines: SharedEngines) -> list[tuple[EngineKey, Environment]]:
