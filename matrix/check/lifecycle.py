@@ -18,8 +18,9 @@ its connection is dropped. Within the bound every engine (prefill and decode) mu
 or waiting and its KV usage back at its level before the request; then the primary request is sent again
 and must fail no check the first one did not (the engine answers correctly after a cancel). A stream that no
 engine's gauges showed in flight when it was dropped, or that ended whole first (the engine had already
-generated all of it) proves nothing: another is opened, up to `CANCEL_ATTEMPTS`, and if none is caught the
-check is skipped, saying so.
+generated all of it) proves nothing: another is opened and dropped at its first chunk, up to
+`CANCEL_ATTEMPTS`, and if none is caught the check is skipped, saying so (`streams` in the evidence tells
+each attempt).
 
 `orphan_decode_released`: a decode request whose KV is said to wait on a prefill engine that does not
 exist (vLLM's `kv_transfer_params` naming a side channel nothing listens on), so the KV never arrives.
@@ -63,7 +64,9 @@ KV_TOLERANCE = 1e-6
 # How long the orphaned decode is left waiting before it is dropped (the engine may end it by itself).
 ORPHAN_HOLD_S = 5.0
 # Streams opened until one is caught in flight: one that an engine finished before the drop proved nothing.
-CANCEL_ATTEMPTS = 3
+# Five, because on a loaded 2-core host a fast engine (vllm-rs behind Dynamo's frontend) finished three in a
+# row before the client had read three chunks (CI); after a miss the stream is dropped at its first chunk.
+CANCEL_ATTEMPTS = 5
 
 Reading = dict[str, float] | str
 
@@ -278,15 +281,21 @@ def cancel_recovers(spec: LifecycleSpec, request: RequestSpec, primary: tuple[Ch
 
 
 def _drop_in_flight(
-    spec: LifecycleSpec, request: RequestSpec, payload: dict[str, object], client: httpx.Client, evidence: Evidence
+    spec: LifecycleSpec,
+    request: RequestSpec,
+    payload: dict[str, object],
+    client: httpx.Client,
+    evidence: Evidence,
+    chunks: int,
 ) -> tuple[float | None, str | None]:
-    """Open the stream, read a few chunks, read the gauges, drop it: (when it was dropped, None) if an engine
-    held the request then, (None, None) if every engine had already finished it (the stream may even have
-    ended whole), (None, why) on a failure."""
+    """Open the stream, read `chunks` chunks, read the gauges, drop it: (when it was dropped, None) if an
+    engine held the request then, (None, None) if every engine had already finished it (the stream may even
+    have ended whole), (None, why) on a failure."""
+    opened = time.monotonic()
     try:
         with _stream_open(client, request.url, payload, request.timeout_s) as response:
             lines = response.iter_lines()
-            drop = _read_chunks(response, lines, spec.cancel_chunks, None)
+            drop = _read_chunks(response, lines, chunks, None)
             # Read while the request is still open: the evidence that it was in flight when dropped.
             evidence.during = read_gauges(spec.engines, client)
     except httpx.HTTPError as exc:
@@ -294,6 +303,10 @@ def _drop_in_flight(
     dropped = time.monotonic()  # leaving the block above closed the connection mid-body
     evidence.facts |= {"chunks_read": drop.chunks, "stream_ended_before_drop": drop.ended,
                        "max_tokens": spec.cancel_max_tokens}  # fmt: skip
+    # Every stream's story, so a check never caught in flight says why each attempt missed.
+    story = {"chunks_read": drop.chunks, "ended_whole": drop.whole, "open_s": round(dropped - opened, 3),
+             "in_flight_during": _in_flight(evidence.during)}  # fmt: skip
+    evidence.facts.setdefault("streams", []).append(story)
     if drop.status_code != 200:
         return None, f"the streaming request answered HTTP {drop.status_code}: {drop.body_excerpt!r}"
     if drop.ended and not drop.whole:
@@ -301,12 +314,17 @@ def _drop_in_flight(
     unreadable = [f"{role}: {r}" for role, r in evidence.during.items() if isinstance(r, str)]
     if unreadable:
         return None, f"cannot read the engines' gauges while the request was open: {'; '.join(unreadable)}"
-    in_flight = sum(r["running"] + r["waiting"] for r in evidence.during.values() if not isinstance(r, str))
+    in_flight = _in_flight(evidence.during)
     evidence.facts["in_flight_during"] = in_flight
     # A stream that ended whole was answered before the drop, whatever the gauges say now: a fast engine
     # whose API server sends what piled up while it waited for the CPU as one chunk (seen on a 2-core host:
     # 384 tokens in 2 chunks) cancels nothing.
     return (dropped if in_flight > 0 and not drop.whole else None), None
+
+
+def _in_flight(readings: dict[str, Reading]) -> float:
+    """Requests running or waiting, summed over the engines whose gauges could be read."""
+    return sum(r["running"] + r["waiting"] for r in readings.values() if not isinstance(r, str))
 
 
 def _cancel(
@@ -321,7 +339,9 @@ def _cancel(
             return f"cannot read the engines' gauges before the request: {'; '.join(unreadable)}"
         for attempt in range(1, CANCEL_ATTEMPTS + 1):
             evidence.facts["attempts"] = attempt
-            dropped, failure = _drop_in_flight(spec, request, payload, client, evidence)
+            # After a miss, drop at the first chunk: the engine outran the client reading the later ones.
+            chunks = spec.cancel_chunks if attempt == 1 else 1
+            dropped, failure = _drop_in_flight(spec, request, payload, client, evidence, chunks)
             if failure is not None:
                 return failure
             if dropped is not None:

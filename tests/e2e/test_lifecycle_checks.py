@@ -182,7 +182,8 @@ def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(
     finishes: int, whole_chunks: int, tmp_path: Path
 ) -> None:
     """Whether the client saw [DONE] before it would drop (2 chunks, fewer than the 3 it reads) or not, a stream
-    the engine had finished is no cancel: tried again, and skipped if no attempt caught one in flight."""
+    the engine had finished is no cancel: tried again, dropped at its first chunk, and skipped if no attempt
+    caught one in flight; the evidence tells each stream."""
     engine = _FastEngine(finishes, whole_chunks)
     try:
         spec = LifecycleSpec(str(tmp_path), engines=(EngineGauges("decode", engine.url("/metrics")),), bound_s=3.0)
@@ -192,8 +193,15 @@ def test_a_dropped_stream_the_engine_had_already_finished_is_tried_again(
         engine.close()
     evidence = json.loads((tmp_path / "cancel_recovers.json").read_text())
     assert evidence["attempts"] == min(finishes + 1, CANCEL_ATTEMPTS) == engine.streams, evidence
-    # The last attempt's stream: three chunks read and [DONE] never, unless no attempt caught one in flight.
-    assert evidence["stream_ended_before_drop"] is (finishes == CANCEL_ATTEMPTS and whole_chunks < 3), evidence
+    streams = evidence["streams"]
+    assert len(streams) == engine.streams, streams
+    # The first stream is read for three chunks (and ends whole if the engine sent fewer); every later one is
+    # dropped at its first chunk, before any [DONE].
+    assert streams[0]["chunks_read"] == min(whole_chunks, 3), streams
+    assert streams[0]["ended_whole"] is (whole_chunks < 3), streams
+    assert all(s["chunks_read"] == 1 and not s["ended_whole"] for s in streams[1:]), streams
+    assert [s["in_flight_during"] for s in streams] == [0] * finishes + [1] * (len(streams) - finishes), streams
+    assert evidence["stream_ended_before_drop"] is False, evidence
     if finishes < CANCEL_ATTEMPTS:
         assert failures == [], failures
         assert evidence["in_flight_during"] == 1 and evidence["after"]["decode"]["running"] == 0, evidence

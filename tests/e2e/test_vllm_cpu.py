@@ -276,7 +276,9 @@ def test_the_native_pair_streams_frees_a_dropped_stream_and_an_orphaned_decode(c
     stream = _evidence(m, row, "stream.json")
     assert stream["failures"] == [] and float(str(stream["ttft_s"])) > 0, stream
     cancel = _evidence(m, row, "cancel_recovers.json")
-    assert cancel["passed"] and not cancel["stream_ended_before_drop"], cancel
+    # The skip reason and each stream's story first: pytest cuts a long dict before them.
+    why = (cancel["skipped"], cancel["failure"], cancel.get("streams"))
+    assert cancel["passed"] and not cancel["stream_ended_before_drop"], why
     assert float(str(cancel["in_flight_during"])) >= 1, cancel  # the request was running when dropped
     _released(cancel, ("prefill", "decode"))
     assert cancel["recovery"]["failed_checks"] == [], cancel  # type: ignore[index]
@@ -319,7 +321,9 @@ def test_the_sidecar_system_streams_and_frees_a_dropped_stream(campaign: Version
     assert "no public API" in str(orphan["skipped"]), orphan
     assert row["status"] == "passed", row["message"]
     assert _evidence(m, row, "stream.json")["failures"] == []
-    assert cancel["passed"] and not cancel["stream_ended_before_drop"], cancel
+    # The skip reason and each stream's story first: pytest cuts a long dict before them.
+    why = (cancel["skipped"], cancel["failure"], cancel.get("streams"))
+    assert cancel["passed"] and not cancel["stream_ended_before_drop"], why
     _released(cancel, ("prefill", "decode"))
 
 
