@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from matrix.errors import ConfigError
 
-__all__ = ["CLASSES", "DEFAULT_ROLE", "NONE", "FaultSpec", "parse"]
+__all__ = ["CLASSES", "DEFAULT_ROLE", "LAUNCH_CLASSES", "MODEL_REVISION", "NONE", "PLUGIN_CLASSES", "FaultSpec",
+           "parse"]  # fmt: skip
 
 # The classes the plugin knows (matrix/tools/vllm_kv_faults), with the role each acts on by default.
-DEFAULT_ROLE = {
+PLUGIN_ROLE = {
     "bit_flip": "decode",
     "stale": "decode",
     "off_by_one": "decode",
@@ -23,6 +24,13 @@ DEFAULT_ROLE = {
     "never_complete": "decode",
     "lost_notification": "prefill",
 }
+PLUGIN_CLASSES = tuple(PLUGIN_ROLE)
+# A class matrix injects when it launches the role, not inside the engine: the role loads another revision
+# of the model (same architecture and tokenizer, other weights), which NIXL's handshake does not compare.
+# Its engines are made differently, so its cells never share a fault grid's pair.
+MODEL_REVISION = "model_revision"
+LAUNCH_CLASSES = (MODEL_REVISION,)
+DEFAULT_ROLE = {**PLUGIN_ROLE, MODEL_REVISION: "decode"}
 CLASSES = tuple(DEFAULT_ROLE)
 # `kv_fault = "none"`: the healthy twin of fault cells (the detection table's A/A cells): no fault anywhere,
 # but the case is part of the table, and it shares a fault grid's pair with the cases of its engines.

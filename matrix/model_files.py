@@ -34,6 +34,8 @@ DEFAULT_VOCAB = 4096
 # Version of tools/make_tiny_qwen3.py's output, part of the cached directory's name: a generator change
 # bumps it, so a directory an older generator wrote (possibly broken weights) is never reused.
 WEIGHTS_VERSION = 3
+# The file tools/make_tiny_qwen3.py writes the random weights to (transformers' single-file name).
+WEIGHTS_FILE = "model.safetensors"
 SPECIAL_TOKENS = ("<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The chat template's own words: without them a chat prompt ends in <unk> ("assistant"), and a random model
 # tends to repeat its last input token, so it generated only <unk>, which detokenizes to blank text.
@@ -115,21 +117,25 @@ def tokenizer_config_json() -> dict[str, Any]:
 
 
 def ensure_tiny_model(
-    vocab_size: int = DEFAULT_VOCAB, root: Path | None = None, *, weights_python: str | None = None
+    vocab_size: int = DEFAULT_VOCAB, root: Path | None = None, *, weights_python: str | None = None, revision: int = 0
 ) -> Path:
     """The cached tiny model directory, built on first use; with random weights when `weights_python`
-    (an interpreter with torch and transformers) is given."""
+    (an interpreter with torch and transformers) is given. `revision` N > 0: another revision of the random
+    model (the same config and tokenizer, weights from seed N), a directory of its own."""
     if vocab_size < 2048:
         raise ConfigError(f"tiny model vocab_size must be >= 2048 (mocker token ids reach 1999), got {vocab_size}")
+    if revision and not weights_python:
+        raise ConfigError('a revision of the tiny model needs random weights (model_dir = "tiny-random")')
     base = (root or data_dir()) / "models"
-    target = base / (f"tiny-qwen3-v{vocab_size}" + (f"-random-w{WEIGHTS_VERSION}" if weights_python else ""))
+    suffix = f"-random-w{WEIGHTS_VERSION}" + (f"-r{revision}" if revision else "") if weights_python else ""
+    target = base / f"tiny-qwen3-v{vocab_size}{suffix}"
     if (target / "tokenizer.json").is_file():
         return target
     base.mkdir(parents=True, exist_ok=True)
     with _build_lock(base / f".{target.name}.lock"):
         if (target / "tokenizer.json").is_file():  # another runner or thread built it while this one waited
             return target
-        return _build(target, base, vocab_size, weights_python)
+        return _build(target, base, vocab_size, weights_python, revision)
 
 
 @contextmanager
@@ -144,7 +150,7 @@ def _build_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _build(target: Path, base: Path, vocab_size: int, weights_python: str | None) -> Path:
+def _build(target: Path, base: Path, vocab_size: int, weights_python: str | None, revision: int) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
     try:
         files = {
@@ -156,7 +162,7 @@ def _build(target: Path, base: Path, vocab_size: int, weights_python: str | None
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=1))
         if weights_python:
-            _write_weights(weights_python, staging)
+            _write_weights(weights_python, staging, revision)
         staging.chmod(0o755)  # mkdtemp makes it private; the model is for every engine process
         try:
             os.rename(staging, target)
@@ -169,10 +175,11 @@ def _build(target: Path, base: Path, vocab_size: int, weights_python: str | None
     return target
 
 
-def _write_weights(python: str, directory: Path) -> None:
+def _write_weights(python: str, directory: Path, revision: int = 0) -> None:
     script = Path(__file__).with_name("tools") / "make_tiny_qwen3.py"
+    seed = ["--seed", str(revision)] if revision else []
     result = subprocess.run(
-        [python, str(script), str(directory)], capture_output=True, text=True, timeout=600, check=False
+        [python, str(script), *seed, str(directory)], capture_output=True, text=True, timeout=600, check=False
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])

@@ -31,6 +31,7 @@ from matrix.case_launch import peer_loss_options, topology_counts
 from matrix.cells import CaseInfo, Cell, RuntimeInfo
 from matrix.errors import ConfigError, MatrixError
 from matrix.hardware.ports import PortAllocator, PortRequest
+from matrix.kv_faults import LAUNCH_CLASSES, parse
 from matrix.launch import faults
 from matrix.launch.arms import get_arm
 from matrix.launch.arms.base import LaunchContext
@@ -107,10 +108,22 @@ def _plan(name: str, members: Sequence[Cell]) -> GridPlan:
 
 
 def engine_identity(case: CaseInfo) -> CaseInfo:
-    """What of `case` its engines are made of: the case without its name, markers and `kv_fault`. Two cases
-    with equal identities start equal engines (the fault plugin aside, which a fault grid's engines load for
-    every class)."""
-    return replace(case, name="", id=None, markers=(), marker_texts=(), launch=replace(case.launch, kv_fault=None))
+    """What of `case` its engines are made of: the case without its name, markers and a plugin's `kv_fault`.
+    Two cases with equal identities start equal engines (the fault plugin aside, which a fault grid's engines
+    load for every class); a fault matrix injects at launch (`model_revision`) makes engines of their own."""
+    kv_fault = case.launch.kv_fault if _launch_fault(case) else None
+    return replace(case, name="", id=None, markers=(), marker_texts=(), launch=replace(case.launch, kv_fault=kv_fault))
+
+
+def _launch_fault(case: CaseInfo) -> bool:
+    """Whether `case`'s fault is made at launch, not by the plugin (a bad value: left to the arm to refuse)."""
+    spec = case.launch.kv_fault
+    if not spec:
+        return False
+    try:
+        return parse(spec).fault in LAUNCH_CLASSES
+    except ConfigError:
+        return False
 
 
 def _fault_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
@@ -127,7 +140,11 @@ def _fault_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
             groups.append((identity, [cell]))
         else:
             group.append(cell)
-    return [members for _identity, members in groups if any(c.case.launch.kv_fault for c in members)]
+    return [
+        members
+        for _identity, members in groups
+        if any(c.case.launch.kv_fault and not _launch_fault(c.case) for c in members)
+    ]
 
 
 def owns_its_engines(case: CaseInfo) -> bool:

@@ -7,16 +7,23 @@ module and a `.dist-info` whose `entry_points.txt` declares the `vllm.general_pl
 the faulted role's PYTHONPATH names it. `importlib.metadata` finds distributions on every `sys.path` entry,
 so vLLM loads the plugin in each process of that engine (engine core and worker included), while the other
 role, the oracle's aggregated baseline and every cell without a fault run the environment untouched.
+
+`model_revision` is no plugin class: the faulted role is launched on another revision of the case's model
+(`revision_model`), which the arm puts in that role's `--model`; matrix writes the injection's event itself.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
 from matrix.check.faults import events_path
-from matrix.kv_faults import parse
+from matrix.errors import ConfigError
+from matrix.kv_faults import LAUNCH_CLASSES, MODEL_REVISION, parse
+from matrix.model_files import TINY_RANDOM, WEIGHTS_FILE, ensure_tiny_model
 from matrix.paths import staging_path
 
 PLUGIN_MODULE = "matrix_vllm_kv_faults"
@@ -43,7 +50,7 @@ def role_env(spec: str | None, role: str, work_dir: Path, env: dict[str, str]) -
     if not spec:
         return {}
     fault = parse(spec)
-    if fault.role != role:  # the other role's fault, or `none` (on no role)
+    if fault.role != role or fault.fault in LAUNCH_CLASSES:  # the other role's, `none`, or no plugin's
         return {}
     site = install_site(work_dir)
     inherited = env.get("PYTHONPATH", "")
@@ -73,3 +80,35 @@ def write_control(control: Path, fault: str | None) -> None:
     staged = staging_path(control)
     staged.write_text(fault or "", encoding="utf-8")
     os.replace(staged, control)
+
+
+# The other revision `model_revision` gives its role: the tiny random model's weights from this seed.
+OTHER_REVISION = 1
+
+
+def revision_model(spec: str | None, role: str, model_dir: str | None, python: str, work_dir: Path) -> Path | None:
+    """The model directory `role` loads instead of the case's when the case's fault is `model_revision` on
+    it (None otherwise), with the injection's event in the cell's events file: both revisions' weight
+    digests, effective when they differ. Only the generated random model has a revision matrix can make."""
+    if not spec:
+        return None
+    fault = parse(spec)
+    if fault.fault != MODEL_REVISION or fault.role != role:
+        return None
+    if model_dir != TINY_RANDOM:
+        raise ConfigError(f"kv_fault {spec!r} needs launch.model_dir = {TINY_RANDOM!r}: matrix makes the other "
+                          f"revision of its generated model, not of {model_dir or 'a hub model'!r}")  # fmt: skip
+    case_model = ensure_tiny_model(weights_python=python)
+    other = ensure_tiny_model(weights_python=python, revision=OTHER_REVISION)
+    digests = {name: _digest(path / WEIGHTS_FILE) for name, path in (("case", case_model), ("loaded", other))}
+    event = {"event": "injected", "class": MODEL_REVISION, "role": role, "request_id": f"{role} engine",
+             "model": other.name, "instead_of": case_model.name, "weights_sha256": digests,
+             "effective": digests["case"] != digests["loaded"]}  # fmt: skip
+    with events_path(work_dir).open("a", encoding="utf-8") as events:
+        events.write(json.dumps(event) + "\n")
+    return other
+
+
+def _digest(path: Path) -> str:
+    with path.open("rb") as weights:
+        return hashlib.file_digest(weights, "sha256").hexdigest()

@@ -26,6 +26,8 @@ the gap is large unless attention itself is split. `check` measures it: greedy s
 below NEAR_TIE_NATS must stay rare, decoding with the KV cache must equal recomputing the prompt, and a
 corrupted KV cache must change the continuation (the oracle can see wrong KV).
     python make_tiny_qwen3.py DIR            write, then check
+    python make_tiny_qwen3.py --seed N DIR   write another revision (same architecture and tokenizer, other
+                                             weights: another successor map), then check
     python make_tiny_qwen3.py --check DIR    only check what DIR holds
 """
 
@@ -66,8 +68,8 @@ def build(directory: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
 
 
-def initialise(model: PreTrainedModel, std: float) -> None:
-    generator = torch.Generator().manual_seed(SEED)
+def initialise(model: PreTrainedModel, std: float, seed: int = SEED) -> None:
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -78,17 +80,17 @@ def initialise(model: PreTrainedModel, std: float) -> None:
             else:
                 param.zero_()  # biases
     model.tie_weights()
-    shape_circuit(model)
+    shape_circuit(model, seed)
 
 
-def shape_circuit(model: PreTrainedModel) -> None:
+def shape_circuit(model: PreTrainedModel, seed: int = SEED) -> None:
     """Make the logits decisive while the KV cache still decides them (the module docstring says how)."""
     cfg = model.config
     d, vocab, head_dim = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
     half = d // 2
     if half < CODEWORDS or cfg.num_attention_heads != 4 or cfg.num_key_value_heads != 2 or 2 * head_dim != half:
         raise SystemExit(f"shape_circuit expects hidden {d} = 4 heads x {head_dim} with 2 KV heads")
-    gen = torch.Generator().manual_seed(SEED + 1)
+    gen = torch.Generator().manual_seed(seed + 1)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=gen, dtype=torch.float32)
@@ -250,6 +252,9 @@ def _check_chat_completion(directory: Path, model: PreTrainedModel) -> list[str]
 def main(argv: list[str]) -> int:
     only_check = argv[:1] == ["--check"]
     args = argv[1:] if only_check else argv
+    seed = SEED
+    if not only_check and args[:1] == ["--seed"] and len(args) == 3 and args[1].isdigit():
+        seed, args = int(args[1]), args[2:]
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
@@ -257,7 +262,7 @@ def main(argv: list[str]) -> int:
     model = build(directory)
     written = None
     if not only_check:
-        initialise(model, std=float(getattr(model.config, "initializer_range", 0.02)))
+        initialise(model, std=float(getattr(model.config, "initializer_range", 0.02)), seed=seed)
         written = {k: v.detach().clone() for k, v in model.state_dict().items()}
         model.save_pretrained(directory, safe_serialization=True)
     problems = check(directory, model, written)

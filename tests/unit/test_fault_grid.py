@@ -47,6 +47,14 @@ def test_a_case_whose_engines_differ_or_a_group_without_a_fault_runs_per_cell() 
     assert plans["faults-stale"].keys == {stale.key, twin.key}
 
 
+def test_a_model_revision_case_starts_engines_of_its_own() -> None:
+    """`model_revision` is made at launch (another model on one role), so no shared pair can serve it."""
+    stale, twin = _cell(_case("stale", kv_fault="stale")), _cell(_case("twin"))
+    revision = _cell(_case("rev", kv_fault="model_revision"))
+    plans = grid_plans([stale, twin, revision, revision])
+    assert set(plans) == {"faults-stale"} and plans["faults-stale"].keys == {stale.key, twin.key}
+
+
 def test_skew_cells_stay_in_their_skew_grid_and_topologies_own_their_engines() -> None:
     stale = _case("stale", kv_fault="stale")
     skewed = expand_skew([_cell(stale, "0.30.0"), _cell(stale, "0.32.0")], frontend=False)

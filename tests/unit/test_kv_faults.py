@@ -62,7 +62,70 @@ def test_a_fired_fault_passes_the_cell_when_caught_and_fails_it_when_every_check
 
 def test_the_plugin_inside_the_engine_knows_the_same_classes_on_the_same_sides() -> None:
     """The plugin imports nothing of matrix (it runs in the engine's interpreter), so it has its own copy."""
-    from matrix.kv_faults import CLASSES, DEFAULT_ROLE
+    from matrix.kv_faults import DEFAULT_ROLE, PLUGIN_CLASSES, PLUGIN_ROLE
     from matrix.tools.vllm_kv_faults import matrix_vllm_kv_faults as plugin
 
-    assert plugin.CLASSES == CLASSES and plugin.SIDE == DEFAULT_ROLE
+    assert plugin.CLASSES == PLUGIN_CLASSES and plugin.SIDE == PLUGIN_ROLE
+    assert DEFAULT_ROLE == {**PLUGIN_ROLE, "model_revision": "decode"}  # the one class matrix makes at launch
+
+
+def _models(home: Path) -> tuple[Path, Path]:
+    """Both revisions of the tiny random model as if generated before (a unit test runs no generator)."""
+    made = []
+    for suffix, content in (("", b"weights of revision 0"), ("-r1", b"weights of revision 1")):
+        model = home / "models" / f"tiny-qwen3-v4096-random-w3{suffix}"
+        model.mkdir(parents=True)
+        (model / "tokenizer.json").write_text("{}")
+        (model / "model.safetensors").write_bytes(content)
+        made.append(model)
+    return made[0], made[1]
+
+
+def _native_plan(tmp_path: Path, launch: dict[str, object], model_dir: Path):  # type: ignore[no-untyped-def]
+    from matrix.cells import CaseInfo, RuntimeInfo
+    from matrix.launch.arms import get_arm
+    from matrix.launch.arms.base import LaunchContext
+
+    case = CaseInfo("rev", "vllm-cpu", "vllm_native", "tiny", (), launch={"cpu": True, **launch})
+    arm = get_arm("vllm_native")
+    requests = (*arm.port_requests(case), *arm.aggregated_port_requests(case))
+    ports = {r.name: 30000 + i for i, r in enumerate(requests)}
+    ctx = LaunchContext("cell", case, RuntimeInfo("vllm-cpu", "0.32.0", "v0.32.0"), ports, tmp_path / "cell",
+                        python="/rt/python", model_dir=model_dir, matrix_python="/matrix/python")  # fmt: skip
+    ctx.work_dir.mkdir()
+    return arm, ctx
+
+
+def test_model_revision_launches_its_role_on_the_other_revision_and_records_the_injection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No plugin: the decode engine's --model is the other revision; prefill and the oracle's aggregated
+    baseline load the case's model; the event names both weight digests."""
+    monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "home"))
+    from matrix.paths import data_dir
+
+    case_model, other = _models(data_dir())
+    arm, ctx = _native_plan(tmp_path, {"model_dir": "tiny-random", "kv_fault": "model_revision"}, case_model)
+    prefill, decode, _proxy = arm.plan(ctx).processes
+    (aggregated,) = arm.aggregated_plan(ctx).processes
+    models = {p.role: p.argv[list(p.argv).index("--model") + 1] for p in (prefill, decode, aggregated)}
+    assert models == {"prefill": str(case_model), "decode": str(other), "aggregated": str(case_model)}
+    assert not any("MATRIX_KV_FAULT" in name for p in (prefill, decode) for name in p.env)
+    events = read_events(events_path(ctx.work_dir), "model_revision")
+    assert (events.fired, events.requests) == (1, ("decode engine",))
+    (event,) = [json.loads(line) for line in events_path(ctx.work_dir).read_text().splitlines()]
+    assert event["model"] == other.name and event["instead_of"] == case_model.name
+    assert len(set(event["weights_sha256"].values())) == 2
+    # Judged like any fault: fired, so a cell every check passed missed it.
+    assert judge(passed(), "model_revision", ctx.work_dir).status == FAILED
+    assert judge(passed(), "model_revision", tmp_path).status == SKIPPED  # a cell with no such event
+
+
+def test_model_revision_of_a_model_matrix_did_not_generate_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "home"))
+    arm, ctx = _native_plan(tmp_path, {"model_dir": "my-model", "kv_fault": "model_revision"}, tmp_path / "my-model")
+    with pytest.raises(ConfigError, match=r"needs launch.model_dir = 'tiny-random'.*not of 'my-model'"):
+        arm.plan(ctx)
+    assert not events_path(ctx.work_dir).exists()

@@ -158,12 +158,15 @@ def test_any_of_needs_one_counter_to_grow_and_all_of_needs_every_one() -> None:
 
 def test_counters_published_late_are_read_again_until_they_grow() -> None:
     import http.server
+    import math
     import threading
     import time
 
     from matrix.check.metrics import settle, snapshot
 
-    published_at = time.monotonic() + 0.5  # the server publishes the transfer half a second late
+    # The server publishes the transfer half a second after the test's second read (the clock starts there,
+    # not at the top: on a loaded host two reads alone can take that long, and the first reads must miss it).
+    published_at = math.inf
     reads: list[str] = []
 
     class Metrics(http.server.BaseHTTPRequestHandler):
@@ -186,6 +189,7 @@ def test_counters_published_late_are_read_again_until_they_grow() -> None:
                               ("vllm:nixl_xfer_time_seconds_count",)),)  # fmt: skip
         before = snapshot(check)
         assert judge(check, before, snapshot(check))  # read once at once: missed
+        published_at = time.monotonic() + 0.5
         assert judge(check, before, settle(check, before, window_s=5.0)) == []
         # A counter that does not grow any more is read again (not given up on at the first read) until the
         # window closes, then judged.

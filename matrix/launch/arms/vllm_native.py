@@ -16,6 +16,7 @@ to cover the choices of its pairs (its counters name no prefill peer).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default, peer_loss_options, topology_counts
 from matrix.cells import CaseInfo
@@ -131,15 +132,17 @@ class VllmNativeArm:
         base_env.update({str(k): str(v) for k, v in (_launch(ctx).env or {}).items()})
         return base_env
 
-    def _engine_argv(self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None) -> list[str]:
+    def _engine_argv(
+        self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None, model: Path | None = None
+    ) -> list[str]:
         """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector), with
-        `role`'s launch overrides (`role_launch`)."""
+        `role`'s launch overrides (`role_launch`); `model`: a directory instead of the case's ([M28])."""
         typed = for_role(_launch(ctx), role)
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
             "--host", "127.0.0.1",
             "--port", str(port),
-            "--model", str(ctx.model_dir or ctx.case.model),
+            "--model", str(model or ctx.model_dir or ctx.case.model),
             "--served-model-name", ctx.case.model,
             "--max-model-len", str(or_default(typed.max_model_len, DEFAULT_MAX_MODEL_LEN)),
             *vllm_engine_flags(ctx, ENGINE, kv_role, typed),
@@ -185,7 +188,11 @@ class VllmNativeArm:
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             connected = not (role == "decode" and launch.decode_without_connector)
-            argv = self._engine_argv(ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None)
+            # [M28] `model_revision`: the faulted role (its first worker) loads another revision of the model.
+            model = None
+            if name == role:
+                model = faults.revision_model(launch.kv_fault, role, launch.model_dir, ctx.python, ctx.work_dir)
+            argv = self._engine_argv(ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None, model)
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{name}_side_channel"])}
             if role in binding:
