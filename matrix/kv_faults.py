@@ -23,6 +23,7 @@ PLUGIN_ROLE = {
     "drop_last": "decode",
     "never_complete": "decode",
     "lost_notification": "prefill",
+    "swap": "decode",
 }
 PLUGIN_CLASSES = tuple(PLUGIN_ROLE)
 # A class matrix injects when it launches the role, not inside the engine: the role loads another revision

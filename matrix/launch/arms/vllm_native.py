@@ -16,7 +16,6 @@ to cover the choices of its pairs (its counters name no prefill peer).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from matrix.case_launch import VllmNativeLaunch, for_role, launch_as, or_default, peer_loss_options, topology_counts
 from matrix.cells import CaseInfo
@@ -133,10 +132,10 @@ class VllmNativeArm:
         return base_env
 
     def _engine_argv(
-        self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None, model: Path | None = None
+        self, ctx: LaunchContext, port: int, role: str, kv_role: str | None = None, model: str | None = None
     ) -> list[str]:
         """`vllm serve`'s flags shared by the pair's instances and the aggregated one (no connector), with
-        `role`'s launch overrides (`role_launch`); `model`: a directory instead of the case's ([M28])."""
+        `role`'s launch overrides (`role_launch`); `model`: what `--model` says instead of the case's ([M28])."""
         typed = for_role(_launch(ctx), role)
         argv = [
             ctx.python, "-m", "vllm.entrypoints.openai.api_server",
@@ -188,11 +187,11 @@ class VllmNativeArm:
             # The control case runs its decode instance without a connector: it silently recomputes the
             # prompt, which only the kv_transfer check can tell.
             connected = not (role == "decode" and launch.decode_without_connector)
-            # [M28] `model_revision`: the faulted role (its first worker) loads another revision of the model.
-            model = None
-            if name == role:
-                model = faults.revision_model(launch.kv_fault, role, launch.model_dir, ctx.python, ctx.work_dir)
-            argv = self._engine_argv(ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None, model)
+            # [M28] `model_revision`: every worker says the same --model, the faulted role's means other weights.
+            model = faults.revision_model(launch.kv_fault, name, role, launch.model_dir, ctx.python, ctx.work_dir)
+            argv = self._engine_argv(
+                ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None, model.name if model else None
+            )
             argv += self._extra_args(ctx)
             env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{name}_side_channel"])}
             if role in binding:
@@ -201,7 +200,8 @@ class VllmNativeArm:
             if name == role:  # [M28]: not the aggregated one, nor a topology's later workers
                 env.update(faults.role_env(launch.kv_fault, role, ctx.work_dir, env))
             health = (HealthProbe(loopback_url(ctx.ports[f"{name}_http"], "/health")),)
-            instances.append(ProcessSpec(role=name, argv=tuple(argv), env=env, health=health))
+            cwd = str(model.cwd) if model else None
+            instances.append(ProcessSpec(role=name, argv=tuple(argv), env=env, cwd=cwd, health=health))
         proxy_port = ctx.ports["proxy"]
         proxy = pd_proxy(ctx, ctx.ports["prefill_http"], ctx.ports["decode_http"], *topology_args(ctx))
         counters = tuple(str(c) for c in or_default(launch.kv_counters, DEFAULT_KV_COUNTERS))

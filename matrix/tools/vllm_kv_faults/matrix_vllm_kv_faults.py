@@ -26,7 +26,10 @@ the read is posted, so "what the block held before" is what a previous request l
 * drop_last: the last block is put back to what it held before (a partial transfer); the request completes;
 * never_complete: the transfer is never reported done (the request waits for KV forever);
 * lost_notification (prefill side): the decode's "done reading" notifications never reach the prefill,
-  which keeps the blocks until its lease expires.
+  which keeps the blocks until its lease expires;
+* swap: two requests whose transfers are reported done in the same step get each other's KV (the first
+  blocks both have); a request done alone in its step is left as it is, so the class needs concurrent
+  traffic to fire at all.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 logger = logging.getLogger("vllm.matrix_kv_faults")
 
 CONTENT_CLASSES = ("bit_flip", "stale", "off_by_one", "drop_last")
-CLASSES = (*CONTENT_CLASSES, "never_complete", "lost_notification")
+CLASSES = (*CONTENT_CLASSES, "never_complete", "lost_notification", "swap")
 # Where the connector worker lives: one module per release line, newest first.
 WORKER_CLASSES = (
     ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker", "NixlPullConnectorWorker"),
@@ -52,6 +55,7 @@ NEEDS = {
     **{name: ("_read_blocks_for_req", "_pop_done_transfers") for name in CONTENT_CLASSES},
     "never_complete": ("_pop_done_transfers",),
     "lost_notification": ("_get_new_notifs",),
+    "swap": ("_pop_done_transfers",),
 }
 SIDE = {**{name: "decode" for name in CLASSES}, "lost_notification": "prefill"}
 FLIP_STRIDE = 61
@@ -198,6 +202,32 @@ def _corrupt(worker: Any, name: str, req_id: str, blocks: list[int], before: lis
     )
 
 
+def _swap_pairs(worker: Any, requests: list[str]) -> None:
+    """Requests done in one step, taken two by two: each gets the other's received KV in the blocks both have
+    (a transfer that wrote into another in-flight request's blocks)."""
+    metas = getattr(worker, "_recving_metadata", {})
+    with_blocks = [(r, b) for r in requests if (m := metas.get(r)) is not None and (b := _local_blocks(m))]
+    for (first, first_blocks), (second, second_blocks) in zip(with_blocks[::2], with_blocks[1::2], strict=False):
+        count = min(len(first_blocks), len(second_blocks))
+        mine, theirs = first_blocks[:count], second_blocks[:count]
+        got_first, got_second = _received(worker, mine), _received(worker, theirs)
+        _write(worker, mine, got_second)
+        _write(worker, theirs, got_first)
+        changed = _changed(got_first, got_second)
+        for request, blocks, other in ((first, mine, second), (second, theirs, first)):
+            emit(
+                {
+                    "event": "injected",
+                    "class": "swap",
+                    "request_id": request,
+                    "blocks": blocks,
+                    "values_changed": changed,
+                    "effective": changed > 0,
+                    "change": f"its first {count} block(s) hold what request {other}'s transfer wrote",
+                }
+            )
+
+
 def _arm(cls: Any) -> list[str]:
     """Wrap `cls`'s methods; returns those it lacks (the fault classes that need them cannot fire)."""
     missing = [m for m in sorted({m for ms in NEEDS.values() for m in ms}) if not hasattr(cls, m)]
@@ -247,6 +277,8 @@ def _arm(cls: Any) -> list[str]:
                     blocks = _local_blocks(meta)
                     if blocks:
                         _corrupt(self, name, req_id, blocks, snapshot[1] if snapshot else None)
+            if name == "swap":
+                _swap_pairs(self, [r for r in sorted(done) if r not in failed])
             if held & set(done):
                 done = set(done) - held
                 return (done, failed) if isinstance(result, tuple) else done
