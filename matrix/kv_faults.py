@@ -1,9 +1,10 @@
-"""The KV fault classes of matrix's vLLM fault plugin ([M28]) and the grammar of a case's `kv_fault` value.
+"""The KV fault classes ([M28]): those of matrix's vLLM fault plugin, the one matrix makes at launch
+(`model_revision`), and the grammar of a case's `kv_fault` value.
 
 A leaf: the launch side (which role loads the plugin), the runner's judgement (`matrix.check.faults`), the
 fault grids (`matrix.executors.fault_grid`) and the detection table (`matrix.report.detection`) read the same
 vocabulary. The plugin itself (matrix/tools/vllm_kv_faults) runs inside the engine and imports nothing of
-matrix, so it carries its own copy of the names; `tests/unit/test_kv_faults.py` keeps the two equal.
+matrix, so it carries its own copy of its names; `tests/unit/test_kv_faults.py` keeps the two equal.
 """
 
 from __future__ import annotations

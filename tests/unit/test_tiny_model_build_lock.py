@@ -17,7 +17,7 @@ def test_concurrent_requests_build_the_random_model_once(tmp_path: Path, monkeyp
     builds: list[str] = []
     running = threading.Lock()
 
-    def write_weights(python: str, directory: Path) -> None:
+    def write_weights(python: str, directory: Path, revision: int) -> None:
         assert running.acquire(blocking=False), "two builds ran at once"
         try:
             builds.append(python)
@@ -39,12 +39,32 @@ def test_concurrent_requests_build_the_random_model_once(tmp_path: Path, monkeyp
 def test_a_failed_build_leaves_nothing_and_the_next_request_builds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(python: str, directory: Path) -> None:
+    def broken(python: str, directory: Path, revision: int) -> None:
         raise model_files.ConfigError("no torch")
 
     monkeypatch.setattr(model_files, "_write_weights", broken)
     with pytest.raises(model_files.ConfigError):
         model_files.ensure_tiny_model(root=tmp_path, weights_python="py")
-    monkeypatch.setattr(model_files, "_write_weights", lambda python, directory: None)
+    monkeypatch.setattr(model_files, "_write_weights", lambda python, directory, revision: None)
     path = model_files.ensure_tiny_model(root=tmp_path, weights_python="py")
     assert (path / "tokenizer.json").is_file()
+
+
+def test_another_revision_is_a_directory_of_its_own_built_from_its_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[M28] `model_revision`: the same config and tokenizer, weights from seed N, never the case's directory."""
+    seeds: list[int] = []
+
+    def write_weights(python: str, directory: Path, revision: int) -> None:
+        seeds.append(revision)
+        (directory / "model.safetensors").write_bytes(f"seed {revision}".encode())
+
+    monkeypatch.setattr(model_files, "_write_weights", write_weights)
+    case = model_files.ensure_tiny_model(root=tmp_path, weights_python="py")
+    other = model_files.ensure_tiny_model(root=tmp_path, weights_python="py", revision=1)
+    assert seeds == [0, 1] and other != case and other.name == f"{case.name}-r1"
+    assert (case / "config.json").read_text() == (other / "config.json").read_text()
+    assert (other / "model.safetensors").read_bytes() == b"seed 1"
+    with pytest.raises(model_files.ConfigError, match="needs random weights"):
+        model_files.ensure_tiny_model(root=tmp_path, revision=1)
