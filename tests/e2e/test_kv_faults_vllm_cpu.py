@@ -8,9 +8,10 @@ PYTHONPATH (`matrix.launch.faults`). The cases (tests/helpers/kv_fault_cases.py)
 in data/, so that a plain `matrix run --backend vllm-cpu` never runs a fault cell. Cost: one engine pair and
 one aggregated baseline for every class: the cases differ only in `kv_fault`, so they form a fault grid
 (`executors/fault_grid.py`), whose engines load the plugin for every class and switch it per cell through a
-control file; the healthy cell runs on the same pair with no class in force (the A/A twin). `model_revision`
-(decode loads another revision of the model) is made at launch: one more pair, and the other revision's
-weights generated once (~30 s).
+control file; the healthy cell runs on the same pair with no class in force (the A/A twin). `swap` fires only
+under concurrent requests: it and a healthy twin of its own carry a traffic table, a second grid (one more
+pair). `model_revision` (decode loads another revision of the model) is made at launch: one more pair, and
+the other revision's weights generated once (~30 s).
 """
 
 from __future__ import annotations
