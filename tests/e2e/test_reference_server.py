@@ -37,6 +37,7 @@ from matrix.reference.faults import (
     PREFILL_FAULTS,
 )
 from matrix.reference.kvpool import CpuStorage, KVPool, PoolFullError, checksum
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -45,12 +46,6 @@ MODEL = "reference-model"
 PROMPT = "Explain, in a few words, why prefill and decode run on separate workers."
 POLL_S = 0.01
 START_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import itertools
 import random
-import socket
 
 from matrix.hardware.ports import port_is_free
 
+# Where `free_port` looks: below the kernel's ephemeral range (32768 and up by default), as matrix's own
+# allocator prefers. A port the kernel hands out (bind to 0) and the test closes again can be given to any
+# process's next outgoing connection before the server under test binds it; with four test workers making
+# loopback connections, a reference prefill once failed so ("Address already in use" on its side channel, CI).
+FREE_PORT_RANGE = range(20000, 32000)
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on every interface right now, picked at random outside the ephemeral range."""
+    for port in random.sample(FREE_PORT_RANGE, 200):
+        if port_is_free(port):
+            return port
+    raise RuntimeError(f"no free port in {FREE_PORT_RANGE.start}..{FREE_PORT_RANGE.stop - 1} after 200 tries")
 
 
 def free_block(size: int) -> int:
