@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 
 from matrix.launch.supervisor import find_cell_processes
 from tests.helpers.cli import DATA, Matrix
+from tests.helpers.ports import free_port
 from tests.helpers.processes import port_still_held
 from tests.helpers.reference_cells import SHORT_GRACE
 
@@ -61,12 +61,6 @@ def catalog(directory: Path) -> list[str]:
     return [str(f) for f in files]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _session_processes(sid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
@@ -95,7 +89,7 @@ def _no_ray_token_auth() -> Iterator[None]:
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory, _no_ray_token_auth: None) -> Iterator[str]:
     """A local Ray head with 2 fake GPUs and 4 CPUs, in its own session so teardown can prove it is gone."""
     ray_cli = Path(sys.executable).with_name("ray")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("ray-head") / "head.log"
     argv = [
         str(ray_cli), "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1",
@@ -268,7 +262,7 @@ def test_a_lost_worker_interrupts_the_cell_and_the_retry_runs_it(ray_cluster: st
 def test_bad_ray_options_exit_2_and_change_nothing(ray_home: Matrix) -> None:
     before = ray_home.dump()
     for args, needle in (
-        (("--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"), "cannot reach the Ray cluster"),
+        (("--executor", "ray", "--ray-address", f"127.0.0.1:{free_port()}"), "cannot reach the Ray cluster"),
         (("--executor", "ray", "--ray-address", "no-port-here"), "is not auto, HOST:PORT"),
         (("--executor", "ray", "--pack"), "--pack is for the local executor"),
         (("--ray-address", "auto"), "--ray-address needs --executor ray"),
