@@ -27,6 +27,9 @@ PHASES=${PHASES:-"prepare vllm sglang collect"}
 WHEELHOUSE=${WHEELHOUSE:-/tmp/wheelhouse-new}
 DEPS=${DEPS:-/tmp/matrix-deps}
 BACKENDS=${BACKENDS:-"vllm sglang"}
+# A phase is cut (SIGINT: matrix tears its pairs down) before the host's 600 s command limit; `matrix run
+# --resume CAMPAIGN` finishes it.
+RUN_TIMEOUT=${RUN_TIMEOUT:-540}
 declare -A NEW=([vllm]="0.32.0 0.33.0 0.34.0" [sglang]="0.5.22 0.5.23")
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # shellcheck source=tests/gpu/common.sh
@@ -78,13 +81,19 @@ print()' | sed "s|^|$env: |"
   vllm)
     stamp "GPU before the vLLM cells"; smi
     stamp "every case of the new vLLM releases"
-    m run "${new_vllm[@]}" "${offline[@]}" --gpus 0 --report-dir "$OUT/report-vllm"
+    # Packed: every cell's KV is bounded in bytes, so the 15 start together on GPU 0 (without --pack the
+    # 2026-12-04 run's 10 cells ran one at a time, about 660 s, past one command's limit).
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${new_vllm[@]}" "${offline[@]}" --gpus 0 --pack -j 15 \
+      --report-dir "$OUT/report-vllm"
+    echo "matrix run (vllm): exit $?"
     stamp "GPU after the vLLM cells"; smi; left
     ;;
   sglang)
     stamp "GPU before the SGLang cells"; smi
     stamp "every case of the new SGLang releases"
-    m run "${new_sglang[@]}" "${offline[@]}" --gpus 0 --report-dir "$OUT/report-sglang"
+    timeout -s INT "$RUN_TIMEOUT" "$PY" -m matrix run "${new_sglang[@]}" "${offline[@]}" --gpus 0 --pack -j 10 \
+      --report-dir "$OUT/report-sglang"
+    echo "matrix run (sglang): exit $?"
     stamp "GPU after the SGLang cells"; smi; left
     ;;
   collect)

@@ -219,7 +219,7 @@ def build(argv: list[str]) -> int:
 
     from matrix.cli import cli
     from matrix.cli.app import App
-    from matrix.cli.runtime import _catalog
+    from matrix.cli.runtime import catalog_view
     from matrix.launch.providers import wheelresolve
 
     real = wheelresolve.uv_report
@@ -247,7 +247,7 @@ def build(argv: list[str]) -> int:
     python = argv[argv.index("--python") + 1]
     platforms = tuple(argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--platform")
     target = WheelTarget.of(python, platforms)
-    _cases, runtimes, _markers, _backends = _catalog(App(None))
+    _cases, runtimes, _markers, _backends = catalog_view(App(None))
     chosen = [r for r in runtimes if f"{r.backend}={r.version}" in wanted]
     print(f"resolving {len(chosen)} runtime(s) in parallel: {', '.join(r.label for r in chosen)}", file=sys.stderr)
     find_uv()  # before the threads, as in derive
