@@ -128,7 +128,8 @@ def _launch_fault(case: CaseInfo) -> bool:
 
 def _fault_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
     """The cells of a sharing arm, unskewed and not owning their engines, grouped by engine identity; only
-    groups with a `kv_fault` cell (their fault plugin is what lets one pair serve different cases)."""
+    groups with a `kv_fault` cell (their fault plugin is what lets one pair serve different cases) or the
+    repeats of a launch-made fault."""
     groups: list[tuple[CaseInfo, list[Cell]]] = []
     for cell in cells:
         case = cell.case
@@ -140,11 +141,16 @@ def _fault_groups(cells: Sequence[Cell]) -> list[list[Cell]]:
             groups.append((identity, [cell]))
         else:
             group.append(cell)
-    return [
-        members
-        for _identity, members in groups
-        if any(c.case.launch.kv_fault and not _launch_fault(c.case) for c in members)
-    ]
+    return [members for _identity, members in groups if _shares_a_faulted_pair(members)]
+
+
+def _shares_a_faulted_pair(members: Sequence[Cell]) -> bool:
+    """Whether a group of cells with one engine identity is a fault grid: one of them has a plugin's fault
+    (the plugin switches classes per cell), or the group repeats a fault made at launch (`model_revision`:
+    its engines ARE the fault, so every cell of the case can be served by one such pair)."""
+    if any(c.case.launch.kv_fault and not _launch_fault(c.case) for c in members):
+        return True
+    return len(members) > 1 and _launch_fault(members[0].case)
 
 
 def owns_its_engines(case: CaseInfo) -> bool:
@@ -395,9 +401,10 @@ def engine_plan(
 ) -> LaunchPlan:  # fmt: skip
     """The arm's pair plan for `runtime`, cut down to the one process of `key`'s role: the same argv and
     environment a per-cell run gives that role, on the engine's own ports. With `fault_control` (a fault
-    grid's engine) the process loads the fault plugin for every class instead of the case's own fault."""
+    grid's engine) the process loads the fault plugin for every class instead of the case's own fault; a fault
+    made at launch (`model_revision`) stays the engine's own."""
     role = key[0]
-    if fault_control is not None:
+    if fault_control is not None and not _launch_fault(case):
         case = replace(case, launch=replace(case.launch, kv_fault=None))
     arm = get_arm(case.arm)
     caches = cache_env(runtime) if environment.container is None else {}

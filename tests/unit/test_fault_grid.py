@@ -47,12 +47,37 @@ def test_a_case_whose_engines_differ_or_a_group_without_a_fault_runs_per_cell() 
     assert plans["faults-stale"].keys == {stale.key, twin.key}
 
 
-def test_a_model_revision_case_starts_engines_of_its_own() -> None:
-    """`model_revision` is made at launch (another model on one role), so no shared pair can serve it."""
+def test_a_model_revision_case_shares_a_pair_only_with_its_own_repeats() -> None:
+    """`model_revision` is made at launch (another model on one role): no pair of another case can serve it,
+    and a single cell starts a pair of its own; its repeats (`--repeat N`) share one pair whose engine is the
+    fault, where each would start a pair (about 110 s on a 2-core host)."""
     stale, twin = _cell(_case("stale", kv_fault="stale")), _cell(_case("twin"))
     revision = _cell(_case("rev", kv_fault="model_revision"))
-    plans = grid_plans([stale, twin, revision, revision])
-    assert set(plans) == {"faults-stale"} and plans["faults-stale"].keys == {stale.key, twin.key}
+    assert set(grid_plans([stale, twin, revision])) == {"faults-stale"}
+    plans = grid_plans([stale, twin, revision, revision, revision])
+    assert set(plans) == {"faults-stale", "faults-rev"} and plans["faults-stale"].keys == {stale.key, twin.key}
+    grid = plans["faults-rev"]
+    assert grid.faults and grid.keys == {revision.key} and set(grid.uses.values()) == {3}
+
+
+def test_a_model_revision_grid_gives_every_cell_the_faulted_engines_launch_event(tmp_path: Path) -> None:
+    """The faulted engine serves every cell with the other weights, so each cell's turn gets the engine's
+    launch event (written once, before any cell armed) and no class is written into a control file."""
+    controls = {role: tmp_path / f"control-{role}" for role in ("prefill", "decode")}
+    work = {role: tmp_path / role for role in controls}
+    for directory in work.values():
+        directory.mkdir()
+    launch = {"event": "injected", "class": "model_revision", "role": "decode", "request_id": "decode engine",
+              "effective": True}  # fmt: skip
+    (work["decode"] / EVENTS_FILE).write_text(json.dumps(launch) + "\n")
+    for turn in range(2):
+        cell_dir = tmp_path / f"cell-{turn}"
+        cell_dir.mkdir()
+        switch = fault_grid.arm("model_revision", controls, work)
+        assert all(control.read_text() == "" for control in controls.values())
+        fault_grid.disarm(switch, cell_dir)
+        assert evidence("model_revision", cell_dir) == (1, "model_revision on decode",
+                                                        "1 effective injection(s) on 1 request(s)")  # fmt: skip
 
 
 def test_skew_cells_stay_in_their_skew_grid_and_topologies_own_their_engines() -> None:
@@ -78,6 +103,20 @@ def test_a_fault_grids_engine_loads_the_plugin_for_every_class_reading_its_contr
     assert "MATRIX_KV_FAULT" not in process.env  # not the first case's class for good
     assert process.env["MATRIX_KV_FAULT_EVENTS"] == str(tmp_path / "e" / EVENTS_FILE)
     assert (Path(process.env["PYTHONPATH"].split(":")[0]) / "matrix_vllm_kv_faults.py").is_file()
+    # A fault made at launch stays the engine's own in a grid: decode loads the other revision from its
+    # own directory (the plugin loaded beside it, no class in force).
+    models = []
+    for suffix in ("", "-r1"):  # both revisions as if generated before: a unit test runs no generator
+        model = tmp_path / "home" / "models" / f"tiny-qwen3-v4096-random-w3{suffix}"
+        model.mkdir(parents=True)
+        (model / "tokenizer.json").write_text("{}")
+        (model / "model.safetensors").write_bytes(f"weights{suffix}".encode())
+        models.append(model)
+    revision = _case("rev", kv_fault="model_revision", model_dir="tiny-random")
+    (faulted,) = engine_plan(("decode", runtime.label), runtime, environment, revision, "g", ports,
+                             tmp_path / "r", control).processes  # fmt: skip
+    assert (Path(str(faulted.cwd)) / models[0].name).resolve() == models[1].resolve()
+    assert faulted.env["MATRIX_KV_FAULT_CONTROL"] == str(control)
     # Without a control file (a skew grid), the case's own fault, on its own role, as a per-cell run.
     (plain,) = engine_plan(("decode", runtime.label), runtime, environment, case, "g", ports, tmp_path / "p").processes
     assert plain.env["MATRIX_KV_FAULT"] == "stale" and "MATRIX_KV_FAULT_CONTROL" not in plain.env
