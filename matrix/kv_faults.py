@@ -29,7 +29,7 @@ PLUGIN_ROLE = {
 PLUGIN_CLASSES = tuple(PLUGIN_ROLE)
 # A class matrix injects when it launches the role, not inside the engine: the role loads another revision
 # of the model (same architecture and tokenizer, other weights), which NIXL's handshake does not compare.
-# Its engines are made differently, so its cells never share a fault grid's pair.
+# Its engines are made differently: its cells share a pair only with the repeats of their own case.
 MODEL_REVISION = "model_revision"
 LAUNCH_CLASSES = (MODEL_REVISION,)
 DEFAULT_ROLE = {**PLUGIN_ROLE, MODEL_REVISION: "decode"}

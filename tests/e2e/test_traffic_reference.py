@@ -26,6 +26,9 @@ CASES = {
     "traffic_swap": ('["kv-swap-in-flight"]', 30),
     "traffic_n_child": ('["n-child-handoff-lost"]', 30),
     "traffic_hang": ('["peer-loss-hang"]', 3),
+    # Every pulled request's last KV block corrupted: each stream's answer is wrong but nobody else's, which
+    # is how a real engine's `swap` showed ([M28]: a partial exchange of blocks), caught as a divergence.
+    "traffic_corrupt": ('["kv-corrupt-after-checksum"]', 30),
 }
 
 
@@ -86,6 +89,14 @@ def test_each_concurrency_fault_fails_its_cell_with_its_class(runs: dict[str, Ra
     assert ran.status == "failed" and check in ran.checks, ran.message
     # Only the traffic check sees it: the one request and the oracle's sequential prompts passed.
     assert "equivalent_to_aggregated" not in ran.checks and "http_status" not in ran.checks, ran.message
+
+
+def test_streams_answered_wrong_but_by_no_other_prompt_fail_as_a_divergence(runs: dict[str, Ran]) -> None:
+    """The positive control of `traffic_divergence`, the check that alone caught a real engine's `swap` (the
+    healthy pair above is its negative control): a wrong answer that is no other stream's reference."""
+    ran = runs["traffic_corrupt"]
+    assert ran.status == "failed" and "traffic_divergence" in ran.checks, ran.message
+    assert "cross_request_contamination" not in ran.checks, ran.message
 
 
 def test_a_lost_child_handoff_shows_in_the_kv_ledger(runs: dict[str, Ran]) -> None:

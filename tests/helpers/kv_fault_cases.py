@@ -4,6 +4,8 @@ tests, never into data/, so a plain `matrix run --backend vllm-cpu` runs no faul
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 HEALTHY = "none"
 
 
@@ -37,3 +39,55 @@ def cases_toml(faults: tuple[str, ...], twins: int = 1, traffic: bool = False) -
             f'near_tie_gap = 0.1 }}, kv_fault = "{fault}" }}\n' + (TRAFFIC if traffic else "")
         )
     return "\n".join(entries)
+
+
+@dataclass(frozen=True)
+class Control:
+    """The fast suite's guard of one check that caught a KV fault class in a real engine ([M28] item 4): a
+    reference-server fault that fails the check (the positive control) and the healthy reference pair that
+    passes it (the negative one), each a fast test (`path::name`). A change that blinds the check fails CI
+    in minutes, long before an engine test would run."""
+
+    check: str
+    fault: str
+    positive: str
+    negative: str
+
+
+_RUN = "tests/e2e/test_run_reference.py"
+_ORACLE = "tests/e2e/test_equivalence_oracle.py"
+_TRAFFIC = "tests/e2e/test_traffic_reference.py"
+_PLANTED = f"{_RUN}::test_planted_fault_is_caught_and_leaves_nothing"
+_HEALTHY = f"{_RUN}::test_healthy_reference_pair_passes_every_check"
+_NONBLANK = Control("content_nonblank", "empty-completion", _PLANTED, _HEALTHY)
+_ORACLE_CONTROL = Control(
+    "equivalent_to_aggregated",
+    "kv-corrupt-after-checksum",
+    f"{_ORACLE}::test_kv_corrupted_after_the_checksum_fails_only_the_oracle",
+    f"{_ORACLE}::test_a_healthy_pair_is_token_identical_to_aggregated",
+)
+_TIMEOUT = Control("request", "kv-transfer-stall", _PLANTED, _HEALTHY)
+_RELEASE = Control(
+    "kv_released_after_answer",
+    "kv-read-report-lost",
+    f"{_RUN}::test_lifecycle_faults_fail_exactly_their_check",
+    f"{_RUN}::test_healthy_pair_streams_cancels_and_releases_an_orphaned_decode",
+)
+_DIVERGENCE = Control(
+    "traffic_divergence",
+    "kv-corrupt-after-checksum",
+    f"{_TRAFFIC}::test_streams_answered_wrong_but_by_no_other_prompt_fail_as_a_divergence",
+    f"{_TRAFFIC}::test_a_healthy_pair_serves_every_stream_its_own_answer",
+)
+# class -> the checks that caught it on vLLM (docs/results/detection.md: CPU float32 and CUDA bfloat16), each
+# with its reference controls.
+REFERENCE_CONTROLS: dict[str, tuple[Control, ...]] = {
+    "bit_flip": (_NONBLANK, _ORACLE_CONTROL),  # blank answers on CPU; readable wrong ones on CUDA
+    "stale": (_ORACLE_CONTROL,),
+    "off_by_one": (_ORACLE_CONTROL,),
+    "drop_last": (_ORACLE_CONTROL, _NONBLANK),  # blank after a bit_flip cell left its blocks flipped
+    "never_complete": (_TIMEOUT,),
+    "lost_notification": (_RELEASE,),
+    "swap": (_DIVERGENCE,),
+    "model_revision": (_ORACLE_CONTROL,),
+}
