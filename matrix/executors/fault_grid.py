@@ -7,7 +7,7 @@ writes its class into its fault's role's file (and nothing into the other's: the
 into both); after its checks it clears them, copies the event lines the engines appended meanwhile into its
 own log directory (where `check.faults` reads a per-cell row's), and waits until both engines are at rest.
 A fault made at launch (`model_revision`) is the engine itself: a grid of that case's repeats writes nothing
-and gives each cell the faulted engine's launch event.
+into the control files, and each cell's plan of its pair records the launch event in the cell's directory.
 A fault may leave work behind that would be the next cell's: `lost_notification` leaves prefill holding
 blocks until its lease runs out (vLLM's 30 s), `never_complete` a decode request waiting for KV that never
 comes. A pair still busy after `SETTLE_BOUND_S` is restarted before the next cell, and the row says so.
@@ -40,17 +40,13 @@ class FaultSwitch:
 
 def arm(kv_fault: str | None, controls: dict[str, Path], work_dirs: dict[str, Path]) -> FaultSwitch:
     """Put the cell's fault (`CLASS` or `CLASS:ROLE`; None: the healthy twin) in force on its role's engine.
-    A fault made at launch (`model_revision`) is already in force: the faulted engine IS the fault, for every
-    cell it serves, so its launch event (at the top of that engine's events file) is every such cell's too."""
+    A fault made at launch (`model_revision`) is in force already: the faulted engine is the fault, and the
+    cell's own plan of its pair records the launch event in the cell's directory, as a per-cell pair's does."""
     fault = parse(kv_fault) if kv_fault else None
-    at_launch = fault is not None and fault.fault in LAUNCH_CLASSES
+    plugin_class = fault.fault if fault is not None and fault.fault not in LAUNCH_CLASSES else None
     for role, control in controls.items():
-        in_force = fault is not None and fault.role == role and not at_launch
-        write_control(control, fault.fault if fault is not None and in_force else None)
-    events = {
-        role: (events_path(d), 0 if at_launch and fault is not None and fault.role == role else _size(events_path(d)))
-        for role, d in work_dirs.items()
-    }
+        write_control(control, plugin_class if fault is not None and fault.role == role else None)
+    events = {role: (events_path(d), _size(events_path(d))) for role, d in work_dirs.items()}
     return FaultSwitch(controls, events)
 
 

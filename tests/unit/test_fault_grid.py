@@ -60,9 +60,10 @@ def test_a_model_revision_case_shares_a_pair_only_with_its_own_repeats() -> None
     assert grid.faults and grid.keys == {revision.key} and set(grid.uses.values()) == {3}
 
 
-def test_a_model_revision_grid_gives_every_cell_the_faulted_engines_launch_event(tmp_path: Path) -> None:
-    """The faulted engine serves every cell with the other weights, so each cell's turn gets the engine's
-    launch event (written once, before any cell armed) and no class is written into a control file."""
+def test_a_model_revision_grid_cell_writes_no_class_and_copies_no_launch_event_twice(tmp_path: Path) -> None:
+    """The faulted engine serves every cell with the other weights; the class is no plugin's, so nothing is
+    written into a control file, and the engine's launch event (its own directory's) is not copied into the
+    cell: the cell's plan of its pair records it there, once, as in a per-cell pair."""
     controls = {role: tmp_path / f"control-{role}" for role in ("prefill", "decode")}
     work = {role: tmp_path / role for role in controls}
     for directory in work.values():
@@ -70,14 +71,14 @@ def test_a_model_revision_grid_gives_every_cell_the_faulted_engines_launch_event
     launch = {"event": "injected", "class": "model_revision", "role": "decode", "request_id": "decode engine",
               "effective": True}  # fmt: skip
     (work["decode"] / EVENTS_FILE).write_text(json.dumps(launch) + "\n")
-    for turn in range(2):
-        cell_dir = tmp_path / f"cell-{turn}"
-        cell_dir.mkdir()
-        switch = fault_grid.arm("model_revision", controls, work)
-        assert all(control.read_text() == "" for control in controls.values())
-        fault_grid.disarm(switch, cell_dir)
-        assert evidence("model_revision", cell_dir) == (1, "model_revision on decode",
-                                                        "1 effective injection(s) on 1 request(s)")  # fmt: skip
+    cell_dir = tmp_path / "cell"
+    cell_dir.mkdir()
+    (cell_dir / EVENTS_FILE).write_text(json.dumps(launch) + "\n")  # what the cell's plan wrote
+    switch = fault_grid.arm("model_revision", controls, work)
+    assert all(control.read_text() == "" for control in controls.values())
+    fault_grid.disarm(switch, cell_dir)
+    assert evidence("model_revision", cell_dir) == (1, "model_revision on decode",
+                                                    "1 effective injection(s) on 1 request(s)")  # fmt: skip
 
 
 def test_skew_cells_stay_in_their_skew_grid_and_topologies_own_their_engines() -> None:
