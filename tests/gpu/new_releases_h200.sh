@@ -10,7 +10,7 @@
 #   there:  KIT=STAGING PHASES="prepare" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           KIT=STAGING PHASES="vllm" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           KIT=STAGING PHASES="sglang collect" bash tests/gpu/new_releases_h200.sh OUTDIR
-#           (one phase list per command, so that none outlasts the host's command limit; MATRIX_HOME and
+#           (NEW_VLLM / NEW_SGLANG narrow the releases to those the upload holds; one phase list per command, so that none outlasts the host's command limit; MATRIX_HOME and
 #           the wheelhouse stay in /tmp between the commands; a phase cut short is continued with
 #           `matrix run --resume CAMPAIGN`, the id its first line printed). BACKENDS="vllm" (or "sglang")
 #           when the upload holds one backend's wheelhouse only: prepare then discovers and provisions
@@ -30,7 +30,8 @@ BACKENDS=${BACKENDS:-"vllm sglang"}
 # A phase is cut (SIGINT: matrix tears its pairs down) before the host's 600 s command limit; `matrix run
 # --resume CAMPAIGN` finishes it.
 RUN_TIMEOUT=${RUN_TIMEOUT:-540}
-declare -A NEW=([vllm]="0.32.0 0.33.0 0.34.0" [sglang]="0.5.22 0.5.23")
+# NEW_VLLM / NEW_SGLANG: the releases the upload holds (a smaller upload: e.g. NEW_VLLM=0.33.0 alone).
+declare -A NEW=([vllm]="${NEW_VLLM:-0.32.0 0.33.0 0.34.0}" [sglang]="${NEW_SGLANG:-0.5.22 0.5.23}")
 export MATRIX_HOME=${MATRIX_HOME:-/tmp/matrix-home} PYTHONUNBUFFERED=1
 # shellcheck source=tests/gpu/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -40,8 +41,10 @@ export PYTHONPATH="$DEPS:$PWD"
 offline=(--find-links "$WHEELHOUSE" --offline)
 # A fresh database has run nothing, so every runtime is new there: the lower bounds keep `--new` to the
 # discovered releases (on a database that holds the earlier runs, `--new` alone selects the same cells).
-new_vllm=(--new --backend vllm --since vllm=0.32.0)
-new_sglang=(--new --backend sglang --since sglang=0.5.22)
+first() { set -- $1; echo "$1"; }
+last() { set -- $1; echo "${!#}"; }
+new_vllm=(--new --backend vllm --since "vllm=$(first "${NEW[vllm]}")" --until "vllm=$(last "${NEW[vllm]}")")
+new_sglang=(--new --backend sglang --since "sglang=$(first "${NEW[sglang]}")" --until "sglang=$(last "${NEW[sglang]}")")
 
 for phase in $PHASES; do
   case $phase in
