@@ -10,7 +10,8 @@
 #   there:  KIT=STAGING PHASES="prepare" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           KIT=STAGING PHASES="vllm" bash tests/gpu/new_releases_h200.sh OUTDIR
 #           KIT=STAGING PHASES="sglang collect" bash tests/gpu/new_releases_h200.sh OUTDIR
-#           (NEW_VLLM / NEW_SGLANG narrow the releases to those the upload holds; one phase list per command, so that none outlasts the host's command limit; MATRIX_HOME and
+#           (NEW_VLLM / NEW_SGLANG narrow the releases to those the upload holds; one phase list per
+#           command, so that none outlasts the host's command limit; MATRIX_HOME and
 #           the wheelhouse stay in /tmp between the commands; a phase cut short is continued with
 #           `matrix run --resume CAMPAIGN`, the id its first line printed). BACKENDS="vllm" (or "sglang")
 #           when the upload holds one backend's wheelhouse only: prepare then discovers and provisions
