@@ -7,12 +7,15 @@ The worker never touches the database; the outcome and a capped copy of the logs
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import psutil
 
 from matrix import __version__
 from matrix.cells import Cell
@@ -27,6 +30,9 @@ from matrix.runner import LiveCells, Resources, run_cell
 # What of a remote cell's logs travels back: the tail of each file, and at most this much in all.
 LOG_FILE_CAP_BYTES = 256 * 1024
 LOG_TOTAL_CAP_BYTES = 4 * 1024 * 1024
+# In each remote cell's scratch directory: the task process that owns it (pid and start time, so a reused
+# pid does not pass for the owner).
+SCRATCH_OWNER = "matrix-owner.json"
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,8 @@ def run_remote_cell(
 
     # Every role's runtime (a skew cell runs several): a failed build makes run_cell skip the cell.
     ensure_provisioned(list(cell.runtimes), lambda _line: None)
-    scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{uid}-"))
+    sweep_orphan_scratch()
+    scratch = _scratch(uid)
     log_dir = scratch / "logs"
     indices = [int(gpu) for gpu in gpu_ids if gpu.isdigit()]
     baseline = {index: memory_used(index) for index in indices}
@@ -79,6 +86,39 @@ def run_remote_cell(
         return RemoteResult(replace(outcome, log_dir=""), node, logs, truncated)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch(uid: str) -> Path:
+    scratch = Path(tempfile.mkdtemp(prefix=f"matrix-{uid}-"))
+    me = psutil.Process()
+    (scratch / SCRATCH_OWNER).write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
+    return scratch
+
+
+def sweep_orphan_scratch(root: Path | None = None) -> list[Path]:
+    """Remove the scratch directories of remote cells whose task process is gone: a Ray worker killed
+    mid-cell (SIGKILL, the node's OOM killer) never reaches the `finally` that removes its own. Run before each
+    remote cell on the node; a directory without a readable owner file is not matrix's to remove."""
+    removed = []
+    for owner in (root or Path(tempfile.gettempdir())).glob(f"matrix-*-*/{SCRATCH_OWNER}"):
+        try:
+            entry = json.loads(owner.read_text())
+            pid, started = int(entry["pid"]), float(entry["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not _alive(pid, started):
+            shutil.rmtree(owner.parent, ignore_errors=True)
+            removed.append(owner.parent)
+    return removed
+
+
+def _alive(pid: int, started: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # not ours to judge (another user's process): leave its directory
 
 
 def _gpu_names(indices: list[int], gpus: dict[int, Gpu]) -> dict[str, object]:

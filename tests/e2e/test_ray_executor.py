@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,6 +258,8 @@ def test_a_lost_worker_interrupts_the_cell_and_the_retry_runs_it(ray_cluster: st
     assert second["status"] == "passed", second["message"]
     for row in (first, second):
         _assert_nothing_left(row)
+    # The killed worker never removed its scratch directory; the retry's task on the node swept it.
+    assert not list(Path(tempfile.gettempdir()).glob(f"matrix-{first['uid']}-*")), first["uid"]
 
 
 def test_bad_ray_options_exit_2_and_change_nothing(ray_home: Matrix) -> None:

@@ -1,9 +1,12 @@
-"""The logs a remote (Ray) cell sends back: tails within caps, recreated on the driver, never outside."""
+"""The logs a remote (Ray) cell sends back: tails within caps, recreated on the driver, never outside; and
+the scratch directory a killed remote cell left behind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import psutil
 import pytest
 
 from matrix.executors import remote
@@ -46,3 +49,25 @@ def test_names_that_leave_the_cell_directory_are_not_written(tmp_path: Path) -> 
     write_logs(cell, {"../../escaped.log": b"hostile", "/abs.log": b"hostile", "ok.log": b"fine"}, ())
     assert (cell / "ok.log").read_bytes() == b"fine"
     assert not (tmp_path / "escaped.log").exists() and not Path("/abs.log").exists()
+
+
+def test_a_killed_remote_cells_scratch_is_swept_by_the_next_one(tmp_path: Path) -> None:
+    """A Ray worker killed mid-cell never removes its scratch directory; the next remote cell on the node
+    removes every one whose owner is gone, and nothing else."""
+    me = psutil.Process()
+
+    def scratch(name: str, owner: object) -> Path:
+        directory = tmp_path / name
+        (directory / "logs").mkdir(parents=True)
+        if owner is not None:
+            (directory / remote.SCRATCH_OWNER).write_text(owner if isinstance(owner, str) else json.dumps(owner))
+        return directory
+
+    live = scratch("matrix-c1-live", {"pid": me.pid, "started": me.create_time()})
+    dead = scratch("matrix-c2-dead", {"pid": 2**22 + 7, "started": 1.0})  # above any pid_max: never a process
+    reused = scratch("matrix-c3-reused", {"pid": me.pid, "started": me.create_time() - 3600})
+    foreign = scratch("matrix-ports-0", None)
+    garbled = scratch("matrix-c4-garbled", "{not json")
+    assert sorted(remote.sweep_orphan_scratch(tmp_path)) == sorted([dead, reused])
+    assert live.is_dir() and foreign.is_dir() and garbled.is_dir()
+    assert not dead.exists() and not reused.exists()
