@@ -55,7 +55,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-520}
 # vllm-rs of the 0.30.0 wheel (tests/gpu/catalog-vllm-rs-skew.toml), so 14 cells; RUNTIMES overrides.
 RUNTIMES=${RUNTIMES:-"vllm=0.29.0 vllm=0.30.0 vllm=0.31.0 vllm=0.29.0+vllm.rs.0.30.0 sglang=0.5.18 sglang=0.5.19 sglang=0.5.21"}
 CASES="vllm_disaggregated vllm_native_disaggregated sglang_disaggregated sglang_native_disaggregated"
-CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml tests/gpu/catalog-kv-faults-cuda.toml"
+CATALOGS="data/*.toml tests/gpu/catalog-vllm-rs-skew.toml tests/gpu/catalog-traffic-cuda.toml tests/gpu/catalog-kv-faults-cuda.toml tests/gpu/catalog-two-gpus.toml"
 TRAFFIC_RUNTIME=${TRAFFIC_RUNTIME:-vllm=0.31.0}
 TRAFFIC_CASES=${TRAFFIC_CASES:-"vllm_native_traffic vllm_native_topology_1p2d"}
 # Default: every case of catalog-kv-faults-cuda.toml once. `never_complete` costs its 90 s request timeout and a

@@ -254,3 +254,18 @@ def test_engine_processes_get_the_loopback_knobs(
     assert engines
     for process in engines:
         assert process.env["UCX_NET_DEVICES"] == "lo" and process.env["VLLM_HOST_IP"] == "127.0.0.1", process.role
+
+
+def test_vllm_sidecar_on_two_gpus_puts_each_engine_on_upstreams_device(tmp_path: Path) -> None:
+    """[M32] Upstream's layout (prefill on GPU 1, decode on GPU 0), with matrix's own plan and with the
+    workspace's script, which pins each engine itself from VLLM_<ROLE>_GPU."""
+    checkout = tmp_path / "dynamo"
+    script = checkout / "lib" / "sidecar" / "vllm" / "launch" / "disagg.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/bash\n")
+    case = arm_case("dynamo", SIDECAR_CASE, kv_bound=KvBound(bytes=1119388000), source_dir=str(tmp_path / "catalog"))
+    native = {p.role: p for p in get_arm("dynamo").plan(arm_ctx(case, tmp_path, gpu_ids=("2", "5"))).processes}
+    assert native["prefill"].env["CUDA_VISIBLE_DEVICES"] == "5" and native["decode"].env["CUDA_VISIBLE_DEVICES"] == "2"
+    scripted = get_arm("dynamo").plan(replace(arm_ctx(case, tmp_path, gpu_ids=("2", "5")), workspace=checkout))
+    (workers,) = [p for p in scripted.processes if p.role == "workers"]
+    assert (workers.env["VLLM_PREFILL_GPU"], workers.env["VLLM_DECODE_GPU"]) == ("5", "2")

@@ -199,3 +199,28 @@ def test_counters_published_late_are_read_again_until_they_grow() -> None:
         assert len(reads) >= 2  # a read every SETTLE_POLL_S (0.25 s) within the window
     finally:
         server.shutdown()
+
+
+def test_on_two_gpus_prefill_and_decode_run_on_upstreams_devices(tmp_path: Path) -> None:
+    """[M32] A `gpu_2` cell gets two GPUs: prefill's engines on the second, decode's and the oracle's aggregated
+    instance on the first (Dynamo's disagg.sh layout), each seeing its device only, so NIXL moves the KV
+    between devices; with both visible every engine would take the first. A topology's later workers follow
+    their role."""
+    plan = _plan(tmp_path, {"gpu_memory_utilization": 0.01, "topology": "2p2d"}, gpu_ids=("4", "6"))
+    devices = {p.role: p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.processes}
+    assert devices["prefill"] == devices["prefill_2"] == "6"
+    assert devices["decode"] == devices["decode_2"] == "4"
+    one = _plan(tmp_path, {"gpu_memory_utilization": 0.01}, gpu_ids=("4",))
+    assert {p.env["CUDA_VISIBLE_DEVICES"] for p in one.processes if p.role != "proxy"} == {"4"}
+    case = _two_gpu_case()
+    arm = get_arm("vllm_native")
+    ports = {r.name: 31000 + i for i, r in enumerate((*arm.port_requests(case), *arm.aggregated_port_requests(case)))}
+    ctx = LaunchContext("cell9", case, RuntimeInfo("vllm", "0.26.0", "v0.26.0"), ports, tmp_path, python="/rt/python",
+                        gpu_ids=("4", "6"), model_dir=tmp_path / "model", matrix_python="/matrix/python")  # fmt: skip
+    (aggregated,) = arm.aggregated_plan(ctx).processes
+    assert aggregated.env["CUDA_VISIBLE_DEVICES"] == "4"
+
+
+def _two_gpu_case() -> CaseInfo:
+    return CaseInfo(name="v", backend="vllm", arm="vllm_native", model="tiny", markers=(parse_marker_use("gpu_2"),),
+                    launch={"gpu_memory_utilization": 0.01}, kv_bound=KvBound(bytes=1073741824))  # fmt: skip

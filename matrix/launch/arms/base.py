@@ -194,3 +194,19 @@ def gpu_env(ctx: LaunchContext) -> dict[str, str]:
     """Pin every process of the pair to the cell's GPUs (NVML indices, so PCI bus order); hide all GPUs
     from CPU cells so they cannot land on a GPU another cell owns."""
     return {**CHILD_ENV, "CUDA_VISIBLE_DEVICES": ",".join(ctx.gpu_ids)}
+
+
+# Upstream's layout of a pair on two GPUs ([M32]; Dynamo's disagg.sh: prefill on GPU 1, decode on GPU 0): the
+# index, among the cell's GPUs, of the device each role's engines run on. The oracle's aggregated instance
+# serves as decode does.
+ROLE_DEVICE = {"prefill": 1, "decode": 0, "aggregated": 0, "worker": 0}
+
+
+def role_gpu_env(ctx: LaunchContext, role: str) -> dict[str, str]:
+    """`gpu_env` for one engine of `role`: on a cell with two GPUs or more (a `gpu_2` case), the role's own
+    device only, so prefill and decode run on different GPUs and NIXL moves the KV between them (with both
+    devices visible, every engine would take the first); on one GPU or none, the cell's as `gpu_env`."""
+    if len(ctx.gpu_ids) < 2:
+        return gpu_env(ctx)
+    # A topology's later workers ("prefill_2") run where their role does.
+    return {**CHILD_ENV, "CUDA_VISIBLE_DEVICES": ctx.gpu_ids[ROLE_DEVICE.get(role.partition("_")[0], 0)]}

@@ -22,6 +22,7 @@ from matrix.hardware.ports import PortRequest
 from matrix.launch.arms import sglang_server
 from matrix.launch.arms.base import (
     LOOPBACK_ENV,
+    ROLE_DEVICE,
     LaunchContext,
     cell_scratch,
     cell_tmp_dir,
@@ -280,14 +281,17 @@ class DynamoArm:
             "MODEL": ctx.case.model,
             **kv_bound_env(engine, ctx.case),
         }
+        # Upstream's script pins each engine itself (CUDA_VISIBLE_DEVICES=$VLLM_<ROLE>_GPU, prefill on GPU 1
+        # by default): both must name one of the cell's GPUs, or prefill lands on a GPU another cell owns; with
+        # two, each role gets its device of upstream's layout (`ROLE_DEVICE`).
+        two = len(ctx.gpu_ids) > 1
+        devices = {role: ctx.gpu_ids[ROLE_DEVICE[role] if two else 0] for role in ("prefill", "decode") if ctx.gpu_ids}
         if engine == "vllm" and ctx.gpu_ids:
-            # Upstream's script pins each engine itself (CUDA_VISIBLE_DEVICES=$VLLM_<ROLE>_GPU, prefill on GPU 1
-            # by default): both must name the cell's GPU, or prefill lands on a GPU another cell owns.
-            script_env |= {"VLLM_PREFILL_GPU": ctx.gpu_ids[0], "VLLM_DECODE_GPU": ctx.gpu_ids[0]}
+            script_env |= {"VLLM_PREFILL_GPU": devices["prefill"], "VLLM_DECODE_GPU": devices["decode"]}
         if engine == "trtllm" and ctx.gpu_ids:
             script_env |= {
-                "TRTLLM_PREFILL_GPU": ctx.gpu_ids[0],
-                "TRTLLM_DECODE_GPU": ctx.gpu_ids[0],
+                "TRTLLM_PREFILL_GPU": devices["prefill"],
+                "TRTLLM_DECODE_GPU": devices["decode"],
                 "PRTE_ALLOW_RUN_AS_ROOT": "1",
                 "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             }

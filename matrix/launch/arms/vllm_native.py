@@ -33,6 +33,7 @@ from matrix.launch.arms.base import (
     loopback_url,
     oracle_spec,
     pd_proxy,
+    role_gpu_env,
     served_plan,
 )  # fmt: skip
 from matrix.launch.arms.topology import role_of, worker_names
@@ -158,7 +159,7 @@ class VllmNativeArm:
     def aggregated_plan(self, ctx: LaunchContext) -> LaunchPlan:
         """One `vllm serve` with the pair's flags, without a KV connector: the oracle's baseline."""
         port = ctx.ports["aggregated_http"]
-        env = self._base_env(ctx)
+        env = {**self._base_env(ctx), **role_gpu_env(ctx, "aggregated")}
         if not ctx.gpu_ids:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ctx.cpu_ids)) if len(ctx.cpu_ids) >= 2 else "nobind"
         env.update({str(k): str(v) for k, v in (_launch(ctx).role_env or {}).get("decode", {}).items()})
@@ -193,7 +194,8 @@ class VllmNativeArm:
                 ctx, ctx.ports[f"{name}_http"], role, ROLES[role] if connected else None, model.name if model else None
             )
             argv += self._extra_args(ctx)
-            env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{name}_side_channel"])}
+            env = {**base_env, **role_gpu_env(ctx, role),
+                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[f"{name}_side_channel"])}  # fmt: skip
             if role in binding:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
             env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from matrix.case_launch import DynamoLaunch, launch_as, or_default
 from matrix.engines import ENGINES
-from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url
+from matrix.launch.arms.base import LaunchContext, cell_scratch, cell_tmp_dir, loopback_url, role_gpu_env
 from matrix.launch.arms.sidecar import AGGREGATED_ROLE, sidecar_process
 from matrix.launch.arms.vllm_native import DEFAULT_KV_COUNTERS, omp_binding, vllm_engine_flags
 from matrix.launch.launch_plan import EngineGauges, HealthProbe, LifecycleSpec, MetricsCheck, ProcessSpec
@@ -65,7 +65,8 @@ def _engine(ctx: LaunchContext, role: str, base_env: Mapping[str, str], binding:
         *vllm_engine_flags(ctx, ENGINE, None if role == AGGREGATED_ROLE else "kv_both"),
     ]  # fmt: skip
     argv += [str(a) for a in launch.extra_args or ()]
-    env = {**base_env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(ports, "NIXL_SIDE_CHANNEL")])}
+    env = {**base_env, **role_gpu_env(ctx, role),
+           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ctx.ports[engine_port(ports, "NIXL_SIDE_CHANNEL")])}  # fmt: skip
     if role in binding:
         env["VLLM_CPU_OMP_THREADS_BIND"] = binding[role]
     env.update({str(k): str(v) for k, v in (launch.role_env or {}).get(role, {}).items()})
