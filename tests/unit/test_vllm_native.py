@@ -219,6 +219,10 @@ def test_on_two_gpus_prefill_and_decode_run_on_upstreams_devices(tmp_path: Path)
                         gpu_ids=("4", "6"), model_dir=tmp_path / "model", matrix_python="/matrix/python")  # fmt: skip
     (aggregated,) = arm.aggregated_plan(ctx).processes
     assert aggregated.env["CUDA_VISIBLE_DEVICES"] == "4"
+    # An engine spread over both (tensor parallel) needs both: no split.
+    sharded = _plan(tmp_path, {"gpu_memory_utilization": 0.01, "extra_args": ["--tensor-parallel-size=2"]},
+                    gpu_ids=("4", "6"))  # fmt: skip
+    assert {p.env["CUDA_VISIBLE_DEVICES"] for p in sharded.processes if p.role != "proxy"} == {"4,6"}
 
 
 def _two_gpu_case() -> CaseInfo:

@@ -202,11 +202,21 @@ def gpu_env(ctx: LaunchContext) -> dict[str, str]:
 ROLE_DEVICE = {"prefill": 1, "decode": 0, "aggregated": 0, "worker": 0}
 
 
+# An engine that spreads itself over several GPUs needs every one of the cell's: no role split then.
+_PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
+
+
+def _parallel(ctx: LaunchContext) -> bool:
+    args = [str(a).partition("=")[0] for a in getattr(ctx.case.launch, "extra_args", None) or ()]
+    return any(flag in args for flag in _PARALLEL_FLAGS)
+
+
 def role_gpu_env(ctx: LaunchContext, role: str) -> dict[str, str]:
     """`gpu_env` for one engine of `role`: on a cell with two GPUs or more (a `gpu_2` case), the role's own
     device only, so prefill and decode run on different GPUs and NIXL moves the KV between them (with both
-    devices visible, every engine would take the first); on one GPU or none, the cell's as `gpu_env`."""
-    if len(ctx.gpu_ids) < 2:
+    devices visible, every engine would take the first); on one GPU or none, or for an engine the case spreads
+    over several (tensor, pipeline or data parallel `args`), the cell's as `gpu_env`."""
+    if len(ctx.gpu_ids) < 2 or _parallel(ctx):
         return gpu_env(ctx)
     # A topology's later workers ("prefill_2") run where their role does.
     return {**CHILD_ENV, "CUDA_VISIBLE_DEVICES": ctx.gpu_ids[ROLE_DEVICE.get(role.partition("_")[0], 0)]}
